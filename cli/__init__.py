@@ -1,0 +1,1 @@
+"""The `diagnose` command line: thin click commands over the library."""

@@ -1,0 +1,56 @@
+"""Entry point: the `diagnose` group. Each command lives in its own module and is thin:
+parse options, call one library function, print. A DiagnoseError becomes one line on
+stderr and exit code 2 -- never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from diagnose import __version__
+from diagnose.errors import DiagnoseError
+
+
+class _Group(click.Group):
+    """Turns the library's errors into one clean line and exit code 2."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except DiagnoseError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="diagnose")
+def cli() -> None:
+    """See what is really happening inside a PyTorch Transformer.
+
+    \b
+    diagnose demo                                   train demo models, write demo-out/
+    diagnose heads MODEL --data DATA                which heads matter (ablation + significance)
+    diagnose stats RUN_DIR                          training health from a TrainingMonitor run
+    diagnose report SOURCES... -o report.html       one self-contained HTML report
+    diagnose check MODEL                            wiring bugs: masks, scaling, positions
+    """
+
+
+def _register() -> None:
+    # Imported here so that `diagnose --help` stays fast and each command stays in its file.
+    from . import demo
+
+    cli.add_command(demo.demo)
+
+
+_register()
+
+
+def main() -> None:
+    try:
+        cli.main(prog_name="diagnose", standalone_mode=True)
+    except KeyboardInterrupt:  # pragma: no cover - interactive
+        click.echo("interrupted", err=True)
+        sys.exit(130)

@@ -1,0 +1,31 @@
+"""One exception family: the CLI turns any DiagnoseError into one line and exit code 2."""
+
+from __future__ import annotations
+
+
+class DiagnoseError(Exception):
+    """Base of every error diagnose raises on purpose; its message is meant for the user."""
+
+
+class InputFileError(DiagnoseError):
+    """A model or data file is missing, unreadable, or not in a format diagnose knows."""
+
+
+class UnsafePickleError(InputFileError):
+    """Loading the file would unpickle arbitrary code and the user did not allow it."""
+
+
+class DataError(DiagnoseError):
+    """Data has the wrong shape, dtype or values (labels out of range, empty, no tokenizer)."""
+
+
+class ConfigError(DiagnoseError):
+    """A setting or model configuration value is not valid."""
+
+
+class NoAttentionFoundError(DiagnoseError):
+    """No attention layer could be located in the model."""
+
+
+class RunFolderError(DiagnoseError):
+    """A folder is not a diagnose run folder, or holds no records yet."""

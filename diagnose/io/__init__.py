@@ -1,0 +1,1 @@
+"""Reading and writing the model and data files named in DESIGN.md."""

@@ -1,0 +1,47 @@
+"""The diagnose checkpoint: torch.save of plain data -- format tag, config dict, state_dict,
+and optional metadata -- so that it loads with weights_only=True and runs no code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import InputFileError
+from ..zoo import ModelConfig, Transformer
+
+FORMAT = "diagnose.checkpoint/1"
+
+
+def save_checkpoint(model: Transformer, path: str | Path, *, meta: dict[str, Any] | None = None) -> Path:
+    """Write `model` (a diagnose.zoo.Transformer) as a diagnose checkpoint; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "format": FORMAT,
+        "config": model.cfg.to_dict(),
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "meta": dict(meta or {}),
+    }
+    tmp = path.with_name(path.name + ".partial")
+    torch.save(payload, tmp)
+    tmp.replace(path)  # never leave a half-written checkpoint behind
+    return path
+
+
+def is_checkpoint(obj: Any) -> bool:
+    return isinstance(obj, dict) and obj.get("format") == FORMAT
+
+
+def model_from_checkpoint(obj: dict[str, Any], source: str | Path) -> Transformer:
+    """Build the reference model from an already-loaded checkpoint dict."""
+    try:
+        model = Transformer(ModelConfig.from_dict(obj["config"]))
+        model.load_state_dict(obj["state_dict"])
+    except (KeyError, RuntimeError, TypeError) as exc:
+        raise InputFileError(f"{source}: damaged diagnose checkpoint ({exc}); re-save it with "
+                             "diagnose.save_checkpoint") from None
+    model.diagnose_meta = dict(obj.get("meta") or {})
+    return model.eval()

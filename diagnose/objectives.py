@@ -1,0 +1,90 @@
+"""Loss and correctness per example, shared by the trainer and the analyses.
+
+Conventions (DESIGN.md): task "classification" scores logits [B, C] against labels [B], or
+[B, T, C] against [B, T] with -100 ignored. Task "lm" scores logits [B, T, V]; its labels,
+when given, are aligned with the logits (labels[:, t] is the token to predict at t) and,
+when absent, are the inputs shifted by one, with padding ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from .errors import ConfigError, DataError
+
+IGNORE = -100
+TASKS = ("classification", "lm")
+
+
+def call_model(model: torch.nn.Module, inputs: Any) -> Any:
+    """A Tensor is passed positionally, a Mapping as keyword arguments."""
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    return model(inputs)
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """A model's output: a Tensor, a tuple/list (first element), or an object with .logits."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if hasattr(output, "logits"):
+        return output.logits
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise DataError(f"cannot find logits in a model output of type {type(output).__name__}")
+
+
+def targets_for(task: str, inputs: Any, labels: torch.Tensor | None) -> torch.Tensor:
+    """Targets aligned with the logits: [B] or [B, T], IGNORE where nothing is predicted."""
+    if task not in TASKS:
+        raise ConfigError(f"task {task!r} is not one of {', '.join(TASKS)}")
+    if labels is not None:
+        return labels
+    if task != "lm":
+        raise DataError("classification needs labels")
+    ids = inputs["input_ids"] if isinstance(inputs, Mapping) else inputs
+    targets = torch.full_like(ids, IGNORE)
+    targets[:, :-1] = ids[:, 1:]
+    mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+    if mask is not None:
+        targets[:, :-1][mask[:, 1:] == 0] = IGNORE  # the next token is padding
+        targets[mask == 0] = IGNORE
+    return targets
+
+
+@dataclass
+class Scores:
+    """Per-example sums: loss_sum [B], correct [B], count [B] (number of scored units)."""
+
+    loss_sum: torch.Tensor
+    correct: torch.Tensor
+    count: torch.Tensor
+
+    @property
+    def loss(self) -> torch.Tensor:
+        return self.loss_sum.sum() / self.count.sum().clamp_min(1)
+
+    @property
+    def accuracy(self) -> torch.Tensor:
+        return self.correct.sum() / self.count.sum().clamp_min(1)
+
+
+def score(logits: torch.Tensor, targets: torch.Tensor) -> Scores:
+    """Cross-entropy and argmax correctness, summed per example (token tasks sum over T)."""
+    if logits.dim() == targets.dim() + 1 and logits.shape[:-1] == targets.shape:
+        flat_logits = logits.reshape(-1, logits.shape[-1]).float()
+        flat_t = targets.reshape(-1)
+    else:
+        raise DataError(f"logits {tuple(logits.shape)} do not match labels {tuple(targets.shape)}")
+    valid = flat_t != IGNORE
+    if bool(((flat_t < 0) & valid).any()) or bool((flat_t[valid] >= logits.shape[-1]).any()):
+        raise DataError(f"labels must lie in [0, {logits.shape[-1]}) or be {IGNORE}")
+    safe = flat_t.clamp_min(0)
+    loss = F.cross_entropy(flat_logits, safe, reduction="none") * valid
+    correct = (flat_logits.argmax(-1) == safe) & valid
+    B = targets.shape[0]
+    return Scores(loss.view(B, -1).sum(1), correct.view(B, -1).sum(1).float(), valid.view(B, -1).sum(1).float())

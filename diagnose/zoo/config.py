@@ -1,0 +1,83 @@
+"""Configuration of the reference Transformer: every switch the classic lessons talk about."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from ..errors import ConfigError
+
+_CHOICES = {
+    "kind": ("lm", "classifier"),
+    "norm": ("pre", "post"),
+    "positions": ("sinusoidal", "learned", "rotary", "none"),
+    "attn_scale": ("sqrt", "none"),
+    "mask_fill": ("large", "-inf", "zero"),
+    "pooling": ("mean", "first"),
+}
+
+
+@dataclass
+class ModelConfig:
+    """Shape and switches of the reference model.
+
+    kind: "lm" (decoder-only, causal, next-token logits [B, T, V]) or "classifier"
+    (bidirectional encoder, pooled logits [B, n_classes]).
+    mask_fill: what masked attention scores are filled with before softmax. "zero" is the
+    classic bug: exp(0) is not 0, so masked positions still receive weight.
+    """
+
+    kind: str = "lm"
+    vocab_size: int = 32
+    n_classes: int = 2
+    max_len: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    d_model: int = 64
+    d_ff: int = 0  # 0 means 4 * d_model
+    norm: str = "pre"
+    positions: str = "learned"
+    attn_scale: str = "sqrt"
+    residual: bool = True
+    mask_fill: str = "large"
+    causal: bool | None = None  # None: causal for "lm", bidirectional for "classifier"
+    pooling: str = "mean"
+    init_std: float = 0.02
+    scale_residual_init: bool = True  # residual output projections get std / sqrt(2 * n_layers)
+    dropout: float = 0.0
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.positions == "rotary" and self.head_dim % 2:
+            raise ConfigError(f"rotary positions need an even head dim, got {self.head_dim}")
+        for name in ("vocab_size", "max_len", "n_layers", "n_heads", "d_model"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ff_dim(self) -> int:
+        return self.d_ff or 4 * self.d_model
+
+    @property
+    def is_causal(self) -> bool:
+        return self.kind == "lm" if self.causal is None else bool(self.causal)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown model config keys: {', '.join(unknown)}")
+        return cls(**data)
