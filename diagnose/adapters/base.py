@@ -1,0 +1,50 @@
+"""What an adapter declares for one model family, and the AttentionSite it returns.
+
+An adapter knows, for its family only: which modules are attention layers (with head
+count and head dim), how to observe each head's attention probabilities, how to reach
+each head's output before the output projection, and which modules are the residual
+blocks. Family checks live only in adapter files; everything else is generic.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+import torch.nn as nn
+
+# callback(probs) with probs float32 [B, H, Tq, Tk], one call per forward of the site
+PatternCallback = Callable[[torch.Tensor], None]
+# fn(head_out) -> head_out, both [B, T, H, D]: each head's output before the output projection
+HeadOutputFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionSite:
+    """One attention layer: `layer` is its index in forward order, `name` its qualified module name."""
+
+    layer: int
+    name: str
+    n_heads: int
+    head_dim: int
+    module: nn.Module = field(repr=False)
+    adapter: "Adapter" = field(repr=False)
+    n_kv_heads: int | None = None  # grouped-query attention: fewer key/value heads
+
+
+class Adapter(Protocol):
+    family: str
+
+    def find(self, model: nn.Module) -> list[AttentionSite] | None:
+        """Sites in forward order, or None when the model is not of this family."""
+
+    def watch_pattern(self, site: AttentionSite, callback: PatternCallback) -> AbstractContextManager:
+        """While active, call `callback(probs)` on every forward of the site."""
+
+    def intervene(self, site: AttentionSite, fn: HeadOutputFn) -> AbstractContextManager:
+        """While active, replace the site's per-head outputs by fn(head_out) before the output projection."""
+
+    def blocks(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        """(qualified name, module) of each residual block, whose output is the residual stream."""

@@ -1,0 +1,27 @@
+"""hidden_stats against direct computations on hand-made tensors."""
+
+import torch
+
+from diagnose.activations import hidden_stats
+
+
+def test_matches_direct_computation_with_padding():
+    x = torch.randn(3, 5, 8)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0]])
+    got = hidden_stats(x, mask)
+    real = x[mask.bool()]  # [n_real, C]
+    assert torch.allclose(got[0], real.mean(), atol=1e-6)
+    assert torch.allclose(got[1], real.var(unbiased=False), atol=1e-5)
+    assert torch.allclose(got[2], real.abs().max())
+    cos = []
+    for b in range(3):
+        xb = torch.nn.functional.normalize(x[b][mask[b].bool()], dim=-1)
+        sim = xb @ xb.T
+        k = sim.shape[0]
+        cos.append((sim.sum() - sim.diagonal().sum()) / (k * (k - 1)))
+    assert torch.allclose(got[3], torch.stack(cos).mean(), atol=1e-5)
+
+
+def test_collapsed_tokens_have_cosine_one():
+    v = torch.randn(1, 1, 16)
+    assert torch.allclose(hidden_stats(v.expand(2, 7, 16) * 3)[3], torch.tensor(1.0), atol=1e-5)
