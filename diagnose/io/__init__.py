@@ -1,1 +1,17 @@
 """Reading and writing the model and data files named in DESIGN.md."""
+
+from .checkpoint import save_checkpoint
+from .data import DataSet, check_labels, check_vocab, load_data, save_tensors
+from .model import label2id_of, load_model, tokenizer_of
+from .summary import describe_data, describe_model, probe
+
+
+def load_data_for(model, path, *, max_length=None) -> DataSet:
+    """load_data with the model's tokenizer and label names (what the CLI commands use)."""
+    return load_data(path, tokenizer=tokenizer_of(model), max_length=max_length, label2id=label2id_of(model))
+
+
+__all__ = [
+    "DataSet", "check_labels", "check_vocab", "describe_data", "describe_model", "label2id_of", "load_data",
+    "load_data_for", "load_model", "probe", "save_checkpoint", "save_tensors", "tokenizer_of",
+]

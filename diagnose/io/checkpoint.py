@@ -9,14 +9,19 @@ from typing import Any
 
 import torch
 
-from ..errors import InputFileError
+from ..errors import ConfigError, InputFileError
 from ..zoo import ModelConfig, Transformer
+from ._files import one_line
 
 FORMAT = "diagnose.checkpoint/1"
 
 
 def save_checkpoint(model: Transformer, path: str | Path, *, meta: dict[str, Any] | None = None) -> Path:
     """Write `model` (a diagnose.zoo.Transformer) as a diagnose checkpoint; returns the path."""
+    if not isinstance(model, Transformer):
+        raise ConfigError(f"save_checkpoint writes diagnose.zoo.Transformer models, not {type(model).__name__}; "
+                          "save your own model with torch.save(model.state_dict(), path) and load it with "
+                          "--factory module:function")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -41,7 +46,7 @@ def model_from_checkpoint(obj: dict[str, Any], source: str | Path) -> Transforme
         model = Transformer(ModelConfig.from_dict(obj["config"]))
         model.load_state_dict(obj["state_dict"])
     except (KeyError, RuntimeError, TypeError) as exc:
-        raise InputFileError(f"{source}: damaged diagnose checkpoint ({exc}); re-save it with "
+        raise InputFileError(f"{source}: damaged diagnose checkpoint ({one_line(exc)}); re-save it with "
                              "diagnose.save_checkpoint") from None
     model.diagnose_meta = dict(obj.get("meta") or {})
     return model.eval()

@@ -1,11 +1,67 @@
 """Data files: tensors (.pt / .safetensors / .npz) with input_ids [N, T], optional
-attention_mask [N, T] and optional labels ([N] or [N, T])."""
+attention_mask [N, T] and optional labels ([N] or [N, T]); or text (.jsonl / .csv, see text.py).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, Iterator, Mapping
 
 import torch
+
+from ..errors import ConfigError, DataError, InputFileError
+from ._files import one_line, require_file, torch_load
+
+IGNORE = -100
+TENSOR_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".npz")
+TEXT_SUFFIXES = (".jsonl", ".csv")
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+@dataclass
+class DataSet:
+    """Token ids with optional mask and labels; `batches` yields (inputs, labels) pairs."""
+
+    input_ids: torch.Tensor  # [N, T] int64
+    attention_mask: torch.Tensor | None = None  # [N, T] int64, 1 = real token, 0 = padding
+    labels: torch.Tensor | None = None  # [N] or [N, T] int64, -100 = not scored
+    source: str = ""
+    tokens: list[list[str]] | None = None  # token strings per example, when a tokenizer is known
+    token_type_ids: torch.Tensor | None = None  # [N, T] int64, sentence-pair text only
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def inputs(self, start: int = 0, stop: int | None = None) -> dict[str, torch.Tensor]:
+        """Model keyword inputs for examples [start, stop): input_ids, and the mask when present."""
+        out = {"input_ids": self.input_ids[start:stop]}
+        if self.attention_mask is not None:
+            out["attention_mask"] = self.attention_mask[start:stop]
+        if self.token_type_ids is not None:
+            out["token_type_ids"] = self.token_type_ids[start:stop]
+        return out
+
+    def batches(self, batch_size: int) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor | None]]:
+        """(inputs, labels) pairs in order: the `data` that ablate_heads and capture take."""
+        if int(batch_size) < 1:
+            raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
+        for start in range(0, len(self), int(batch_size)):
+            stop = start + int(batch_size)
+            yield self.inputs(start, stop), None if self.labels is None else self.labels[start:stop]
+
+    def take(self, n: int) -> "DataSet":
+        """The first n examples (all of them when n >= len)."""
+        cut = slice(0, int(n))
+        return replace(self, input_ids=self.input_ids[cut],
+                       attention_mask=None if self.attention_mask is None else self.attention_mask[cut],
+                       labels=None if self.labels is None else self.labels[cut],
+                       tokens=None if self.tokens is None else self.tokens[cut],
+                       token_type_ids=None if self.token_type_ids is None else self.token_type_ids[cut])
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path) -> Path:
@@ -16,3 +72,152 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path) -> Path:
     torch.save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp)
     tmp.replace(path)
     return path
+
+
+def load_data(path: str | Path, *, tokenizer: Any = None, max_length: int | None = None,
+              label2id: Mapping[str, int] | None = None) -> DataSet:
+    """Read and validate a data file. Text files need `tokenizer` (a Hugging Face tokenizer).
+
+    max_length truncates text when tokenising; label2id maps label names in text files to ids.
+    With a tokenizer, `tokens` holds each example's token strings.
+    """
+    path = Path(path)
+    require_file(path, "data file")
+    suffix = path.suffix.lower()
+    if suffix in TEXT_SUFFIXES:
+        from .text import read_text_data
+        tensors, tokens = read_text_data(path, tokenizer=tokenizer, max_length=max_length, label2id=label2id)
+        return validate(tensors, path, tokens=tokens)
+    if suffix not in TENSOR_SUFFIXES:
+        raise InputFileError(f"{path}: unknown data format {suffix or '(no suffix)'!r}; use .pt, .safetensors "
+                             "or .npz tensors (input_ids, attention_mask, labels), or .jsonl/.csv text")
+    data = validate(_read_tensors(path), path)
+    if tokenizer is not None:
+        data.tokens = token_strings(tokenizer, data.input_ids)
+    return data
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        try:
+            return load_file(str(path), device="cpu")
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise InputFileError(f"{path}: not a readable safetensors file ({one_line(exc)}); write it with "
+                                 "safetensors.torch.save_file({'input_ids': ...}, path)") from None
+    if suffix == ".npz":
+        return _read_npz(path)
+    obj = torch_load(path, what="data file")
+    if isinstance(obj, torch.Tensor):
+        return {"input_ids": obj}  # a bare [N, T] tensor is the token ids
+    if not isinstance(obj, Mapping):
+        raise InputFileError(f"{path}: holds a {type(obj).__name__}, not a dict of tensors; save it with "
+                             "torch.save({'input_ids': ids, 'attention_mask': mask, 'labels': labels}, path)")
+    return dict(obj)
+
+
+def _read_npz(path: Path) -> dict[str, torch.Tensor]:
+    import zipfile
+
+    import numpy as np
+    try:
+        with np.load(path, allow_pickle=False) as npz:  # object arrays would need unpickling
+            return {k: torch.from_numpy(np.array(npz[k])) for k in npz.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise InputFileError(f"{path}: not a readable .npz of plain arrays ({one_line(exc)}); write it with "
+                             "numpy.savez(path, input_ids=ids, labels=labels)") from None
+    except TypeError as exc:  # dtypes torch has no equivalent for (strings, ...)
+        raise DataError(f"{path}: holds arrays torch cannot use ({one_line(exc)}); store integer arrays") from None
+
+
+def _as_int64(name: str, value: Any, path: Path) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise DataError(f"{path}: {name} is a {type(value).__name__}, not a tensor; store it as a torch tensor")
+    if value.dtype == torch.bool and name != "input_ids":
+        return value.long()
+    if value.dtype not in _INT_DTYPES:
+        raise DataError(f"{path}: {name} has dtype {str(value.dtype).replace('torch.', '')}, but must hold "
+                        f"integers; convert it with .long() before saving")
+    return value.long()
+
+
+def validate(tensors: Mapping[str, Any], path: str | Path, *, tokens: list[list[str]] | None = None) -> DataSet:
+    """Check names, shapes, dtypes and values; return the DataSet or raise DataError naming the fix."""
+    path = Path(path)
+    if "input_ids" not in tensors:
+        found = ", ".join(sorted(map(str, tensors))) or "nothing"
+        raise DataError(f"{path}: has no input_ids (found: {found}); store the token ids [N, T] as 'input_ids'")
+    ids = _as_int64("input_ids", tensors["input_ids"], path)
+    if ids.dim() != 2:
+        raise DataError(f"{path}: input_ids has shape {tuple(ids.shape)}, but must be [N, T] (examples x "
+                        "positions); add a batch dimension with ids.unsqueeze(0) for one example")
+    N, T = ids.shape
+    if N == 0 or T == 0:
+        raise DataError(f"{path}: holds no examples (input_ids has shape {tuple(ids.shape)}); it needs at least "
+                        "one example of at least one token")
+    if bool((ids < 0).any()):
+        raise DataError(f"{path}: input_ids holds negative ids (min {int(ids.min())}); token ids start at 0")
+    mask = _mask(tensors, "attention_mask", path, (N, T))
+    if mask is not None:
+        empty = (mask.sum(1) == 0).nonzero().flatten()
+        if len(empty):
+            raise DataError(f"{path}: example {int(empty[0])} has no real tokens (its attention_mask is all 0); "
+                            "drop empty examples")
+    types = _mask(tensors, "token_type_ids", path, (N, T), binary=False)
+    labels = None
+    if tensors.get("labels") is not None:
+        labels = _as_int64("labels", tensors["labels"], path)
+        if tuple(labels.shape) not in ((N,), (N, T)):
+            raise DataError(f"{path}: labels have shape {tuple(labels.shape)}, but must be [N] = ({N},) for "
+                            f"sequence labels or [N, T] = ({N}, {T}) for token labels")
+        bad = (labels < 0) & (labels != IGNORE)
+        if bool(bad.any()):
+            raise DataError(f"{path}: labels hold negative values other than {IGNORE} (e.g. "
+                            f"{int(labels[bad][0])}); labels lie in [0, n_classes), {IGNORE} means 'not scored'")
+        if not bool((labels != IGNORE).any()):
+            raise DataError(f"{path}: every label is {IGNORE}, so nothing can be scored; store the real labels")
+    if tokens is not None and len(tokens) != N:
+        raise DataError(f"{path}: {len(tokens)} token lists for {N} examples")
+    return DataSet(ids, mask, labels, str(path), tokens, types)
+
+
+def _mask(tensors: Mapping[str, Any], name: str, path: Path, shape: tuple[int, int],
+          binary: bool = True) -> torch.Tensor | None:
+    if tensors.get(name) is None:
+        return None
+    value = _as_int64(name, tensors[name], path)
+    if tuple(value.shape) != shape:
+        raise DataError(f"{path}: {name} has shape {tuple(value.shape)}, but input_ids has {shape}; "
+                        "they must match")
+    if binary and not bool(((value == 0) | (value == 1)).all()):
+        raise DataError(f"{path}: {name} holds values other than 0 and 1; use 1 for real tokens, 0 for padding")
+    return value
+
+
+def check_labels(data: DataSet, n_classes: int) -> None:
+    """Raise DataError unless every scored label lies in [0, n_classes) (n_classes: model outputs)."""
+    if data.labels is None:
+        return
+    scored = data.labels[data.labels != IGNORE]
+    if len(scored) and int(scored.max()) >= n_classes:
+        raise DataError(f"{data.source}: labels go up to {int(scored.max())}, but the model has {n_classes} "
+                        f"outputs; labels must lie in [0, {n_classes}) -- is this the data for this model?")
+
+
+def check_vocab(data: DataSet, vocab_size: int) -> None:
+    """Raise DataError unless every token id lies in [0, vocab_size)."""
+    top = int(data.input_ids.max())
+    if top >= vocab_size:
+        raise DataError(f"{data.source}: input_ids go up to {top}, but the model's vocabulary has {vocab_size} "
+                        "tokens; tokenise the data with this model's tokenizer")
+
+
+def token_strings(tokenizer: Any, ids: torch.Tensor) -> list[list[str]]:
+    """Token strings per example; ids the tokenizer does not know show as <id>."""
+    out = []
+    for row in ids.tolist():
+        toks = tokenizer.convert_ids_to_tokens(row)
+        out.append([t if isinstance(t, str) else f"<{i}>" for t, i in zip(toks, row)])
+    return out

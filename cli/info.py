@@ -1,0 +1,55 @@
+"""`diagnose info`: does my model file load, and does my data fit it?"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from diagnose.io import describe_data, describe_model, load_data_for, load_model, probe
+
+from ._options import data_option, max_length_option, model_options
+
+
+@click.command()
+@model_options
+@data_option()
+@max_length_option
+def info(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None,
+         data: str | None, max_length: int | None) -> None:
+    """Load MODEL (and --data) the way every command does, and say what is in them.
+
+    \b
+    Example: diagnose info demo-out/order/model.pt --data demo-out/order/eval.pt
+    """
+    net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
+    m = describe_model(net)
+    click.echo(f"model       {m['source']}  ({m['format']})")
+    click.echo(f"class       {m['class']}")
+    click.echo(f"parameters  {m['parameters']:,}" + ("" if m["trainable"] == m["parameters"]
+                                                     else f" ({m['trainable']:,} trainable)"))
+    if m["config"]:
+        click.echo(f"config      {_pairs(m['config'])}")
+    click.echo(f"tokenizer   {m['tokenizer'] or 'none'}")
+    if data is None:
+        return
+    ds = load_data_for(net, data, max_length=max_length)
+    fit = probe(net, ds)
+    d = describe_data(ds)
+    click.echo(f"data        {d['source']}")
+    click.echo(f"examples    N={d['n_examples']}  T={d['seq_len']}  token ids {d['token_ids'][0]}..{d['token_ids'][1]}")
+    click.echo("padding     " + (f"{d['padding_share']:.1%} of positions" if d["has_attention_mask"]
+                                 else "no attention_mask"))
+    lab = d["labels"]
+    if lab is None:
+        click.echo("labels      none (language-model data: targets are the inputs shifted by one)")
+    else:
+        extra = f", {lab['scored_share']:.1%} of positions scored" if lab["kind"] == "token" else ""
+        click.echo(f"labels      {lab['kind']} {lab['shape']}, {lab['min']}..{lab['max']} "
+                   f"({lab['distinct']} distinct{extra})")
+    fits = "" if fit["labels_fit"] is None else "; labels fit"
+    click.echo(f"output      {fit['output_shape']} on the first {min(2, d['n_examples'])} examples{fits}")
+
+
+def _pairs(cfg: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in cfg.items())

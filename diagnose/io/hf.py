@@ -1,0 +1,120 @@
+"""Hugging Face model folders (config.json + weights, with the tokenizer when it is there).
+
+Only local files are read; nothing is fetched and no code from the folder runs.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch.nn as nn
+
+from ..errors import ConfigError, InputFileError
+from ._files import one_line
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                   "tokenizer.model", "spiece.model")
+# config.architectures names the exact class; these suffixes pick an Auto class when that
+# class is not in this transformers version.
+_AUTO_BY_SUFFIX = (
+    ("ForCausalLM", "AutoModelForCausalLM"),
+    ("LMHeadModel", "AutoModelForCausalLM"),
+    ("ForSequenceClassification", "AutoModelForSequenceClassification"),
+    ("ForTokenClassification", "AutoModelForTokenClassification"),
+    ("ForMaskedLM", "AutoModelForMaskedLM"),
+)
+
+
+def is_hf_folder(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError("reading a Hugging Face model folder needs transformers: "
+                          "pip install 'diagnose[transformers]'") from None
+    return transformers
+
+
+@contextmanager
+def _quiet(transformers: Any) -> Iterator[None]:
+    """Silence transformers' progress bars and warnings so the CLI prints only its own lines."""
+    logging = transformers.utils.logging
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def model_class(transformers: Any, config: Any) -> Any:
+    """The class config.architectures names, else the Auto class for its suffix, else AutoModel."""
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    if arch and hasattr(transformers, arch):
+        return getattr(transformers, arch)
+    for suffix, auto in _AUTO_BY_SUFFIX:
+        if arch and arch.endswith(suffix):
+            return getattr(transformers, auto)
+    return transformers.AutoModel
+
+
+def load_hf_folder(folder: Path, *, attn_implementation: str | None = None) -> nn.Module:
+    """Load the model (and tokenizer, as model.diagnose_tokenizer) from a save_pretrained folder."""
+    if not (folder / "config.json").is_file():
+        raise InputFileError(f"{folder}: a folder without config.json is not a model; write a Hugging Face "
+                             "model folder with model.save_pretrained(folder)")
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        raise InputFileError(f"{folder}: has config.json but no weights ({', '.join(WEIGHT_FILES[::2])}); "
+                             "write them with model.save_pretrained(folder)")
+    transformers = _transformers()
+    with _quiet(transformers):
+        try:
+            config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+        except Exception as exc:  # ValueError (unknown model_type, remote code), OSError, JSON errors
+            raise InputFileError(f"{folder / 'config.json'}: transformers cannot read it ({one_line(exc)}); "
+                                 "diagnose runs no code from model folders: build such a model in a "
+                                 "--factory function instead") from None
+        cls = model_class(transformers, config)
+        kwargs: dict[str, Any] = {"config": config, "local_files_only": True, "output_loading_info": True}
+        if attn_implementation:
+            kwargs["attn_implementation"] = attn_implementation
+        try:
+            model, info = cls.from_pretrained(folder, **kwargs)
+        except (ImportError, ValueError) as exc:
+            if attn_implementation:
+                raise ConfigError(f"{folder}: attn_implementation={attn_implementation!r} is not available "
+                                  f"({one_line(exc)}); try 'eager' or 'sdpa'") from None
+            raise InputFileError(f"{folder}: {cls.__name__} could not load it ({one_line(exc)})") from None
+        except Exception as exc:  # OSError, RuntimeError on shape mismatch, safetensors errors
+            raise InputFileError(f"{folder}: {cls.__name__} could not load its weights ({one_line(exc)}); "
+                                 "re-save the folder with model.save_pretrained(folder)") from None
+        missing = sorted(info.get("missing_keys") or ())
+        if missing:
+            # transformers would fill these with random values: an analysis of that is meaningless
+            raise InputFileError(f"{folder}: the weights lack {len(missing)} tensors {cls.__name__} needs "
+                                 f"(e.g. {missing[0]}); save the model with model.save_pretrained(folder)")
+        model.diagnose_tokenizer = load_tokenizer(folder, transformers)
+    model.diagnose_format = "Hugging Face folder"
+    return model.eval()
+
+
+def load_tokenizer(folder: Path, transformers: Any | None = None) -> Any | None:
+    """The folder's tokenizer, or None when it has no tokenizer files."""
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    transformers = transformers or _transformers()
+    try:
+        return transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception as exc:  # tokenizer classes raise ValueError, OSError, TypeError, ...
+        raise InputFileError(f"{folder}: has tokenizer files that cannot be loaded ({one_line(exc)}); "
+                             "re-save them with tokenizer.save_pretrained(folder)") from None

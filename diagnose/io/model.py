@@ -1,0 +1,97 @@
+"""`diagnose.load_model`: one entry point for every model file format in DESIGN.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.nn as nn
+
+from ..errors import ConfigError, InputFileError
+from ._files import torch_load
+from .checkpoint import FORMAT, is_checkpoint, model_from_checkpoint
+from .factory import model_from_factory, read_state_dict
+from .hf import is_hf_folder, load_hf_folder
+
+_FORMATS = ("a diagnose checkpoint (diagnose.save_checkpoint), a Hugging Face model folder "
+            "(save_pretrained), a state_dict with --factory module:function, or a pickled "
+            "nn.Module with --trust-pickle")
+
+
+def load_model(path: str | Path, *, factory: str | None = None, trust_pickle: bool = False,
+               attn_implementation: str | None = None) -> nn.Module:
+    """Load a model file or folder and return the model in eval mode, on the CPU.
+
+    factory: "module:function" that builds the model; `path` then holds its state_dict.
+    trust_pickle: allow a fully pickled nn.Module (unpickling runs code from the file).
+    attn_implementation: passed to Hugging Face models ("eager", "sdpa"); default: theirs.
+    The model gets `diagnose_source` (the path), `diagnose_format`, and `diagnose_tokenizer`
+    (the folder's tokenizer, else None).
+    """
+    path = Path(path)
+    if path.name == "config.json" and is_hf_folder(path.parent):
+        path = path.parent  # the folder is meant
+    if not path.exists():
+        raise InputFileError(f"{path}: no such file or folder; give {_FORMATS}")
+    if path.is_dir():
+        if factory:
+            raise ConfigError(f"{path}: --factory takes a state_dict file, not a folder")
+        if not is_hf_folder(path):
+            raise InputFileError(f"{path}: a folder without config.json is not a model; give {_FORMATS}")
+        model = load_hf_folder(path, attn_implementation=attn_implementation)
+    elif factory:
+        model = model_from_factory(factory, path)
+    elif path.suffix == ".safetensors":
+        read_state_dict(path)  # a damaged file gets its own message before the advice below
+        folder = f", or give the folder {path.parent} itself" if is_hf_folder(path.parent) else ""
+        raise InputFileError(f"{path}: holds weights only, not the code that builds the model; "
+                             f"pass --factory module:function (a function returning the model){folder}")
+    else:
+        model = _from_object(torch_load(path, trust_pickle=trust_pickle), path)
+    model.diagnose_source = str(path)
+    if not hasattr(model, "diagnose_tokenizer"):
+        model.diagnose_tokenizer = None
+    return model.eval()
+
+
+def _from_object(obj: Any, path: Path) -> nn.Module:
+    """What a torch.load returned: a checkpoint, an unpickled module, or something we explain."""
+    if is_checkpoint(obj):
+        model = model_from_checkpoint(obj, path)
+        model.diagnose_format = "diagnose checkpoint"
+        return model
+    if isinstance(obj, nn.Module):
+        obj.diagnose_format = "pickled module"
+        return obj
+    if isinstance(obj, Mapping) and isinstance(obj.get("format"), str) and str(obj["format"]).startswith("diagnose."):
+        raise InputFileError(f"{path}: is a {obj['format']} file, not a model checkpoint ({FORMAT}); "
+                             "upgrade diagnose if it is a newer checkpoint format")
+    if isinstance(obj, Mapping) and obj and any(isinstance(v, (torch.Tensor, Mapping)) for v in obj.values()):
+        if "input_ids" in obj:
+            raise InputFileError(f"{path}: is a data file (it holds input_ids); pass it with --data")
+        raise InputFileError(f"{path}: holds a state_dict (weights without the code that builds the model); "
+                             "pass --factory module:function (a function returning the model)")
+    raise InputFileError(f"{path}: holds a {type(obj).__name__}, not a model; give {_FORMATS}")
+
+
+def tokenizer_of(model: nn.Module) -> Any | None:
+    """The tokenizer load_model attached (Hugging Face folders), else None."""
+    return getattr(model, "diagnose_tokenizer", None)
+
+
+def label2id_of(model: nn.Module) -> dict[str, int] | None:
+    """A Hugging Face classifier's label names -> ids, so text data may use label names."""
+    mapping = getattr(getattr(model, "config", None), "label2id", None)
+    return dict(mapping) if isinstance(mapping, Mapping) and mapping else None
+
+
+def vocab_size_of(model: nn.Module) -> int | None:
+    """The input vocabulary size where the model states it (diagnose and Hugging Face configs)."""
+    cfg = getattr(model, "cfg", None) or getattr(model, "config", None)
+    size = getattr(cfg, "vocab_size", None)
+    if isinstance(size, int):
+        return size
+    get_emb = getattr(model, "get_input_embeddings", None)
+    emb = get_emb() if callable(get_emb) else None
+    return emb.num_embeddings if isinstance(emb, nn.Embedding) else None

@@ -1,0 +1,105 @@
+"""Plain-data summaries of a loaded model and data set, and a one-batch check that they fit
+together (what `diagnose info` prints)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ..errors import DataError
+from ..objectives import call_model, logits_of
+from ._files import one_line
+from .data import IGNORE, DataSet, check_labels, check_vocab
+from .model import tokenizer_of, vocab_size_of
+
+# Hugging Face config fields worth one line (attribute_map resolves n_layer -> num_hidden_layers, ...).
+_HF_FIELDS = ("model_type", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",
+              "intermediate_size", "vocab_size", "max_position_embeddings", "num_labels")
+
+
+def describe_model(model: nn.Module) -> dict[str, Any]:
+    """Class, source, format, parameter counts, config summary, tokenizer class."""
+    cls = type(model)
+    tok = tokenizer_of(model)
+    return {
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "source": getattr(model, "diagnose_source", None),
+        "format": getattr(model, "diagnose_format", None),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "config": config_summary(model),
+        "tokenizer": None if tok is None else type(tok).__name__,
+    }
+
+
+def config_summary(model: nn.Module) -> dict[str, Any]:
+    """The diagnose ModelConfig as a dict, the main Hugging Face config fields, or {}."""
+    cfg = getattr(model, "cfg", None)
+    if hasattr(cfg, "to_dict") and not hasattr(cfg, "model_type"):
+        return dict(cfg.to_dict())
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return {}
+    out = {name: getattr(cfg, name) for name in _HF_FIELDS if getattr(cfg, name, None) is not None}
+    if "Classification" not in type(model).__name__:
+        out.pop("num_labels", None)  # every HF config has one; it means something only for classifiers
+    attn = getattr(cfg, "_attn_implementation", None)
+    if attn:
+        out["attn_implementation"] = attn
+    return out
+
+
+def describe_data(data: DataSet) -> dict[str, Any]:
+    """Counts, padding share and label layout and range (ignoring -100)."""
+    mask = data.attention_mask
+    out: dict[str, Any] = {
+        "source": data.source,
+        "n_examples": len(data),
+        "seq_len": data.seq_len,
+        "has_attention_mask": mask is not None,
+        "padding_share": 0.0 if mask is None else float(1 - mask.float().mean()),
+        "token_ids": [int(data.input_ids.min()), int(data.input_ids.max())],
+        "labels": None,
+        "has_tokens": data.tokens is not None,
+    }
+    if data.labels is not None:
+        scored = data.labels[data.labels != IGNORE]
+        out["labels"] = {
+            "shape": list(data.labels.shape),
+            "kind": "sequence" if data.labels.dim() == 1 else "token",
+            "min": int(scored.min()),
+            "max": int(scored.max()),
+            "distinct": int(scored.unique().numel()),
+            "scored_share": float((data.labels != IGNORE).float().mean()),
+        }
+    return out
+
+
+@torch.no_grad()
+def probe(model: nn.Module, data: DataSet, n: int = 2) -> dict[str, Any]:
+    """Run the first n examples through the model; check token ids and labels against its outputs."""
+    vocab = vocab_size_of(model)
+    if vocab is not None:
+        check_vocab(data, vocab)
+    inputs, _ = next(data.take(n).batches(n))
+    try:
+        logits = logits_of(call_model(model, inputs))
+    except Exception as exc:  # the model's own forward can raise anything
+        fix = ("diagnose calls model(input_ids=..., attention_mask=...): give forward those parameter names"
+               if isinstance(exc, TypeError) and "keyword argument" in str(exc)
+               else "check that the data was made for this model")
+        raise DataError(f"{data.source}: the model fails on the first examples ({type(exc).__name__}: "
+                        f"{one_line(exc)}); {fix}") from None
+    out = {"output_shape": list(logits.shape), "labels_fit": None}
+    labels = data.labels
+    if labels is not None:
+        # labels [N] score logits [B, C]; labels [N, T] score logits [B, T, C]
+        if logits.dim() != labels.dim() + 1:
+            raise DataError(f"{data.source}: labels of shape [{', '.join(['N', 'T'][:labels.dim()])}] do not "
+                            f"match the model's output {list(logits.shape)}; sequence labels need logits "
+                            "[B, C], token labels [B, T, C]")
+        check_labels(data, int(logits.shape[-1]))
+        out["labels_fit"] = True
+    return out

@@ -1,0 +1,61 @@
+"""Tiny Hugging Face folders with offline tokenizers, built once per test module."""
+
+from __future__ import annotations
+
+import pytest
+
+WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "big", "red"]
+
+
+def make_tokenizer(words=WORDS):
+    """A word-level fast tokenizer: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3, then the words; pairs get type ids."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *words])}
+    tk = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = Whitespace()
+    tk.post_processor = TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                           special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                   sep_token="[SEP]", model_input_names=["input_ids", "token_type_ids", "attention_mask"])
+
+
+VOCAB = len(WORDS) + 4
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory):
+    """(folder, original model): GPT2LMHeadModel with its tokenizer saved beside it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=32, bos_token_id=2,
+                     eos_token_id=3, pad_token_id=0)
+    model = GPT2LMHeadModel(cfg).eval()
+    folder = tmp_path_factory.mktemp("gpt2")
+    model.save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)
+    return folder, model
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory):
+    """(folder, original model): BertForSequenceClassification (3 labels, named) with its tokenizer."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=32, max_position_embeddings=32, num_labels=3,
+                     id2label={0: "neg", 1: "neutral", 2: "pos"}, label2id={"neg": 0, "neutral": 1, "pos": 2})
+    model = BertForSequenceClassification(cfg).eval()
+    folder = tmp_path_factory.mktemp("bert")
+    model.save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)
+    return folder, model
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return make_tokenizer()
