@@ -1,0 +1,96 @@
+"""Causal leak: does the output at position t change when only tokens after t change?
+
+For every cut t the probe changes (a) only token t+1 and (b) only the tokens from t+2 on,
+and compares the outputs at positions <= t with the clean ones, all in one batched forward.
+A correct causal model gives identical outputs (up to float noise); a missing mask, a mask
+filled with 0 or an off-by-one mask (each position sees the next token; or the diagonal is
+masked too, so the first query has no key left and spreads over every key) changes them.
+
+Whether a leak is a bug depends on what the model is meant to be. It is an error when the
+caller says causal=True, or when the model declares itself causal (the reference model's
+cfg.is_causal, a Hugging Face config.is_decoder, an attention module with is_causal=True, or a
+*ForCausalLM / *LMHeadModel class);
+otherwise bidirectional attention is reported as information, since encoders are meant to see
+the whole sequence. Models with pooled outputs [B, C] have no per-position output: skipped.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ._probe import SAME, Probe, eval_mode, forward, relative_change, token_level
+from .finding import Finding, SkipCheck
+
+NAME = "causal"
+
+_FIX = ("Mask the future keys only, before the softmax: masked = torch.ones(T, T).triu(1).bool(); "
+        "scores = scores.masked_fill(masked, float('-inf')) (or torch.finfo(scores.dtype).min). "
+        "triu(2) lets each position see the next token; triu(0) also hides the token itself and leaves "
+        "the first query no key, so it attends to everything; filling with 0 instead of a large "
+        "negative number masks nothing (exp(0) = 1). With F.scaled_dot_product_attention pass is_causal=True.")
+
+
+def declared_causal(model: nn.Module) -> bool | None:
+    """True/False when the model says whether it is causal, None when it does not say."""
+    cfg = getattr(model, "cfg", None)
+    if isinstance(getattr(cfg, "is_causal", None), bool):
+        return cfg.is_causal
+    if getattr(getattr(model, "config", None), "is_decoder", None) is True:
+        return True
+    if any(getattr(m, "is_causal", None) is True for m in model.modules()):
+        return True
+    if type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")):  # Hugging Face naming convention
+        return True
+    return None
+
+
+def check_causal(probe: Probe, causal: bool | None = None) -> list[Finding]:
+    """Findings of the causal-leak test; raises SkipCheck when it cannot run."""
+    if causal is False:
+        raise SkipCheck("causal=False: the model is meant to be bidirectional")
+    declared = declared_causal(probe.model)
+    meant = causal is True or declared is True
+    ids = probe.rows  # [B, T]
+    B, T = ids.shape
+    g = probe.generator(1)
+    variants, cuts, kinds = [ids], [], []
+    for t in range(T - 1):
+        nxt = ids.clone()
+        nxt[:, t + 1] = probe.different_tokens(ids[:, t + 1], g)
+        variants.append(nxt)
+        cuts.append(t)
+        kinds.append("next")
+        if t + 2 < T:
+            far = ids.clone()
+            far[:, t + 2:] = probe.different_tokens(ids[:, t + 2:], g)
+            variants.append(far)
+            cuts.append(t)
+            kinds.append("later")
+    with eval_mode(probe.model):
+        out = forward(probe.model, probe.info, torch.cat(variants))  # [(1 + V) * B, ...]
+    if not token_level(out[:B], ids):
+        raise SkipCheck(f"outputs are pooled {tuple(out.shape[1:])}: there is no output per position to test")
+    clean = out[:B]  # [B, T, V]
+    leak = {"next": 0.0, "later": 0.0}
+    leaking = torch.zeros(T, dtype=torch.bool)
+    for i, (t, kind) in enumerate(zip(cuts, kinds)):
+        changed = out[(i + 1) * B:(i + 2) * B]
+        rel = relative_change(clean, changed)[:, : t + 1]  # [B, t + 1] positions <= t
+        leak[kind] = max(leak[kind], float(rel.max()))
+        leaking[: t + 1] |= (rel > SAME).any(0)
+    if max(leak.values()) <= SAME:
+        return []
+    evidence = {"max_relative_change_next_token": leak["next"], "max_relative_change_later_tokens": leak["later"],
+                "positions_tested": T, "positions_leaking": int(leaking.sum()),
+                "first_leaking_position": int(leaking.nonzero()[0, 0]), "threshold": SAME,
+                "declared_causal": declared}
+    if not meant:
+        return [Finding(NAME, "info", "Outputs at position t depend on later tokens: the model is bidirectional",
+                        evidence, "Expected for an encoder. If the model is meant to be a decoder/LM, its causal "
+                        "mask is missing or wrong; re-run with causal=True (--causal). " + _FIX)]
+    if leak["later"] <= SAME:
+        title = "Causal leak: each position sees the next token (the mask is off by one)"
+    else:
+        title = "Causal leak: outputs at earlier positions change when later tokens change"
+    return [Finding(NAME, "error", title, evidence, _FIX)]

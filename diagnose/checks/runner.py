@@ -1,0 +1,74 @@
+"""check_model: run the wiring checks on a model and collect their findings."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch.nn as nn
+
+from ..errors import ConfigError, DiagnoseError
+from ._probe import Probe, eval_mode, forward, model_info, real_rows
+from .causal import check_causal
+from .finding import Findings, SkipCheck
+from .padding import check_padding
+from .positions import check_positions
+from .scaling import check_scaling
+
+CHECKS = ("causal", "padding", "scaling", "positions")
+
+
+def check_model(model: nn.Module, data: Any = None, *, causal: bool | None = None,
+                checks: Sequence[str] | None = None, n_examples: int = 8, length: int = 16, seed: int = 0,
+                attention_module: str | None = None, n_heads: int | None = None) -> Findings:
+    """Run the wiring checks (causal leak, padding leak, scaling, positions) on `model`.
+
+    data: None (random tokens from the model's vocabulary), a Tensor of ids [N, T], or a Mapping /
+    object (DataSet, TaskData) with input_ids and optional attention_mask; padding is stripped and
+    the longest rows are cut to one length (<= `length`). causal: True (the model must not see
+    the future), False (bidirectional: the causal test is skipped) or None (infer: a leak is an
+    error only when the model declares itself causal, information otherwise). attention_module /
+    n_heads name attention layers diagnose cannot find by itself (the scaling check needs them).
+    Returns a list of Finding (a Findings, which also carries .passed, .skipped, .model and
+    .to_json() in the diagnose.checks/1 schema). The model is left as it was (training flag,
+    weights, no hooks).
+    """
+    names = list(CHECKS if checks is None else checks)
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        raise ConfigError(f"unknown check(s) {', '.join(unknown)}; choose from {', '.join(CHECKS)}")
+    info = model_info(model)
+    probe = Probe(model, info, real_rows(data, info, n=n_examples, length=length, seed=seed), seed=seed)
+    try:
+        with eval_mode(model):
+            forward(model, info, probe.rows[:1])
+    except DiagnoseError:
+        raise
+    except Exception as exc:  # the model's own error: say what it was fed
+        raise DiagnoseError(f"{info.family} failed on probe input_ids {tuple(probe.rows.shape)}: "
+                            f"{type(exc).__name__}: {exc}") from None
+    runs = {
+        "causal": lambda: check_causal(probe, causal),
+        "padding": lambda: check_padding(probe),
+        "scaling": lambda: check_scaling(probe, attention_module=attention_module, n_heads=n_heads),
+        "positions": lambda: check_positions(probe),
+    }
+    summary = {**info.to_json(), "n_parameters": sum(p.numel() for p in model.parameters()),
+               "probe": {"examples": int(probe.rows.shape[0]), "length": int(probe.rows.shape[1]),
+                         "data": "random tokens" if data is None else "given"},
+               "causal_requested": causal}
+    result = Findings(model=summary)
+    for name in names:
+        try:
+            found = runs[name]()
+        except SkipCheck as why:
+            result.skipped.append({"check": name, "why": str(why)})
+            continue
+        except DiagnoseError:
+            raise
+        except Exception as exc:  # a model that cannot take one probe's inputs (e.g. longer padding)
+            result.skipped.append({"check": name, "why": f"the model raised {type(exc).__name__}: {exc}"})
+            continue
+        result.extend(found)
+        if not any(f.is_problem for f in found):
+            result.passed.append(name)
+    return result

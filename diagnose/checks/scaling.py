@@ -1,0 +1,228 @@
+"""Scaling: are attention scores q.k / sqrt(d_k), and how large and saturated are they?
+
+The test measures the scale itself instead of guessing it from the size of the scores (which
+depends on training as much as on the scale: on the order task a correct trained model had
+score std 18 and 82 % near one-hot rows in one layer, an unscaled one at init std 0.4 and none).
+While each attention module runs, a TorchFunctionMode sees the q @ k^T product and the input
+of the softmax; their ratio on unmasked entries is the scale c the module applies (with any
+scalar folded into q or k before the product, e.g. `q = q_proj(x) * scaling`, counted in).
+For F.scaled_dot_product_attention c is its `scale` argument (default 1/sqrt(D)); torch's
+nn.MultiheadAttention always applies 1/sqrt(D) (its logit std and saturation are not shown). A correct
+layer has c * sqrt(d_k) = 1; a missing 1/sqrt(d_k) gives sqrt(d_k). Flagged when c * sqrt(d_k) > 2.
+
+Reported beside it per layer: the std of the pre-softmax logits over unmasked keys (within a
+row log p = score - logsumexp, so it is the std of log p) and the share of saturated rows
+(max weight > 0.99), against the sqrt(d_k) a unit-variance q and k would give unscaled.
+
+What it cannot tell: a scale hidden in the projection weights (T5 folds 1/sqrt(d_k) into its
+initialisation) reads as unscaled; fused kernels that never call softmax or SDPA in Python give
+no measurement (skipped); a per-position score bias (ALiBi, T5 relative buckets) makes scores
+no multiple of q.k, so such layers are left unmeasured rather than guessed. Saturation is
+reported as information only: a trained head may rightly attend to one token (induction heads).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack, contextmanager
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from ..objectives import call_model
+from ._probe import Probe, device_of, eval_mode, inputs_for
+from .finding import Finding, SkipCheck
+
+NAME = "scaling"
+TOO_LARGE = 2.0  # c * sqrt(d_k) above this: scores are not divided by sqrt(d_k)
+SATURATED = 0.99  # a row whose max weight exceeds this is near one-hot
+SATURATED_SHARE = 0.5  # an info finding when more rows than this are saturated in a layer
+
+_MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm, torch.einsum}
+_MUL = {torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__}
+_DIV = {torch.div, torch.Tensor.div, torch.Tensor.__truediv__}
+_SHAPE = {torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.transpose, torch.transpose,
+          torch.Tensor.permute, torch.permute, torch.Tensor.contiguous, torch.Tensor.split, torch.split,
+          torch.Tensor.chunk, torch.chunk, torch.Tensor.unbind, torch.unbind, torch.Tensor.__getitem__,
+          torch.Tensor.to, torch.Tensor.float, torch.Tensor.type_as, torch.Tensor.flatten, torch.Tensor.unflatten,
+          torch.Tensor.expand, torch.Tensor.repeat_interleave, torch.repeat_interleave, torch.Tensor.clone}
+_SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.special.softmax}
+
+_FIX = ("Divide the attention scores by sqrt(d_k): scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim) "
+        "(or use F.scaled_dot_product_attention, which does). Without it the dot products grow like sqrt(d_k), "
+        "the softmax saturates and its gradients vanish (Vaswani et al. 2017, section 3.2.1).")
+
+
+def _scalar(x: Any) -> float | None:
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return float(x)
+    if isinstance(x, torch.Tensor) and x.numel() == 1 and x.dtype.is_floating_point:
+        return float(x)
+    return None
+
+
+class _ScoreMode(TorchFunctionMode):
+    """Inside one attention module: pairs each softmax input with the q @ k^T product before it."""
+
+    def __init__(self, site: Any, out: dict[str, list]):
+        super().__init__()
+        self.site, self.out = site, out
+        self.factor: dict[int, tuple[torch.Tensor, float]] = {}  # id -> (tensor kept alive, scalar folded in)
+        self.qk: tuple[torch.Tensor, float] | None = None
+
+    def _f(self, t: Any) -> float:
+        return self.factor[id(t)][1] if isinstance(t, torch.Tensor) and id(t) in self.factor else 1.0
+
+    def _set(self, out: Any, f: float) -> None:
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and f != 1.0:
+                self.factor[id(t)] = (t, f)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)  # the model's own result, untouched
+        if func in _SHAPE and args:
+            self._set(out, self._f(args[0]))
+        elif func in _MUL or func in _DIV:
+            a, b = (args + (kwargs.get("other"),))[:2]
+            t, s = (a, _scalar(b)) if isinstance(a, torch.Tensor) and _scalar(b) is not None else (b, _scalar(a))
+            if s is not None and isinstance(t, torch.Tensor) and t.numel() > 1 and s != 0:
+                self._set(out, self._f(t) * (1.0 / s if func in _DIV else s))
+        elif func in _MATMUL and isinstance(out, torch.Tensor) and out.dim() >= 3:
+            ops = args[1:] if func is torch.einsum else args[:2]
+            f = 1.0
+            for o in ops:
+                f *= self._f(o)
+            self.qk = (out.detach(), f)
+        elif func is F.scaled_dot_product_attention:
+            self._sdpa(*args, **kwargs)
+        elif func is F.multi_head_attention_forward:
+            # torch's MHA reaches the mode as one call; it always scales by 1/sqrt(embed_dim / num_heads)
+            E, H = args[0].shape[-1], (args[4] if len(args) > 4 else kwargs["num_heads"])
+            self.out["scale"].append(torch.tensor([math.sqrt(H / E)]))
+        elif func in _SOFTMAX and isinstance(out, torch.Tensor) and out.dim() >= 3:
+            dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+            if dim is not None and dim % out.dim() == out.dim() - 1:
+                self._softmax(args[0], out)
+        return out
+
+    def _sdpa(self, q, k, v=None, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        from ..adapters._intercept import sdpa_probs
+
+        c = (1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)) * self._f(q) * self._f(k)
+        self.out["scale"].append(torch.tensor([c]))
+        self.out["probs"].append(sdpa_probs(q, k, attn_mask, is_causal, scale).cpu())
+
+    def _softmax(self, scores: torch.Tensor, probs: torch.Tensor) -> None:
+        self.out["probs"].append(probs.detach().float().cpu())
+        if self.qk is None or self.qk[0].shape != scores.shape:
+            return
+        qk, f = self.qk[0].float(), self.qk[1]
+        s = scores.detach().float()
+        # unmasked entries only: a large negative fill, -inf, or a fill of exactly 0 is a mask, not a score
+        ok = torch.isfinite(s) & (s > -1e20) & (s != 0) & (qk.abs() > 1e-3 * qk.abs().amax().clamp_min(1e-30))
+        if int(ok.sum()) >= 8:
+            self.out["scale"].append(((s[ok] / qk[ok]) * f).cpu())
+        self.qk = None
+
+
+@contextmanager
+def _watch(module: torch.nn.Module, site: Any, out: dict[str, list]) -> Iterator[None]:
+    """While active, every forward of `module` runs inside a _ScoreMode; undone in `finally`."""
+    from ..adapters._hooks import hooks
+
+    entered: list[_ScoreMode] = []
+
+    def pre(_m, _args):
+        mode = _ScoreMode(site, out)
+        mode.__enter__()
+        entered.append(mode)
+
+    def post(_m, _args, _out):
+        if entered:
+            entered.pop().__exit__(None, None, None)
+
+    try:
+        with hooks(lambda: module.register_forward_pre_hook(pre),
+                   lambda: module.register_forward_hook(post, always_call=True)):
+            yield
+    finally:
+        while entered:
+            entered.pop().__exit__(None, None, None)
+
+
+def _row_stats(probs: torch.Tensor) -> tuple[float, float]:
+    """(median over rows of the std of log p over keys with p > 0, share of rows with max > 0.99)."""
+    p = probs.reshape(-1, probs.shape[-1])  # [rows, Tk]
+    live = p > 0
+    n = live.sum(-1)
+    rows = n >= 2
+    if not bool(rows.any()):
+        return math.nan, math.nan
+    lp = torch.where(live, p.clamp_min(1e-45).log(), torch.zeros_like(p))
+    mean = lp.sum(-1) / n.clamp_min(1)
+    var = (((lp - mean[:, None]) * live) ** 2).sum(-1) / (n - 1).clamp_min(1)
+    return float(var.sqrt()[rows].median()), float((p.amax(-1) > SATURATED)[rows].float().mean())
+
+
+def check_scaling(probe: Probe, *, attention_module: str | None = None, n_heads: int | None = None) -> list[Finding]:
+    """Findings of the scaling check; raises SkipCheck when no layer could be measured."""
+    from ..errors import DiagnoseError
+    from ..sites import find_heads
+
+    ids = probe.rows  # [B, T]
+    mask = torch.ones_like(ids)
+    inputs = inputs_for(probe.info, ids, mask, device_of(probe.model))
+    try:
+        sites = find_heads(probe.model, attention_module=attention_module, n_heads=n_heads, example=inputs)
+    except DiagnoseError as exc:
+        raise SkipCheck(f"no attention layer found ({exc})") from None
+    seen = [{"scale": [], "probs": []} for _ in sites]
+    from ..adapters.torch_mha import no_fastpath
+
+    # the fused MHA / TransformerEncoder fast path runs no Python inside attention: switch it off
+    with eval_mode(probe.model), no_fastpath(), ExitStack() as stack:
+        for s, out in zip(sites, seen):
+            stack.enter_context(_watch(s.module, s, out))
+        call_model(probe.model, inputs)
+    ratios, stds, sats = [], [], []
+    for s, out in zip(sites, seen):
+        c = torch.cat(out["scale"]) if out["scale"] else None
+        if c is not None and float(c.quantile(0.9) - c.quantile(0.1)) <= 0.05 * abs(float(c.median())):
+            ratios.append(float(c.median()) * math.sqrt(s.head_dim))
+        else:
+            ratios.append(math.nan)  # not observed, or scores are no multiple of q.k (a position bias)
+        rows = [p.reshape(-1, p.shape[-1]) for p in out["probs"]]  # [rows, Tk] each
+        st, sat = _row_stats(torch.cat(rows)) if rows else (math.nan, math.nan)
+        stds.append(st)
+        sats.append(sat)
+    measured = [r for r in ratios if not math.isnan(r)]
+    if not measured:
+        raise SkipCheck("no layer's scale could be measured (no softmax or scaled_dot_product_attention call "
+                        "seen in Python, or scores carry a position bias)")
+    evidence = {"scale_times_sqrt_dk_per_layer": ratios, "head_dim_per_layer": [s.head_dim for s in sites],
+                "logit_std_per_layer": stds, "sqrt_dk_per_layer": [math.sqrt(s.head_dim) for s in sites],
+                "saturated_share_per_layer": sats, "threshold": TOO_LARGE}
+    found = []
+    bad = [i for i, r in enumerate(ratios) if r > TOO_LARGE]
+    if bad:
+        r, d = ratios[bad[0]], sites[bad[0]].head_dim
+        what = ("are not divided by sqrt(d_k)" if abs(r / math.sqrt(d) - 1) < 0.25
+                else f"are scaled {r:.3g}x more than 1/sqrt(d_k)")
+        found.append(Finding(NAME, "warning", f"Attention scores {what} in {len(bad)} of {len(sites)} layers",
+                             {**evidence, "layers": bad}, _FIX))
+    small = [i for i, r in enumerate(ratios) if r < 1.0 / TOO_LARGE]
+    if small:
+        found.append(Finding(NAME, "info", f"Attention scores are scaled below 1/sqrt(d_k) in {len(small)} layers "
+                             "(1/d_k as in muP?)", {**evidence, "layers": small},
+                             "Fine if intended (muP uses 1/d_k); otherwise divide by sqrt(d_k)."))
+    hot = [i for i, v in enumerate(sats) if not math.isnan(v) and v > SATURATED_SHARE]
+    if hot:
+        found.append(Finding(NAME, "info", f"Attention is near one-hot (max weight > {SATURATED}) in most rows of "
+                             f"{len(hot)} layers", {**evidence, "layers": hot},
+                             "Expected for heads that copy one token (induction, previous-token heads); if it "
+                             "comes with poor training, check the 1/sqrt(d_k) scale, lower the learning rate "
+                             "or add qk-norm."))
+    return found
