@@ -1,0 +1,25 @@
+"""`diagnose report`."""
+
+from __future__ import annotations
+
+import click
+
+from diagnose.reports import write_report
+
+
+@click.command()
+@click.argument("sources", nargs=-1, required=True, type=click.Path())
+@click.option("-o", "--output", "output", default="report.html", show_default=True, type=click.Path(dir_okay=False),
+              help="HTML file to write (replaced only once the whole report is built).")
+@click.option("--title", default=None, help="Title shown at the top of the report.")
+def report(sources: tuple[str, ...], output: str, title: str | None) -> None:
+    """Write one self-contained HTML report from heads JSON files and run folders.
+
+    SOURCES are `diagnose heads --json` files, run folders written by TrainingMonitor, and
+    optionally `diagnose check --json` files; the kind of each is detected. The report opens
+    offline in any browser and fetches nothing.
+
+    Example: diagnose report heads.json runs/exp1 -o report.html
+    """
+    path = write_report(list(sources), output, title=title)
+    click.echo(f"Report written to {path.resolve()}")

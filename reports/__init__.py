@@ -1,0 +1,38 @@
+"""HTML report: reads only `diagnose.heads/1` JSON and `diagnose.run/1` run folders (plus
+optional `diagnose.checks/1` JSON) and writes one self-contained file.
+
+Modules: sources (loading), view_heads / view_training / summary / view (the view model),
+decimate, figures / plots_heads / plots_training (pictures), render (Jinja2 + inlining).
+The entry points below import the renderer on first use, so that `import diagnose` does not
+pull in matplotlib and seaborn.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .sources import load_sources
+
+__all__ = ["load_sources", "render_html", "write_report"]
+
+
+def write_report(sources: Any, path: str | os.PathLike, *, title: str | None = None) -> Path:
+    """Write one self-contained HTML report of heads results, run folders and checks to `path`.
+
+    sources: `diagnose.heads/1` JSON files or objects with .to_json() (a HeadsResult), run
+    folders or Runs from `diagnose.read_run`, `diagnose.checks/1` JSON; one or a list. The file
+    appears only once complete: a bad source raises InputFileError and leaves `path` untouched.
+    Example: diagnose.write_report([result, "runs/exp1"], "report.html")
+    """
+    from .render import write_report as _write
+
+    return _write(sources, path, title=title)
+
+
+def render_html(sources: Any, *, title: str | None = None) -> str:
+    """The report's HTML as a string (nothing is written)."""
+    from .render import render_html as _render
+
+    return _render(sources, title=title)

@@ -1,0 +1,103 @@
+"""Rendering the report view into one self-contained HTML file.
+
+Templates are Jinja2 files with autoescape on; CSS and JS are read from static/ and inlined;
+the data the page's script needs is handed over once as JSON in a
+<script type="application/json"> tag, with <, > and & escaped so that no token text can end
+the tag. A Content-Security-Policy allows no network access at all, images only as data: URIs,
+and only the one inline script whose sha256 hash it names.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import os
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from diagnose.errors import DiagnoseError
+
+from .sources import load_sources
+from .view import Report, build_report
+
+HERE = Path(__file__).parent
+TEMPLATES = HERE / "templates"
+STATIC = HERE / "static"
+
+
+def escape_json(obj: Any) -> str:
+    """JSON safe to place inside a <script> element: <, >, & become \\u003c, \\u003e, \\u0026."""
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+def _num(value: Any, spec: str = ".3f") -> str:
+    if isinstance(value, jinja2.Undefined) or value is None:
+        return "–"
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return "–"
+    return format(x, spec) if math.isfinite(x) else str(x)
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters["num"] = _num
+    return env
+
+
+def _static(name: str) -> str:
+    text = (STATIC / name).read_text(encoding="utf-8")
+    assert "</script" not in text.lower() and "</style" not in text.lower(), f"{name} would end its tag"
+    return text
+
+
+def csp(script: str) -> str:
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    return ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
+            f"script-src 'sha256-{digest}'; base-uri 'none'; form-action 'none'")
+
+
+def render(report: Report) -> str:
+    """The HTML text of a built report."""
+    script = _static("report.js")
+    return _env().get_template("report.html.j2").render(
+        report=report, css=_static("report.css"), script=script, csp=csp(script),
+        data_json=escape_json(report.blob))
+
+
+def render_html(sources: Any, *, title: str | None = None) -> str:
+    """Load the sources and return the report's HTML (nothing is written)."""
+    return render(build_report(load_sources(sources), title))
+
+
+def write_report(sources: Any, path: str | os.PathLike, *, title: str | None = None) -> Path:
+    """Render, then write to a temporary file beside `path` and rename it into place."""
+    html = render_html(sources, title=title)
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise DiagnoseError(f"{path}: cannot write the report ({exc.strerror}); choose another -o path") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(html)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is meant to be shared
+        os.replace(tmp, path)
+    except OSError as exc:
+        os.unlink(tmp)
+        raise DiagnoseError(f"{path}: cannot write the report ({exc.strerror}); choose another -o path") from None
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path

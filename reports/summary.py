@@ -1,0 +1,143 @@
+"""The verdict in a few sentences, generated from the view models (never written by hand):
+what matters, what looks important but is not, what went wrong in training and when.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .view_heads import HeadsView
+from .view_training import TrainingView
+
+
+@dataclass
+class Verdict:
+    title: str
+    lines: list[tuple[str, str]] = field(default_factory=list)  # (label, sentence)
+
+
+def _f(x: Any, spec: str = ".3f") -> str:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return "n/a"
+    return format(x, spec) if math.isfinite(x) else str(x)
+
+
+def _signed(x: Any) -> str:
+    return _f(x, "+.3f")
+
+
+def _strength(rho: float) -> str:
+    a = abs(rho)
+    return "barely" if a < 0.2 else "weakly" if a < 0.4 else "moderately" if a < 0.7 else "strongly"
+
+
+def _head_effect(h: dict[str, Any]) -> str:
+    parts = []
+    if h.get("delta_accuracy") is not None:
+        parts.append(f"Δaccuracy {_signed(h.get('delta_accuracy'))}")
+    if h.get("delta_loss") is not None:
+        parts.append(f"Δloss {_signed(h.get('delta_loss'))}")
+    if h.get("p_value") is not None:
+        parts.append(f"p = {_f(h.get('p_value'), '.2g')}")
+    return f"L{h['layer']}H{h['head']} ({', '.join(parts)})"
+
+
+def heads_verdict(v: HeadsView) -> Verdict:
+    out = Verdict(f"Heads: {v.name}")
+    base = ", ".join(f"{k} {_f(val)}" for k, val in v.baseline.items() if isinstance(val, (int, float)))
+    n_ex = f" over {v.n_examples} examples" if v.n_examples else ""
+    out.lines.append(("Model", f"{v.family} model, {v.n_layers} layers × {v.n_heads} heads, task "
+                               f"{v.task or 'unknown'}, {v.method or 'zero'} ablation{n_ex}"
+                               + (f"; baseline {base}." if base else ".")))
+    top = ", ".join(_head_effect(h) for h in v.ranked[:3])
+    if v.n_significant:
+        out.lines.append(("What matters", f"{v.n_significant} of {v.n_total} heads change the result "
+                                          f"significantly when removed (Holm-corrected p < 0.05); the "
+                                          f"largest effects: {top}."))
+    else:
+        out.lines.append(("What matters", f"No single head changes the result significantly when removed "
+                                          f"(Holm-corrected p < 0.05); the largest effects: {top}."))
+    inert = [f for f in v.flags if f.kind == "striking_but_inert"]
+    vital = [f for f in v.flags if f.kind == "diffuse_but_vital"]
+    other = [f for f in v.flags if f.kind not in ("striking_but_inert", "diffuse_but_vital")]
+    if inert:
+        out.lines.append(("Looks important but is not", "; ".join(
+            f"{f.label}: {f.reason}" if f.reason else f.label for f in inert[:4])
+            + (f"; and {len(inert) - 4} more." if len(inert) > 4 else ".")))
+    else:
+        out.lines.append(("Looks important but is not", "no head was flagged as a striking map without "
+                                                         "a causal effect."))
+    if vital:
+        out.lines.append(("Matters though its map looks diffuse", "; ".join(
+            f"{f.label}: {f.reason}" if f.reason else f.label for f in vital[:4]) + "."))
+    if other:
+        out.lines.append(("Other flags", "; ".join(f"{f.label} ({f.kind})" for f in other[:4]) + "."))
+    corr = {(c.statistic, c.effect): c for c in v.correlations}
+    c = corr.get(("max_weight", "delta_loss"))
+    if c is not None:
+        g = corr.get(("grad_importance", "delta_loss"))
+        extra = (f"; gradient importance tracks it {_strength(g.rho)} (ρ = {_f(g.rho, '.2f')})"
+                 if g is not None else "")
+        out.lines.append(("Heatmap vs cause", f"across heads, how peaked a map is (max weight) "
+                                              f"{_strength(c.rho)} predicts the loss increase on removal "
+                                              f"(Spearman ρ = {_f(c.rho, '.2f')}, p = {_f(c.p_value, '.2g')})"
+                                              f"{extra}."))
+    return out
+
+
+def training_verdict(v: TrainingView) -> Verdict:
+    out = Verdict(f"Training: {v.name}")
+    span = f"steps {v.first_step}–{v.last_step}" if v.first_step is not None else "no step numbers"
+    state = "" if v.closed else " The run was not closed (still running, or killed)."
+    out.lines.append(("Run", f"{v.n_records} logged steps ({span}); loss {_f(v.loss_start, '.3g')} at the "
+                             f"start → {_f(v.loss_end, '.3g')} at the end.{state}"))
+    if not v.alert_groups:
+        out.lines.append(("What went wrong", "nothing: no alert was raised."))
+        return out
+    parts = []
+    for g in v.alert_groups[:4]:
+        where = f" in {g.where}" if g.where else ""
+        times = f" ({g.count}× up to step {g.last_step})" if g.count > 1 else ""
+        parts.append(f"[{g.number}] {g.kind} ({g.severity}) first at step {g.first_step}{where}{times}: "
+                     f"{g.message}")
+    more = f"; and {len(v.alert_groups) - 4} more kinds" if len(v.alert_groups) > 4 else ""
+    out.lines.append(("What went wrong, and when", "; ".join(parts) + more + "."))
+    first = v.alert_groups[0]
+    if first.hint:
+        out.lines.append(("First fix to try", first.hint))
+    return out
+
+
+def checks_line(findings: list[dict[str, Any]]) -> str:
+    """One sentence for one checks document: its problems (warnings and errors) by title."""
+    problems = [f for f in findings if f.get("severity") in ("warning", "error")]
+    if not problems:
+        return "no check found a problem" + (f" ({len(findings)} informational finding(s))." if findings else ".")
+    errors = sum(1 for f in problems if f.get("severity") == "error")
+    titles = "; ".join(f"{f.get('title') or f.get('check')} ({f.get('severity')})" for f in problems[:5])
+    return f"{len(problems)} problem(s), {errors} error(s): {titles}."
+
+
+def checks_verdict(items: list[tuple[str, list[dict[str, Any]]]]) -> Verdict:
+    """All checks documents in one block, a line each: (source name, findings)."""
+    return Verdict("Checks", [(name, checks_line(findings)) for name, findings in items])
+
+
+def lessons_verdict(lessons: list[dict[str, Any]]) -> Verdict:
+    """Each measured lesson in a line: its claim and its first measure, (a) against (b)."""
+    out = Verdict("Lessons, measured")
+    for les in lessons:
+        rows = [r for r in les.get("rows", []) if isinstance(r, dict)]
+        first = ""
+        if rows:
+            r, fmt = rows[0], rows[0].get("fmt")
+            cell = (lambda x: format(x, fmt) if isinstance(x, (int, float)) and isinstance(fmt, str)
+                    and fmt != "s" else str(x))
+            first = f" Measured: {r.get('metric')} {cell(r.get('a'))} ({les.get('a')}) vs {cell(r.get('b'))} " \
+                    f"({les.get('b')})."
+        out.lines.append((str(les.get("title") or les.get("key") or ""), f"{les.get('claim', '')}{first}"))
+    return out

@@ -1,0 +1,155 @@
+"""The whole report as one view model: verdicts, per-source sections with their pictures, and
+the one data blob handed to the page's script (attention maps for the selector)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import plots_heads, plots_training
+from .sources import Sources
+from .summary import Verdict, checks_verdict, heads_verdict, lessons_verdict, training_verdict
+from .view_heads import MAP_BYTE_BUDGET, HeadsView, heads_view
+from .view_training import TrainingView, training_view
+
+
+@dataclass
+class HeadsSection:
+    view: HeadsView
+    grids_img: str
+    attention_img: str | None
+    scatter_img: str | None
+    top: list[dict[str, Any]]
+    flag_rows: list[tuple[Any, dict[str, Any]]]  # (Flag, its head record)
+    correlations: list[tuple[str, Any, Any]]  # (statistic, vs Δloss, vs Δaccuracy)
+
+
+@dataclass
+class TrainingSection:
+    view: TrainingView
+    images: list[tuple[str, str]]  # (caption, data URI)
+
+
+@dataclass
+class Finding:
+    check: str
+    severity: str
+    title: str
+    evidence_text: str
+    evidence_rows: list[tuple[str, str]]
+    fix: str
+
+
+@dataclass
+class ChecksSection:
+    name: str
+    findings: list[Finding]
+    passed: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (check, why)
+
+
+@dataclass
+class Lesson:
+    title: str
+    claim: str
+    a: str  # the textbook choice
+    b: str  # the one it warns against
+    rows: list[tuple[str, str, str]]  # (measure, value with a, value with b)
+    runs: list[str]
+
+
+@dataclass
+class LessonsSection:
+    name: str
+    lessons: list[Lesson]
+
+
+@dataclass
+class Report:
+    title: str
+    source_names: list[str]
+    verdicts: list[Verdict] = field(default_factory=list)
+    heads: list[HeadsSection] = field(default_factory=list)
+    training: list[TrainingSection] = field(default_factory=list)
+    checks: list[ChecksSection] = field(default_factory=list)
+    lessons: list[LessonsSection] = field(default_factory=list)
+    blob: dict[str, Any] = field(default_factory=dict)
+
+
+def _finding(raw: dict[str, Any]) -> Finding:
+    ev = raw.get("evidence")
+    rows: list[tuple[str, str]] = []
+    text = ""
+    if isinstance(ev, dict):
+        rows = [(str(k), str(v)) for k, v in ev.items()]
+    elif isinstance(ev, list):
+        rows = [("", str(v)) for v in ev]
+    elif ev is not None:
+        text = str(ev)
+    return Finding(str(raw.get("check", "")), str(raw.get("severity", "warning")),
+                   str(raw.get("title") or raw.get("check") or "finding"), text, rows, str(raw.get("fix", "")))
+
+
+def _cell(value: Any, fmt: Any) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(fmt, str) and fmt != "s":
+        try:
+            return format(value, fmt)
+        except ValueError:
+            pass
+    return "–" if value is None else str(value)
+
+
+def _lesson(raw: dict[str, Any]) -> Lesson:
+    rows = [(str(r.get("metric", "")), _cell(r.get("a"), r.get("fmt")), _cell(r.get("b"), r.get("fmt")))
+            for r in raw.get("rows", []) if isinstance(r, dict)]
+    return Lesson(str(raw.get("title") or raw.get("key") or ""), str(raw.get("claim") or ""),
+                  str(raw.get("a") or "a"), str(raw.get("b") or "b"), rows, [str(r) for r in raw.get("runs") or []])
+
+
+def _tables(v: HeadsView) -> tuple[list, list]:
+    by_head = {(h["layer"], h["head"]): h for h in v.ranked}
+    flag_rows = [(f, by_head.get((f.layer, f.head), {})) for f in v.flags]
+    corr = {(c.statistic, c.effect): c for c in v.correlations}
+    stats = list(dict.fromkeys(c.statistic for c in v.correlations))
+    return flag_rows, [(s, corr.get((s, "delta_loss")), corr.get((s, "delta_accuracy"))) for s in stats]
+
+
+def _heads_blob(v: HeadsView) -> dict[str, Any]:
+    flagged = [{"layer": f.layer, "head": f.head, "kind": f.kind, "reason": f.reason} for f in v.flags]
+    seen = {(f.layer, f.head) for f in v.flags}
+    top = [{"layer": h["layer"], "head": h["head"]} for h in v.ranked if (h["layer"], h["head"]) not in seen]
+    return {"name": v.name, "n_layers": v.n_layers, "n_heads": v.n_heads, "flagged": flagged,
+            "top": top[:8], "examples": v.examples}
+
+
+def build_report(sources: Sources, title: str | None = None) -> Report:
+    """Views, verdicts and pictures for every source, in the order given within each kind."""
+    names = [s.name for s in (*sources.heads, *sources.runs, *sources.checks, *sources.lessons)]
+    report = Report(title or "diagnose report", names)
+    budget = MAP_BYTE_BUDGET // max(1, len(sources.heads))
+    for src in sources.heads:
+        v = heads_view(src.name, src.data, budget)
+        report.verdicts.append(heads_verdict(v))
+        report.heads.append(HeadsSection(v, plots_heads.head_grids(v), plots_heads.attention_grids(v),
+                                         plots_heads.scatter(v), v.ranked[:10], *_tables(v)))
+    for src in sources.runs:
+        v = training_view(src.name, src.run)
+        report.verdicts.append(training_verdict(v))
+        images = [("Loss and learning rate", plots_training.loss_lr(v)),
+                  ("Gradient norms: global and per layer", plots_training.grad_norms(v)),
+                  ("Activations through depth over time", plots_training.depth_over_time(v)),
+                  ("Attention entropy per head over time", plots_training.entropy(v))]
+        report.training.append(TrainingSection(v, [(c, img) for c, img in images if img]))
+    for src in sources.checks:
+        findings = [_finding(f) for f in src.data.get("findings", [])]
+        skipped = [(str(x.get("check", "")), str(x.get("why") or x.get("reason") or ""))
+                   for x in src.data.get("skipped") or [] if isinstance(x, dict)]
+        report.checks.append(ChecksSection(src.name, findings, [str(p) for p in src.data.get("passed") or []],
+                                           skipped))
+    if sources.checks:
+        report.verdicts.append(checks_verdict([(s.name, s.data.get("findings", [])) for s in sources.checks]))
+    for src in sources.lessons:
+        report.lessons.append(LessonsSection(src.name, [_lesson(x) for x in src.data["lessons"]]))
+        report.verdicts.append(lessons_verdict(src.data["lessons"]))
+    report.blob = {"heads": [_heads_blob(s.view) for s in report.heads]}
+    return report

@@ -1,0 +1,224 @@
+"""View model of one `diagnose.heads/1` document: layer x head grids, significance, flags,
+rank correlations between what a heatmap shows and what ablation proves, packed example maps.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from diagnose.errors import InputFileError
+
+HEAD_NUMBERS = ("delta_accuracy", "delta_loss", "accuracy", "loss", "kl", "grad_importance", "p_value")
+ATTENTION_STATS = ("max_weight", "entropy", "first_token", "self", "prev_token", "padding", "mean_distance")
+ALPHA = 0.05
+MAX_EXAMPLES = 4
+MAX_TOKENS = 128
+# Raw bytes of quantised attention kept per heads document (base64 adds a third): keeps a
+# 12x12-head report with several 64-token examples well under the 15 MB page budget.
+MAP_BYTE_BUDGET = 4_500_000
+
+
+@dataclass
+class Flag:
+    layer: int
+    head: int
+    kind: str
+    reason: str
+
+    @property
+    def label(self) -> str:
+        return f"L{self.layer}H{self.head}"
+
+
+@dataclass
+class Correlation:
+    statistic: str
+    effect: str
+    rho: float
+    p_value: float
+    n: int
+
+
+@dataclass
+class HeadsView:
+    name: str
+    family: str
+    n_layers: int
+    n_heads: int
+    task: str
+    method: str
+    n_examples: int | None
+    baseline: dict[str, Any]
+    seconds: float | None
+    grids: dict[str, np.ndarray]  # each [n_layers, n_heads], NaN where missing
+    significant: np.ndarray  # [n_layers, n_heads] bool
+    ranked: list[dict[str, Any]]  # heads sorted by causal effect, largest harm first
+    flags: list[Flag]
+    correlations: list[Correlation]
+    examples: list[dict[str, Any]] = field(default_factory=list)  # packed for the page
+    example_texts: list[str] = field(default_factory=list)
+    examples_note: str = ""
+
+    @property
+    def n_significant(self) -> int:
+        return int(self.significant.sum())
+
+    @property
+    def n_total(self) -> int:
+        return self.n_layers * self.n_heads
+
+
+def _num(value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return out
+
+
+def holm(p_values: np.ndarray, alpha: float = ALPHA) -> np.ndarray:
+    """Holm-Bonferroni rejections (bool, same shape); NaN p-values are never significant."""
+    flat = p_values.ravel()
+    ok = np.flatnonzero(np.isfinite(flat))
+    reject = np.zeros(flat.shape, dtype=bool)
+    m = len(ok)
+    for rank, idx in enumerate(ok[np.argsort(flat[ok], kind="stable")]):
+        if flat[idx] > alpha / (m - rank):
+            break
+        reject[idx] = True
+    return reject.reshape(p_values.shape)
+
+
+def _harm_key(head: dict[str, Any]) -> tuple[float, float]:
+    """Sort key putting the heads whose removal raises the loss most first (the ablation
+    engine's own ranking), accuracy drop breaking ties; missing numbers go last."""
+    def finite(v: float) -> float:
+        return v if math.isfinite(v) else math.inf
+
+    return finite(-_num(head.get("delta_loss"))), finite(_num(head.get("delta_accuracy")))
+
+
+def _flags(raw: Any) -> list[Flag]:
+    """Flags as a list of {layer, head, kind, reason} or as {kind: [{layer, head, reason}]}."""
+    items: list[tuple[str | None, Any]] = []
+    if isinstance(raw, dict):
+        items = [(kind, f) for kind, entries in raw.items() for f in (entries or [])]
+    elif isinstance(raw, list):
+        items = [(None, f) for f in raw]
+    out = []
+    for kind, f in items:
+        if not isinstance(f, dict) or not isinstance(f.get("layer"), int) or not isinstance(f.get("head"), int):
+            continue
+        reason = f.get("reason") or f.get("why") or f.get("message") or ""
+        out.append(Flag(f["layer"], f["head"], str(f.get("kind") or kind or "flagged"), str(reason)))
+    return out
+
+
+def _given_correlations(raw: Any) -> dict[tuple[str, str], Correlation]:
+    """The document's own rank correlations: {"effect": name, stat: {rho, p_value, n}}."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("effect"), str):
+        return {}
+    out = {}
+    for stat, c in raw.items():
+        if isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) for k in ("rho", "p_value")):
+            out[(stat, raw["effect"])] = Correlation(stat, raw["effect"], float(c["rho"]), float(c["p_value"]),
+                                                     int(c.get("n") or 0))
+    return out
+
+
+def _correlations(grids: dict[str, np.ndarray], raw: Any) -> list[Correlation]:
+    """Spearman between each attention statistic (and grad importance) and each effect: the
+    document's own figures where it gives them, computed from the per-head numbers otherwise."""
+    given = _given_correlations(raw)
+    out = []
+    for effect in ("delta_loss", "delta_accuracy"):
+        y = grids[effect].ravel()
+        for stat in (*ATTENTION_STATS, "grad_importance"):
+            if (stat, effect) in given:
+                out.append(given[(stat, effect)])
+                continue
+            x = grids[stat].ravel()
+            ok = np.isfinite(x) & np.isfinite(y)
+            if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
+                continue
+            res = spearmanr(x[ok], y[ok])
+            out.append(Correlation(stat, effect, float(res.statistic), float(res.pvalue), int(ok.sum())))
+    return out
+
+
+def _pack_examples(raw: Any, n_layers: int, n_heads: int, where: str,
+                   budget: int) -> tuple[list[dict[str, Any]], list[str], str]:
+    """Kept examples' maps quantised to one byte per cell (sqrt scale, so small weights keep
+    resolution), base64 per head, within `budget` bytes; returns (packed, texts, note)."""
+    if not raw:
+        return [], [], ""
+    if not isinstance(raw, list):
+        raise InputFileError(f"{where}: `examples` must be a list of {{tokens, attention}} objects")
+    packed, texts, notes, used = [], [], [], 0
+    for i, ex in enumerate(raw[:MAX_EXAMPLES]):
+        tokens = ex.get("tokens") if isinstance(ex, dict) else None
+        try:
+            att = np.asarray(ex.get("attention"), dtype=np.float32)  # [L, H, Tq, Tk]
+        except (TypeError, ValueError, AttributeError):
+            att = np.zeros(0)
+        if not isinstance(tokens, list) or att.ndim != 4 or att.shape[:2] != (n_layers, n_heads) \
+                or att.shape[3] != len(tokens) or att.shape[2] > att.shape[3]:
+            raise InputFileError(f"{where}: examples[{i}] needs `tokens` [T] and `attention` "
+                                 f"[{n_layers}][{n_heads}][Tq][T]; got {list(att.shape)} for "
+                                 f"{len(tokens) if isinstance(tokens, list) else '?'} tokens")
+        tq, tk = att.shape[2:]
+        keep = min(tk, MAX_TOKENS)
+        cost = n_layers * n_heads * min(tq, keep) * keep
+        if packed and used + cost > budget:
+            notes.append(f"{len(raw) - i} more example(s) left out to keep the page small")
+            break
+        q0 = tk - tq  # queries are the last Tq positions when Tq < Tk
+        att = att[:, :, : max(0, keep - q0), :keep]  # [L, H, tq', keep]
+        if keep < tk:
+            notes.append(f"example {i + 1}: first {keep} of {tk} tokens shown")
+        q = np.rint(np.sqrt(np.clip(np.nan_to_num(att), 0.0, 1.0)) * 255).astype(np.uint8)
+        maps = [[base64.b64encode(q[layer, h].tobytes()).decode("ascii") for h in range(n_heads)]
+                for layer in range(n_layers)]
+        toks = [str(t) for t in tokens[:keep]]
+        packed.append({"tokens": toks, "q_offset": q0, "n_q": int(att.shape[2]), "n_k": keep, "maps": maps})
+        texts.append(" ".join(toks))
+        used += cost
+    if len(raw) > MAX_EXAMPLES:
+        notes.append(f"{len(raw) - MAX_EXAMPLES} more example(s) in the file are not shown")
+    return packed, texts, "; ".join(notes)
+
+
+def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -> HeadsView:
+    """Build the view of one heads document (already checked by sources.load_sources)."""
+    model = data["model"]
+    n_layers, n_heads = model["n_layers"], model["n_heads"]
+    grids = {k: np.full((n_layers, n_heads), np.nan) for k in (*HEAD_NUMBERS, *ATTENTION_STATS)}
+    given_sig = np.zeros((n_layers, n_heads), dtype=bool)
+    has_given_sig = False
+    for h in data["heads"]:
+        at = (h["layer"], h["head"])
+        for k in HEAD_NUMBERS:
+            grids[k][at] = _num(h.get(k))
+        for k in ATTENTION_STATS:
+            grids[k][at] = _num((h.get("attention") or {}).get(k))
+        if isinstance(h.get("significant"), bool):
+            has_given_sig = True
+            given_sig[at] = h["significant"]
+    significant = given_sig if has_given_sig else holm(grids["p_value"])
+    ranked = sorted(data["heads"], key=_harm_key)
+    examples, texts, note = _pack_examples(data.get("examples"), n_layers, n_heads, name, budget)
+    timing = data.get("timing") or {}
+    return HeadsView(
+        name=name, family=str(model.get("family", "unknown")), n_layers=n_layers, n_heads=n_heads,
+        task=str(data.get("task", "")), method=str(data.get("method", "")),
+        n_examples=data.get("n_examples") if isinstance(data.get("n_examples"), int) else None,
+        baseline=data.get("baseline") or {}, seconds=_num(timing.get("seconds")) if timing else None,
+        grids=grids, significant=significant, ranked=ranked, flags=_flags(data.get("flags")),
+        correlations=_correlations(grids, data.get("correlations")), examples=examples, example_texts=texts,
+        examples_note=note)

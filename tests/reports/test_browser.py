@@ -1,0 +1,136 @@
+"""The report in a real browser: Debian's chromium driven by Playwright, opened from file://.
+
+Checks what only a browser can: no console error, nothing fetched, the map selector redraws,
+and hostile token text shows as text without running anything.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import report_fixtures as rf
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "report.png"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium); .ci/run installs it")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _open(browser, path: Path):
+    """A page on `path` that records console messages, requests and dialogs in pg.events."""
+    pg = browser.new_page(viewport={"width": 1300, "height": 1000})
+    pg.events = {"console": [], "requests": [], "dialogs": []}
+    pg.on("console", lambda m: pg.events["console"].append((m.type, m.text)))
+    pg.on("pageerror", lambda e: pg.events["console"].append(("pageerror", str(e))))
+    pg.on("request", lambda r: pg.events["requests"].append(r.url))
+    pg.on("dialog", lambda d: (pg.events["dialogs"].append(d.message), d.dismiss()))
+    pg.goto(path.as_uri())
+    pg.wait_for_load_state("load")
+    return pg
+
+
+@pytest.fixture(scope="module")
+def page(browser, report_file):
+    pg = _open(browser, report_file)
+    yield pg
+    pg.close()
+
+
+def _map(pg) -> tuple[str, str]:
+    return pg.eval_on_selector("#map-canvas", "c => [c.dataset.view, c.toDataURL()]")
+
+
+def _hover_last_cell(pg) -> None:
+    box = pg.locator("#map-canvas").bounding_box()
+    pg.locator("#map-canvas").hover(position={"x": box["width"] - 4, "y": box["height"] - 4})
+
+
+def test_loads_clean_and_offline(page, report_file):
+    errors = [m for m in page.events["console"] if m[0] in ("error", "pageerror")]
+    assert not errors
+    assert page.events["requests"] == [report_file.as_uri()]
+    for section in ("summary", "heads", "maps", "training", "checks"):
+        assert page.locator(f"section#{section}").is_visible()
+    assert page.locator("img.plot").count() >= 6
+    assert all(page.eval_on_selector_all("img.plot", "imgs => imgs.map(i => i.complete && i.naturalWidth > 0)"))
+
+
+def test_selector_changes_the_map(page):
+    view0, pixels0 = _map(page)
+    assert view0 == "0,0,1,0"  # the flagged head (L0H1) is shown first
+    page.select_option("#map-head", "2")
+    view1, pixels1 = _map(page)
+    assert view1 == "0,0,2,0" and pixels1 != pixels0
+    page.select_option("#map-layer", "1")
+    view2, pixels2 = _map(page)
+    assert view2 == "0,1,2,0" and pixels2 != pixels1
+    page.select_option("#map-example", "1")
+    view3, pixels3 = _map(page)
+    assert view3 == "0,1,2,1" and pixels3 != pixels2
+    page.locator("#map-gallery button").first.click()  # flagged heads first in the gallery
+    assert _map(page)[0] == "0,0,1,1"
+    assert "striking_but_inert" in page.inner_text("#map-flag")
+    _hover_last_cell(page)
+    info = page.inner_text("#map-info")
+    assert info.startswith("query 7 ") and "key 7 " in info, info
+
+
+def test_hostile_tokens_are_text(page, tmp_path):
+    page.select_option("#map-example", "0")
+    spans = page.eval_on_selector_all("#map-tokens span", "s => s.map(x => x.textContent)")
+    assert spans == rf.HOSTILE_TOKENS
+    page.locator("details.examples summary").click()
+    assert rf.XSS in page.inner_text("details.examples")
+    assert page.locator('img[src="x"]').count() == 0
+    assert page.evaluate("document.scripts.length") == 2
+    _hover_last_cell(page)
+    assert page.events["dialogs"] == []
+    assert not [m for m in page.events["console"] if m[0] in ("error", "pageerror")]
+
+
+def test_screenshot(page, tmp_path):
+    page.select_option("#map-example", "0")
+    shot = tmp_path / "report.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    page.evaluate("window.scrollTo(0, 0)")
+    DOCS_SHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(tmp_path / "top.png"), clip={"x": 0, "y": 0, "width": 1300, "height": 1000},
+                    full_page=True)
+    shutil.copyfile(tmp_path / "top.png", DOCS_SHOT)  # the README's picture
+
+
+def test_report_of_real_outputs(browser, real_report):
+    """A monitored run, an ablation sweep and the checks of a trained model, as the user gets them."""
+    pg = _open(browser, real_report)
+    try:
+        assert not [m for m in pg.events["console"] if m[0] in ("error", "pageerror")]
+        assert pg.events["requests"] == [real_report.as_uri()]
+        for section in ("summary", "heads", "maps", "training", "checks"):
+            assert pg.locator(f"section#{section}").is_visible()
+        before = _map(pg)
+        other = "1" if before[0].split(",")[2] == "0" else "0"
+        pg.select_option("#map-head", other)
+        after = _map(pg)
+        assert after[0].split(",")[2] == other and after[1] != before[1]
+        assert pg.locator("#map-tokens span").count() > 0
+    finally:
+        pg.close()

@@ -1,0 +1,41 @@
+"""The report on real outputs: a monitored training run, an ablation sweep and the wiring
+checks of one small reference model, as objects and as the files the CLI writes."""
+
+import json
+
+import numpy as np
+import pytest
+
+from diagnose import read_run
+from diagnose.reports.sources import load_sources
+from diagnose.reports.view import build_report
+
+
+def test_report_from_objects_matches_the_results(real, real_report):
+    d, result, findings = real
+    html = real_report.read_text()
+    for section in ("summary", "heads", "maps", "training", "checks"):
+        assert f'<section id="{section}">' in html
+    blob = json.loads(html.split('id="report-data">', 1)[1].split("</script>", 1)[0])
+    assert [e["tokens"] for e in blob["heads"][0]["examples"]] == [e["tokens"] for e in result.examples]
+    n_sig = sum(bool(h.significant) for h in result.heads)
+    assert f"{n_sig} of 4 heads" in html
+    top = result.ranked()[0]
+    assert f"the largest effects: L{top.layer}H{top.head} (" in html
+
+
+def test_files_give_the_same_views(real):
+    d, result, findings = real
+    from_files = build_report(load_sources([d / "heads.json", d / "run", d / "checks.json"]))
+    v = from_files.heads[0].view
+    for h in result.heads:
+        if h.delta_loss is not None:
+            assert v.grids["delta_loss"][h.layer, h.head] == pytest.approx(h.delta_loss)
+        assert v.significant[h.layer, h.head] == bool(h.significant)
+    run = read_run(d / "run")
+    t = from_files.training[0].view
+    assert t.n_records == len(run.steps) == 40
+    assert t.layer_names == run.layers
+    assert t.entropy is not None and t.entropy.values.shape[1] == 4  # 2 sites x 2 heads
+    assert np.allclose(t.loss[1], run.steps["loss"].to_numpy(), equal_nan=True)
+    assert len(from_files.checks[0].findings) == len(findings)

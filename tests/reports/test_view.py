@@ -1,0 +1,122 @@
+"""View models and verdicts against independent computations on planted inputs."""
+
+import base64
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+import report_fixtures as rf
+from diagnose.errors import InputFileError
+from diagnose.reports.sources import load_sources
+from diagnose.reports.summary import heads_verdict, training_verdict
+from diagnose.reports.view_heads import MAX_TOKENS, heads_view, holm
+from diagnose.reports.view_training import group_alerts, training_view
+
+
+def test_holm_matches_hand_computation():
+    p = np.array([0.01, 0.04, 0.03, 0.005, np.nan])
+    # sorted: 0.005 <= .05/4 yes; 0.01 <= .05/3 yes; 0.03 <= .05/2 no -> stop
+    assert holm(p).tolist() == [True, False, False, True, False]
+
+
+def test_grids_significance_flags_and_ranking():
+    doc = rf.make_heads(3, 4, vital=((2, 1), (0, 3)), inert=((1, 0),))
+    v = heads_view("m", doc)
+    for h in doc["heads"]:
+        assert v.grids["delta_loss"][h["layer"], h["head"]] == h["delta_loss"]
+        assert v.grids["max_weight"][h["layer"], h["head"]] == h["attention"]["max_weight"]
+    assert set(zip(*np.nonzero(v.significant))) == {(2, 1), (0, 3)}
+    assert {(h["layer"], h["head"]) for h in v.ranked[:2]} == {(2, 1), (0, 3)}
+    assert [(f.layer, f.head, f.kind) for f in v.flags] == [(1, 0, "striking_but_inert")]
+    c = next(c for c in v.correlations if (c.statistic, c.effect) == ("max_weight", "delta_loss"))
+    direct = spearmanr(v.grids["max_weight"].ravel(), v.grids["delta_loss"].ravel())
+    assert c.rho == pytest.approx(direct.statistic) and c.n == 12
+    given = next(c for c in v.correlations if (c.statistic, c.effect) == ("first_token", "delta_loss"))
+    assert (given.rho, given.p_value) == (-0.123, 0.456)  # the document's own figure wins
+
+
+def test_flags_as_mapping_and_given_significance():
+    doc = rf.make_heads(2, 2, vital=(), inert=())
+    doc["flags"] = {"diffuse_but_vital": [{"layer": 1, "head": 1, "why": "flat map, Δacc -0.2"}]}
+    for h in doc["heads"]:
+        h["significant"] = (h["layer"], h["head"]) == (1, 1)
+    v = heads_view("m", doc)
+    assert v.flags[0].kind == "diffuse_but_vital" and v.flags[0].reason == "flat map, Δacc -0.2"
+    assert v.n_significant == 1 and v.significant[1, 1]
+
+
+def test_examples_packed_and_decodable():
+    doc = rf.make_heads(2, 3, seq_len=6, n_kept=2)
+    v = heads_view("m", doc)
+    assert len(v.examples) == 2
+    ex = v.examples[1]
+    q = np.frombuffer(base64.b64decode(ex["maps"][1][2]), dtype=np.uint8).reshape(6, 6)
+    want = np.asarray(doc["examples"][1]["attention"][1][2])
+    assert np.allclose((q / 255.0) ** 2, want, atol=0.01)  # sqrt-scale byte: ~1% error at most
+    assert ex["tokens"] == doc["examples"][1]["tokens"]
+
+
+def test_examples_budget_and_truncation():
+    doc = rf.make_heads(1, 2, seq_len=MAX_TOKENS + 10, n_kept=3)
+    v = heads_view("m", doc, budget=1)  # only the first example fits (always at least one)
+    assert len(v.examples) == 1 and v.examples[0]["n_k"] == MAX_TOKENS
+    assert "left out" in v.examples_note and f"first {MAX_TOKENS}" in v.examples_note
+
+
+def test_bad_examples_name_the_source():
+    doc = rf.make_heads(2, 2)
+    doc["examples"][0]["attention"] = [[[[1.0]]]]
+    with pytest.raises(InputFileError, match="m: examples\\[0\\]"):
+        heads_view("m", doc)
+
+
+def test_heads_verdict_says_what_matters_and_what_does_not():
+    v = heads_view("induction", rf.make_heads(2, 4, vital=((1, 2),), inert=((0, 1),)))
+    text = " ".join(s for _, s in heads_verdict(v).lines)
+    assert "1 of 8 heads" in text and "L1H2" in text
+    labels = dict(heads_verdict(v).lines)
+    assert labels["Looks important but is not"].startswith("L0H1")
+
+
+def test_training_view_and_verdict(tmp_path):
+    alerts = [rf.alert(40), rf.alert(90), rf.alert(30, kind="no_warmup", hint="add warmup"),
+              rf.alert(150, kind="nonfinite", severity="error", message="loss is NaN")]
+    run = rf.write_run(tmp_path / "r", steps=300, n_layers=3, alerts=alerts, nan_from=150)
+    v = training_view("r", load_sources([run]).runs[0].run)
+    assert v.layer_names == ["blocks.0", "blocks.1", "blocks.2"]
+    assert v.first_step == 0 and v.last_step == 299 and v.n_alerts == 4
+    assert [(g.number, g.kind, g.first_step, g.count) for g in v.alert_groups] == [
+        (1, "no_warmup", 30, 1), (2, "grad_spike", 40, 2), (3, "nonfinite", 150, 1)]
+    assert v.act_var[1].shape == (300, 3)
+    assert v.act_var[1][0, 1] == pytest.approx(math.log10(1.1))
+    e = v.entropy
+    assert e.values.shape == (30, 12) and e.rows[:5] == [("blocks.0.attn", h) for h in range(4)] + [("blocks.1.attn", 0)]
+    assert e.values[0, 0] == pytest.approx(2.0) and e.values[-1, 0] < 1.0 and e.values[-1, 1] == pytest.approx(2.0)
+    lines = dict(training_verdict(v).lines)
+    assert "no_warmup" in lines["What went wrong, and when"] and "step 150" in lines["What went wrong, and when"]
+    assert lines["First fix to try"] == "add warmup"
+
+
+def test_group_alerts_errors_win_ties():
+    g = group_alerts([rf.alert(5, kind="a"), rf.alert(5, kind="b", severity="error")])
+    assert [x.kind for x in g] == ["b", "a"]
+
+
+def test_checks_verdict_counts_problems_not_information():
+    from diagnose.reports.summary import checks_verdict
+
+    info = {"check": "positions", "severity": "info", "title": "bidirectional"}
+    err = {"check": "causal", "severity": "error", "title": "Future leaks"}
+    v = checks_verdict([("a/checks", [info]), ("b/checks", [info, err])])
+    assert v.lines[0] == ("a/checks", "no check found a problem (1 informational finding(s)).")
+    assert v.lines[1] == ("b/checks", "1 problem(s), 1 error(s): Future leaks (error).")
+
+
+def test_lessons_verdict_quotes_the_first_measure():
+    from diagnose.reports.summary import lessons_verdict
+
+    v = lessons_verdict(rf.make_lessons()["lessons"])
+    assert v.lines == [("Warmup", "Without warmup, <b>gradient spikes</b> early. Measured: max grad norm "
+                                  "1.23 (warmup) vs 45.7 (no-warmup).")]
