@@ -1,0 +1,51 @@
+"""`diagnose stats RUN_DIR`: training health from a TrainingMonitor run folder."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from diagnose.monitor.follow import follow as follow_run
+from diagnose.monitor.runfolder import read_run
+from diagnose.monitor.summary import render, summarize
+
+
+def _step_line(rec: dict) -> str:
+    return f"step {rec.get('step')}  loss {rec.get('loss')!s:.8}  grad norm {rec.get('grad_norm')!s:.8}  lr {rec.get('lr')}"
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("--follow", "follow_", is_flag=True, help="Print steps and alerts live until the run closes (Ctrl-C stops).")
+@click.option("--tensorboard", "tb_dir", type=click.Path(file_okay=False), default=None,
+              help="Also export the run's scalars to this TensorBoard log folder.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
+def stats(run_dir: str, follow_: bool, tb_dir: str | None, as_json: bool) -> None:
+    """Summarise a run folder: loss, grad norms and activations through depth, attention entropy, alerts.
+
+    Example: diagnose stats runs/exp1 --follow
+    """
+    from rich.console import Console
+
+    console = Console()
+    if follow_:
+        def on_alert(a: dict) -> None:
+            console.print(f"[red]step {a.get('step')} {a.get('kind')}[/red] at {a.get('where')}: "
+                          f"{a.get('message')}\n    hint: {a.get('hint')}", highlight=False)
+        try:
+            follow_run(run_dir, lambda r: console.print(_step_line(r), highlight=False), on_alert)
+        except KeyboardInterrupt:
+            console.print("stopped following")
+    run = read_run(run_dir)
+    summary = summarize(run)
+    if tb_dir:
+        from diagnose.monitor.tensorboard import export_tensorboard
+
+        n = export_tensorboard(run, tb_dir)
+        if not as_json:
+            console.print(f"wrote {n} scalars to {tb_dir}")
+    if as_json:
+        click.echo(json.dumps(summary, indent=1))
+    else:
+        render(summary, console)

@@ -1,0 +1,242 @@
+"""TrainingMonitor: call .step(loss) after backward() and before optimizer.step().
+
+Per logged step it records loss, lr, the global gradient norm (pre-clip, AMP-unscaled), the
+clip coefficient, per-block gradient norm and activation statistics, and on every
+`attention_every`-th step per-head attention entropy and max weight. Everything is reduced
+on the device and brought to the host with ONE `.tolist()` per logged step; under
+torch.distributed the same vector is gathered across ranks in one collective and only rank
+0 writes. Records are appended and flushed to the run folder as they are made.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .alerts import AlertEngine, Thresholds, print_alert
+from .runfolder import RunWriter
+from .signals import ActivationProbe, AttentionProbe, GradNorms, find_blocks, find_sites, scaler_divisor, unwrap
+
+
+def _dist_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class TrainingMonitor:
+    """Watch a training run and write a `diagnose.run/1` folder.
+
+    monitor = TrainingMonitor(model, "runs/exp1")
+    loss.backward(); monitor.step(loss, optimizer=opt); opt.step()
+
+    every: log one step in `every` (hooks return at once on the others).
+    attention_every: sample attention statistics on steps divisible by it (0: never).
+    clip: the max norm the loop clips gradients to, to record the clip coefficient.
+    thresholds: alert thresholds (Thresholds()); echo: print alerts to stderr as they fire.
+    settings: extra entries for run.json's "settings" (e.g. how the integration reads norms).
+    """
+
+    def __init__(self, model: nn.Module, run_dir: str | os.PathLike, *, every: int = 1,
+                 attention_every: int = 50, thresholds: Thresholds | None = None,
+                 clip: float | None = None, echo: bool = True, settings: dict[str, Any] | None = None):
+        if every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
+        self.model = unwrap(model)
+        self.every, self.attention_every, self.clip, self.echo = every, attention_every, clip, echo
+        self.thresholds = thresholds or Thresholds()
+        self._extra_settings = dict(settings or {})
+        self.rank, self.world = _dist_world()
+        self._step = 0
+        self._closed = False
+        sites = find_sites(self.model)
+        blocks = find_blocks(self.model, sites)
+        self.block_names = [n for n, _ in blocks]
+        self.site_names = [s.name for s in sites]
+        self._grads = GradNorms(self.model, self.block_names)
+        self._acts = ActivationProbe(self.model, blocks)
+        self._attn = AttentionProbe(sites, self._acts)
+        self._alerts = AlertEngine(self.thresholds, self.block_names)
+        self.writer: RunWriter | None = None
+        try:
+            if self.rank == 0:
+                self.writer = RunWriter(run_dir, self._info())
+            self._arm(0)
+        except BaseException:
+            self._remove_hooks()
+            raise
+
+    def _info(self) -> dict[str, Any]:
+        n_params = sum(p.numel() for p in self.model.parameters())
+        return {
+            "model": {"class": type(self.model).__name__, "n_params": n_params,
+                      "blocks": self.block_names, "attention_sites": self.site_names},
+            "settings": {"every": self.every, "attention_every": self.attention_every,
+                         "clip": self.clip, "world_size": self.world,
+                         "thresholds": self.thresholds.to_dict(), **self._extra_settings},
+        }
+
+    def _arm(self, step: int) -> None:
+        """Prepare the hooks for the forward of `step` (the next one)."""
+        self._acts.armed = step % self.every == 0
+        if self._acts.armed and self.attention_every and step % self.attention_every == 0:
+            self._attn.arm()
+
+    def step(self, loss: torch.Tensor | float | None, *, optimizer: Any = None, lr: float | None = None,
+             scaler: Any = None, step: int | None = None) -> dict[str, Any] | None:
+        """Record this step (after backward, before optimizer.step); returns the record on logged steps.
+
+        scaler: the torch.amp.GradScaler whose scaled loss was backpropagated; gradient norms are
+        divided by its scale unless scaler.unscale_(optimizer) already ran. step: override the
+        monitor's own counter (e.g. the trainer's global step, or after resuming).
+        """
+        if self._closed:
+            raise RuntimeError("TrainingMonitor.step() after close()")
+        if step is not None:
+            self._step = int(step)
+        s = self._step
+        self._step += 1
+        if s % self.every != 0:
+            # drop what a forward armed under another numbering left (step= jumped)
+            self._acts.discard()
+            self._attn.discard()
+            self._arm(self._step)
+            return None
+        try:
+            record = self._measure(s, loss, optimizer, lr, scaler)
+        finally:
+            self._arm(self._step)
+        if self.writer is not None:
+            self.writer.write_step(record)
+            for alert in self._alerts.check(record, amp=scaler is not None):
+                self.writer.write_alert(alert)
+                if self.echo:
+                    print_alert(alert)
+        return record
+
+    def _measure(self, s: int, loss: Any, optimizer: Any, lr: Any, scaler: Any) -> dict[str, Any]:
+        sampled = self._attn.armed
+        acts, act_present = self._acts.collect()  # [L_present, 4]
+        attn = self._attn.collect() if sampled else []  # per site [2, H] or None
+        norms, grad_idx = self._grads.norms()  # [P]
+        dev = next((t.device for t in (norms, acts) if t is not None), None)
+        if dev is None:
+            dev = loss.device if isinstance(loss, torch.Tensor) else torch.device("cpu")
+        if lr is None and optimizer is not None and getattr(optimizer, "param_groups", None):
+            lr = optimizer.param_groups[0].get("lr")
+        if isinstance(lr, torch.Tensor):
+            lr = float(lr)  # tensor lr (capturable optimizers): rare; costs its own sync
+        loss_t = (loss.detach().to(dev, torch.float64).reshape(-1)[:1] if isinstance(loss, torch.Tensor)
+                  else torch.tensor([math.nan if loss is None else float(loss)], dtype=torch.float64, device=dev))
+        # Parts reduced across ranks (loss, activations, attention) come first; gradient norms
+        # are already global after DDP's all-reduce, so they are appended after.
+        shared = [loss_t]
+        if acts is not None:
+            shared.append(acts.to(dev, torch.float64).flatten())
+        shared += [a.to(dev, torch.float64).flatten() for a in attn if a is not None]
+        shared_v = torch.cat(shared)
+        if self.world > 1:
+            shared_v = self._reduce(shared_v, 0 if acts is None else acts.shape[0])
+        if norms is not None:
+            div = scaler_divisor(scaler, optimizer)
+            if div is not None:
+                norms = norms / div.to(dev)
+        parts = [shared_v] + ([norms] if norms is not None else [])
+        values = torch.cat(parts).tolist()  # the one host sync of this step
+        if loss is None:
+            values[0] = None  # not given: null in the log, not a NaN alert
+        return self._record(s, lr, values, act_present, attn, grad_idx)
+
+    def _reduce(self, v: torch.Tensor, n_layers: int) -> torch.Tensor:
+        """Average across ranks (max for max |x|), in one all_gather."""
+        gathered = [torch.empty_like(v) for _ in range(self.world)]
+        dist.all_gather(gathered, v.contiguous())
+        g = torch.stack(gathered)  # [world, n]
+        out = g.mean(0)
+        idx = 1 + 4 * torch.arange(n_layers, device=v.device) + 2  # max |x| entries
+        out[idx] = g[:, idx].amax(0)
+        return out
+
+    def _record(self, s: int, lr: Any, values: list[float], act_present: list[bool], attn: list,
+                grad_idx: list[int]) -> dict[str, Any]:
+        loss = values[0]
+        pos = 1
+        layers: dict[str, dict[str, Any]] = {n: {} for n in self.block_names}
+        for name, present in zip(self.block_names, act_present):
+            if present:
+                mean, m2, mx, cos = values[pos:pos + 4]
+                pos += 4
+                var = m2 - mean * mean
+                var = max(var, 0.0) if math.isfinite(var) else var
+                layers[name].update(act_mean=mean, act_var=var, act_max_abs=mx, token_cos=cos)
+        attention = {}
+        for name, a in zip(self.site_names, attn):
+            if a is None:
+                continue
+            h = a.shape[-1]
+            attention[name] = {"entropy": values[pos:pos + h], "max_weight": values[pos + h:pos + 2 * h]}
+            pos += 2 * h
+        norms = values[pos:]
+        sq = [0.0] * len(self.block_names)
+        bad_param = None
+        for i, n in zip(grad_idx, norms):
+            if not math.isfinite(n) and bad_param is None:
+                bad_param = self._grads.params[i][0]
+            owner = self._grads.owner[i]
+            if owner >= 0:
+                sq[owner] += n * n
+        for name, q, has in zip(self.block_names, sq, self._block_has_grad(grad_idx)):
+            layers[name]["grad_norm"] = math.sqrt(q) if has else None
+        grad_norm = math.sqrt(sum(n * n for n in norms)) if norms else None
+        record: dict[str, Any] = {"step": s, "time": time.time(), "loss": loss, "lr": lr, "grad_norm": grad_norm}
+        if self.clip is not None and grad_norm is not None:
+            record["clip_coef"] = min(1.0, self.clip / (grad_norm + 1e-6))  # as clip_grad_norm_
+        record["layers"] = layers
+        if attention:
+            record["attention"] = attention
+        if bad_param is not None:
+            record["nonfinite_param"] = bad_param  # first parameter (model order) with a NaN/Inf grad
+        return record
+
+    def _block_has_grad(self, grad_idx: list[int]) -> list[bool]:
+        has = [False] * len(self.block_names)
+        for i in grad_idx:
+            if self._grads.owner[i] >= 0:
+                has[self._grads.owner[i]] = True
+        return has
+
+    def _remove_hooks(self) -> None:
+        try:
+            self._attn.disarm()
+        finally:
+            self._acts.remove()
+
+    def close(self) -> None:
+        """Remove every hook and mark the run closed; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._remove_hooks()
+        finally:
+            if self.writer is not None:
+                self.writer.close(steps_seen=self._step)
+
+    def __enter__(self) -> "TrainingMonitor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort if the user forgets close()
+        try:
+            if not self._closed:
+                self._remove_hooks()
+        except Exception:
+            pass

@@ -1,0 +1,266 @@
+"""The `diagnose.run/1` run folder: a writer that appends and flushes every record, and a
+reader that survives a killed writer.
+
+    run.json       schema, model summary, settings, start time, "sessions" (one per
+                   TrainingMonitor opened on the folder), "closed" (true once close() ran)
+    metrics.jsonl  one object per logged step: step, time, loss, lr, grad_norm, clip_coef,
+                   session, layers {block: {grad_norm, act_mean, act_var, act_max_abs, token_cos}},
+                   and on sampled steps attention {site: {entropy: [per head], max_weight: [per head]}};
+                   nonfinite_param names the first parameter with a NaN/Inf gradient, when there is one
+    alerts.jsonl   step, kind, severity (warning|error), where, message, hint
+
+Non-finite numbers are written as the JSON extensions NaN / Infinity / -Infinity (what
+Python's json module reads back), never dropped: a NaN is exactly what a reader must see.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import pandas as pd
+
+from ..errors import RunFolderError
+
+SCHEMA = "diagnose.run/1"
+RUN_JSON, METRICS, ALERTS = "run.json", "metrics.jsonl", "alerts.jsonl"
+LAYER_FIELDS = ("grad_norm", "act_mean", "act_var", "act_max_abs", "token_cos")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, allow_nan=True, separators=(",", ":"))
+
+
+class RestartWarning(UserWarning):
+    """A TrainingMonitor opened a folder that already holds a run: records are appended."""
+
+
+class RunWriter:
+    """Appends records to a run folder; each record is flushed before `write_*` returns."""
+
+    def __init__(self, run_dir: str | os.PathLike, info: dict[str, Any]):
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._info_path = self.dir / RUN_JSON
+        session = {"started": _now(), "pid": os.getpid(), "settings": info.get("settings", {})}
+        if self._info_path.exists():
+            old = _load_info(self.dir)
+            self.info = {**old, **{k: v for k, v in info.items() if k not in ("started", "sessions")}}
+            self.info["sessions"] = list(old.get("sessions", [])) + [session]
+            self.info["closed"] = False
+            last = _last_step(self.dir / METRICS)
+            warnings.warn(
+                f"{self.dir} already holds a run (last logged step {last}); appending as session "
+                f"{len(self.info['sessions']) - 1}", RestartWarning, stacklevel=3)
+        else:
+            self.info = {"schema": SCHEMA, **info, "started": session["started"], "sessions": [session],
+                         "closed": False}
+        self.session = len(self.info["sessions"]) - 1
+        self._write_info()
+        self._metrics = _open_append(self.dir / METRICS)
+        self._alerts = _open_append(self.dir / ALERTS)
+
+    def write_step(self, record: dict[str, Any]) -> None:
+        self._metrics.write(_dumps({**record, "session": self.session}) + "\n")
+        self._metrics.flush()
+
+    def write_alert(self, alert: dict[str, Any]) -> None:
+        self._alerts.write(_dumps(alert) + "\n")
+        self._alerts.flush()
+
+    def close(self, **extra: Any) -> None:
+        """Mark the run closed (what `diagnose stats --follow` waits for) and close the files."""
+        if self._metrics.closed:
+            return
+        self._metrics.close()
+        self._alerts.close()
+        self.info.update(closed=True, ended=_now(), **extra)
+        self.info["sessions"][-1]["ended"] = self.info["ended"]
+        self._write_info()
+
+    def _write_info(self) -> None:
+        # Written whole and renamed into place, so a reader never sees half a run.json.
+        tmp = self._info_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.info, indent=1, allow_nan=True) + "\n")
+        os.replace(tmp, self._info_path)
+
+
+def _open_append(path: Path):
+    f = open(path, "a+", encoding="utf-8")
+    # A killed writer may have left a torn last line: start on a fresh line so the next
+    # record is not glued to it.
+    if f.tell() > 0:
+        f.seek(f.tell() - 1)
+        if f.read(1) != "\n":
+            f.write("\n")
+            f.flush()
+    return f
+
+
+def _load_info(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / RUN_JSON
+    if not run_dir.is_dir():
+        raise RunFolderError(f"{run_dir} is not a folder: give the run folder TrainingMonitor wrote")
+    if not path.is_file():
+        raise RunFolderError(f"{run_dir} is not a diagnose run folder (no run.json): "
+                             f"give the folder passed to TrainingMonitor")
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RunFolderError(f"{path} is not valid JSON ({exc}): "
+                             f"the folder is not a readable diagnose run") from None
+    schema = info.get("schema") if isinstance(info, dict) else None
+    if schema != SCHEMA:
+        raise RunFolderError(f"{path} is not a {SCHEMA} run.json (schema {schema!r}): "
+                             f"give a folder written by diagnose.TrainingMonitor")
+    return info
+
+
+def iter_records(path: Path, skipped: list[int] | None = None) -> Iterator[dict[str, Any]]:
+    """Parsed JSON lines of `path`; lines that do not parse (a torn write) are skipped and counted."""
+    if not path.exists():
+        return
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                if skipped is not None:
+                    skipped.append(1)
+                continue
+            if isinstance(rec, dict):
+                yield rec
+
+
+def _last_step(path: Path) -> int | None:
+    last = None
+    for rec in iter_records(path):
+        if "step" in rec:
+            last = rec["step"]
+    return last
+
+
+def flatten(rec: dict[str, Any]) -> dict[str, Any]:
+    """One metrics record as a flat row: scalars, then `layers/<block>/<field>` and
+    `attention/<site>/entropy_mean` / `max_weight_mean` (mean over heads)."""
+    row = {k: v for k, v in rec.items() if not isinstance(v, (dict, list))}
+    for name, stats in (rec.get("layers") or {}).items():
+        for key, value in stats.items():
+            row[f"layers/{name}/{key}"] = value
+    for site, stats in (rec.get("attention") or {}).items():
+        for key in ("entropy", "max_weight"):
+            values = stats.get(key) or []
+            row[f"attention/{site}/{key}_mean"] = (sum(values) / len(values)) if values else math.nan
+    return row
+
+
+@dataclass
+class Run:
+    """A run folder read back.
+
+    steps: one row per logged step; columns step, time, loss, lr, grad_norm, clip_coef,
+    session, then `layers/<block>/<field>` for field in LAYER_FIELDS, and on sampled steps
+    `attention/<site>/entropy_mean` and `.../max_weight_mean` (NaN on other steps).
+    attention: tidy per-head table (step, site, head, entropy, max_weight).
+    alerts: the alerts.jsonl records in order. info: run.json.
+    """
+
+    dir: Path
+    info: dict[str, Any]
+    steps: pd.DataFrame
+    alerts: list[dict[str, Any]]
+    attention: pd.DataFrame = field(repr=False)
+    records: list[dict[str, Any]] = field(repr=False, default_factory=list)
+    skipped_lines: int = 0
+
+    @property
+    def layers(self) -> list[str]:
+        """Block names in forward order."""
+        return list(self.info.get("model", {}).get("blocks", [])) or sorted(
+            {c.split("/")[1] for c in self.steps.columns if c.startswith("layers/")})
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.info.get("closed"))
+
+
+def build_run(run_dir: Path, info: dict[str, Any], records: list[dict[str, Any]],
+              alerts: list[dict[str, Any]], skipped: int = 0) -> Run:
+    """A Run from already-parsed records (shared by read_run and the live tail)."""
+    steps = pd.DataFrame([flatten(r) for r in records])
+    rows = [
+        {"step": r.get("step"), "site": site, "head": h, "entropy": e, "max_weight": m}
+        for r in records for site, st in (r.get("attention") or {}).items()
+        for h, (e, m) in enumerate(zip(st.get("entropy", []), st.get("max_weight", [])))
+    ]
+    attention = pd.DataFrame(rows, columns=["step", "site", "head", "entropy", "max_weight"])
+    return Run(run_dir, info, steps, alerts, attention, records, skipped)
+
+
+def read_run(run_dir: str | os.PathLike, *, allow_empty: bool = False) -> Run:
+    """Read a run folder written by TrainingMonitor; a torn last line is skipped, not fatal.
+
+    Raises RunFolderError when the folder is not a run, or (unless allow_empty) holds no step.
+    """
+    run_dir = Path(run_dir)
+    info = _load_info(run_dir)
+    skipped: list[int] = []
+    records = [r for r in iter_records(run_dir / METRICS, skipped) if "step" in r]
+    if not records and not allow_empty:
+        raise RunFolderError(f"{run_dir} holds no logged steps yet: is the training loop calling "
+                             f"monitor.step(loss) after backward()?")
+    alerts = list(iter_records(run_dir / ALERTS, skipped))
+    return build_run(run_dir, info, records, alerts, len(skipped))
+
+
+class RunTail:
+    """Incremental reader for a live run: each poll() returns only the new complete lines."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.dir = Path(run_dir)
+        self._offsets = {METRICS: 0, ALERTS: 0}
+
+    def _new(self, name: str) -> list[dict[str, Any]]:
+        path = self.dir / name
+        if not path.exists():
+            return []
+        with open(path, "rb") as f:
+            f.seek(self._offsets[name])
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # a line without its newline is still being written
+        self._offsets[name] += end
+        out = []
+        for line in data[:end].decode("utf-8", "replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+        return out
+
+    def poll(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+        """(new step records, new alerts, closed)."""
+        closed = bool(_load_info(self.dir).get("closed"))
+        # read after checking `closed` so the records written before closing are included
+        return [r for r in self._new(METRICS) if "step" in r], self._new(ALERTS), closed
+
+    def wait(self, timeout: float, poll_s: float = 0.5) -> None:
+        """Sleep until run.json exists or the timeout passes (a run that has not started yet)."""
+        end = time.monotonic() + timeout
+        while not (self.dir / RUN_JSON).exists() and time.monotonic() < end:
+            time.sleep(poll_s)

@@ -1,0 +1,227 @@
+"""What the monitor measures, reduced on the device so that a logged step costs one host sync.
+
+Three probes, each owning its hooks and removing them in `remove()`:
+  ActivationProbe  forward hooks on the residual blocks -> hidden_stats [4] per forward
+  AttentionProbe   the adapters' watch_pattern, entered only on sampled steps -> entropy, max weight
+  GradNorms        per-parameter gradient norms read at step(), grouped into blocks on the host
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ..activations import hidden_stats
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module inside DistributedDataParallel / DataParallel, so names stay stable."""
+    wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
+    return model.module if isinstance(model, wrappers) else model
+
+
+def find_sites(model: nn.Module) -> list:
+    """Attention sites through the capture machinery; [] when none (or no adapter knows the model)."""
+    try:
+        from ..sites import find_heads
+    except ImportError:
+        return []
+    from ..errors import NoAttentionFoundError
+
+    try:
+        return list(find_heads(model))
+    except NoAttentionFoundError:
+        return []
+
+
+def find_blocks(model: nn.Module, sites: list) -> list[tuple[str, nn.Module]]:
+    """(name, module) of each residual block: from the family adapter, else the longest
+    ModuleList/Sequential of identical modules (the shape every Transformer stack has)."""
+    if sites:
+        blocks = sites[0].adapter.blocks(model)
+        if blocks:
+            return list(blocks)
+    best: list[tuple[str, nn.Module]] = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, (nn.ModuleList, nn.Sequential)):
+            kids = list(mod.named_children())
+            if len(kids) > len(best) and len({type(m) for _, m in kids}) == 1:
+                best = [(f"{name}.{k}" if name else k, m) for k, m in kids]
+    return best
+
+
+def _first_tensor(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return getattr(out, "last_hidden_state", None)
+
+
+class ActivationProbe:
+    """Forward hooks reduce each block's output to hidden_stats [4] and keep nothing else.
+
+    Only forwards with autograd enabled count (an evaluation under no_grad between steps is
+    not the step being logged). `armed` is cleared on unlogged steps: the hooks then return
+    at once. The model's `attention_mask` keyword, when given, keeps padding out of the stats.
+    """
+
+    def __init__(self, model: nn.Module, blocks: list[tuple[str, nn.Module]]):
+        self.names = [n for n, _ in blocks]
+        self.armed = True
+        self.mask: torch.Tensor | None = None  # [B, T] of the current forward, 1 real 0 padding
+        self._stats: list[list[torch.Tensor]] = [[] for _ in blocks]
+        self._handles = [model.register_forward_pre_hook(self._catch_mask, with_kwargs=True)]
+        try:
+            self._handles += [m.register_forward_hook(self._hook(i)) for i, (_, m) in enumerate(blocks)]
+        except BaseException:
+            self.remove()
+            raise
+
+    def _catch_mask(self, module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        self.mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+
+    def _hook(self, i: int):
+        def hook(module, args, out):
+            if not self.armed or not torch.is_grad_enabled():
+                return
+            x = _first_tensor(out)
+            if x is None or x.dim() != 3 or not x.is_floating_point():
+                return
+            mask = self.mask if self.mask is not None and self.mask.shape == x.shape[:2] else None
+            self._stats[i].append(hidden_stats(x, mask))  # [4]
+        return hook
+
+    def collect(self) -> tuple[torch.Tensor | None, list[bool]]:
+        """Stats [L, 4] as (mean, E[x^2], max_abs, token_cos) pooled over this step's forwards,
+        and which blocks ran; clears the buffers. The second moment (not the variance) is
+        returned so that micro-batches and ranks pool exactly by averaging."""
+        present = [bool(s) for s in self._stats]
+        if not any(present):
+            return None, present
+        if all(len(st) <= 1 for st in self._stats):  # the usual case: one forward per step
+            # float64 before forming E[x^2]: var = E[x^2] - mean^2 must not lose var to rounding
+            s = torch.stack([st[0] for st in self._stats if st]).double()  # [L_present, 4]: mean, var, max_abs, cos
+            rows = torch.stack([s[:, 0], s[:, 1] + s[:, 0] ** 2, s[:, 2], s[:, 3]], dim=1)
+        else:  # micro-batches (gradient accumulation): pool them
+            rows = torch.stack([self._pool(torch.stack(st).double()) for st in self._stats if st])
+        self._stats = [[] for _ in self._stats]
+        self.mask = None
+        return rows, present  # [L_present, 4]
+
+    def discard(self) -> None:
+        """Drop what this step's forwards left (an unlogged step)."""
+        if any(self._stats):
+            self._stats = [[] for _ in self._stats]
+        self.mask = None
+
+    @staticmethod
+    def _pool(f: torch.Tensor) -> torch.Tensor:
+        """[n_forwards, 4] -> [4] (mean, E[x^2], max_abs, token_cos): equal-size forwards pool exactly."""
+        return torch.stack([f[:, 0].mean(), (f[:, 1] + f[:, 0] ** 2).mean(), f[:, 2].amax(), f[:, 3].mean()])
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class AttentionProbe:
+    """Per-head entropy and max weight of every site, on sampled steps only.
+
+    arm() enters each adapter's watch_pattern (so nothing is hooked on other steps);
+    collect() leaves them and returns [n_sites, 2, H] pooled over the forwards it saw.
+    """
+
+    def __init__(self, sites: list, activations: ActivationProbe | None = None):
+        self.sites = sites
+        self._acts = activations
+        self._stack: ExitStack | None = None
+        self._seen: list[list[torch.Tensor]] = [[] for _ in sites]
+
+    @property
+    def armed(self) -> bool:
+        return self._stack is not None
+
+    def arm(self) -> None:
+        if self._stack is not None or not self.sites:
+            return
+        stack = ExitStack()
+        try:
+            for i, site in enumerate(self.sites):
+                stack.enter_context(site.adapter.watch_pattern(site, self._callback(i)))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+
+    def _callback(self, i: int):
+        from ..attention_stats import entropy_and_max
+
+        def callback(probs: torch.Tensor) -> None:  # probs [B, H, Tq, Tk]
+            if not torch.is_grad_enabled():
+                return
+            mask = self._acts.mask if self._acts is not None else None
+            if mask is not None and mask.shape != (probs.shape[0], probs.shape[-1]):
+                mask = None
+            ent, mx = entropy_and_max(probs, key_mask=mask)  # [H], [H]
+            self._seen[i].append(torch.stack([ent.float(), mx.float()]))  # [2, H]
+        return callback
+
+    def collect(self) -> list[torch.Tensor | None]:
+        """Per site [2, H] (entropy, max weight) averaged over forwards, None if it never ran."""
+        self.disarm()
+        out = [torch.stack(s).mean(0) if s else None for s in self._seen]
+        self._seen = [[] for _ in self.sites]
+        return out
+
+    def disarm(self) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            stack.close()
+
+    def discard(self) -> None:
+        """Leave the watch and drop what it saw (an unlogged step)."""
+        self.disarm()
+        self._seen = [[] for _ in self.sites]
+
+
+class GradNorms:
+    """Per-parameter gradient norms on the device, and the block each parameter belongs to."""
+
+    def __init__(self, model: nn.Module, block_names: list[str]):
+        self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        prefixes = [b + "." for b in block_names]
+        # index of the block that owns each parameter, -1 for embeddings, final norm, head
+        self.owner = [next((i for i, pre in enumerate(prefixes) if n.startswith(pre)), -1)
+                      for n, _ in self.params]
+
+    def norms(self) -> tuple[torch.Tensor | None, list[int]]:
+        """(norms [P_with_grad], their indices into self.params); no sync."""
+        idx = [i for i, (_, p) in enumerate(self.params) if p.grad is not None and not p.grad.is_sparse]
+        if not idx:
+            return None, idx
+        grads = [self.params[i][1].grad for i in idx]
+        dev = grads[0].device
+        norms = torch._foreach_norm(grads)  # one kernel per dtype/device group, no sync
+        if all(n.device == dev and n.dtype == norms[0].dtype for n in norms):
+            return torch.stack(norms).double(), idx  # [P]
+        return torch.stack([n.to(dev, torch.float64) for n in norms]), idx  # [P]
+
+
+def scaler_divisor(scaler: Any, optimizer: Any) -> torch.Tensor | None:
+    """The factor the grads are still multiplied by under a torch.amp GradScaler (a device
+    tensor, no sync), or None when the scaler is off or the user already called unscale_()."""
+    if scaler is None or not getattr(scaler, "is_enabled", lambda: False)():
+        return None
+    if optimizer is not None:
+        state = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer), {})
+        stage = state.get("stage")
+        if stage is not None and getattr(stage, "name", "") == "UNSCALED":
+            return None
+    scale = getattr(scaler, "_scale", None)
+    return scale.double() if isinstance(scale, torch.Tensor) else None

@@ -1,0 +1,121 @@
+"""A run folder boiled down to what `diagnose stats` shows: data first (summarize -> dict,
+the `--json` output), then a rich rendering of that dict (render)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from .runfolder import LAYER_FIELDS, Run
+
+SUMMARY_SCHEMA = "diagnose.run-summary/1"
+
+
+def _num(x: Any) -> float | str | None:
+    """A float for strict JSON: None for missing; NaN/Inf as the strings "NaN"/"Infinity", never hidden."""
+    if x is None or x is pd.NA:
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "Infinity" if v > 0 else "-Infinity"
+    return v
+
+
+def _last(df: pd.DataFrame, col: str) -> Any:
+    """The value of `col` at the last logged step; a NaN there is shown, never skipped."""
+    return df[col].iloc[-1] if col in df and len(df) else None
+
+
+def summarize(run: Run) -> dict[str, Any]:
+    """Steps, final loss, per-block grad norms and activations at the last step, attention
+    entropy at the last sampled step, and every alert."""
+    df = run.steps
+    layers = []
+    for name in run.layers:
+        row = {"name": name}
+        for f in LAYER_FIELDS:
+            row[f] = _num(_last(df, f"layers/{name}/{f}"))
+        col = f"layers/{name}/grad_norm"
+        finite = pd.to_numeric(df[col], errors="coerce") if col in df else pd.Series(dtype=float)
+        finite = finite[finite.map(lambda v: math.isfinite(v) if isinstance(v, float) else False)]
+        row["grad_norm_median"] = _num(finite.median()) if len(finite) else None
+        layers.append(row)
+    attention = []
+    if len(run.attention):
+        last_step = run.attention["step"].max()
+        at = run.attention[run.attention["step"] == last_step]
+        for site, g in at.groupby("site", sort=False):
+            attention.append({"site": site, "step": int(last_step),
+                              "entropy": [_num(v) for v in g["entropy"]],
+                              "max_weight": [_num(v) for v in g["max_weight"]]})
+    loss = pd.to_numeric(df.get("loss"), errors="coerce") if "loss" in df else pd.Series(dtype=float)
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "run_dir": str(run.dir),
+        "model": run.info.get("model", {}),
+        "closed": run.closed,
+        "sessions": len(run.info.get("sessions", [])),
+        "steps_logged": int(len(df)),
+        "first_step": int(df["step"].iloc[0]),
+        "last_step": int(df["step"].iloc[-1]),
+        "final_loss": _num(_last(df, "loss")),
+        "min_loss": _num(loss.min()) if len(loss.dropna()) else None,
+        "final_lr": _num(_last(df, "lr")),
+        "final_grad_norm": _num(_last(df, "grad_norm")),
+        "layers": layers,
+        "attention": attention,
+        "alerts": run.alerts,
+        "skipped_lines": run.skipped_lines,
+    }
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return v
+    return f"{v:.4g}"
+
+
+def render(summary: dict[str, Any], console) -> None:
+    """Print a summary dict with rich (console: a rich.console.Console)."""
+    from rich.table import Table
+
+    s = summary
+    state = "closed" if s["closed"] else "open (still running, or killed)"
+    console.print(f"[bold]{s['run_dir']}[/bold]  {s['model'].get('class', '?')}, "
+                  f"{s['model'].get('n_params', 0):,} parameters, run {state}, {s['sessions']} session(s)")
+    console.print(f"steps {s['first_step']}..{s['last_step']} ({s['steps_logged']} logged)   "
+                  f"final loss {_fmt(s['final_loss'])} (min {_fmt(s['min_loss'])})   "
+                  f"lr {_fmt(s['final_lr'])}   grad norm {_fmt(s['final_grad_norm'])}")
+    if s["skipped_lines"]:
+        console.print(f"[yellow]{s['skipped_lines']} torn line(s) skipped[/yellow]")
+    t = Table(title="through depth (last logged step)", title_justify="left")
+    for col in ("block", "grad norm", "median grad norm", "act mean", "act var", "max |act|", "token cos"):
+        t.add_column(col, justify="left" if col == "block" else "right")
+    for r in s["layers"]:
+        t.add_row(r["name"], _fmt(r["grad_norm"]), _fmt(r["grad_norm_median"]), _fmt(r["act_mean"]),
+                  _fmt(r["act_var"]), _fmt(r["act_max_abs"]), _fmt(r["token_cos"]))
+    console.print(t)
+    if s["attention"]:
+        t = Table(title=f"attention at step {s['attention'][0]['step']} (per head)", title_justify="left")
+        t.add_column("site")
+        t.add_column("entropy (nats)")
+        t.add_column("max weight")
+        for a in s["attention"]:
+            t.add_row(a["site"], " ".join(_fmt(v) for v in a["entropy"]), " ".join(_fmt(v) for v in a["max_weight"]))
+        console.print(t)
+    if not s["alerts"]:
+        console.print("[green]no alerts[/green]")
+    for a in s["alerts"]:
+        color = "red" if a.get("severity") == "error" else "yellow"
+        console.print(f"[{color}]step {a.get('step')} {a.get('kind')}[/{color}] at {a.get('where')}: "
+                      f"{a.get('message')}", highlight=False)
+        console.print(f"    hint: {a.get('hint')}", highlight=False)

@@ -1,0 +1,44 @@
+"""Export a run folder's scalars to TensorBoard event files (extra: `tensorboard`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import ConfigError
+from .runfolder import LAYER_FIELDS, Run
+
+
+def scalars(rec: dict[str, Any]) -> dict[str, float]:
+    """The scalars of one metrics record, under TensorBoard tags (the same names as Run.steps)."""
+    out = {k: rec[k] for k in ("loss", "lr", "grad_norm", "clip_coef") if isinstance(rec.get(k), (int, float))}
+    for name, st in (rec.get("layers") or {}).items():
+        for f in LAYER_FIELDS:
+            if isinstance(st.get(f), (int, float)):
+                out[f"layers/{name}/{f}"] = st[f]
+    for site, st in (rec.get("attention") or {}).items():
+        for key in ("entropy", "max_weight"):
+            for h, v in enumerate(st.get(key) or []):
+                out[f"attention/{site}/{key}/head{h}"] = v
+    return out
+
+
+def export_tensorboard(run: Run, logdir: str | os.PathLike) -> int:
+    """Write every logged scalar (and each alert as text) to `logdir`; returns how many scalars."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ConfigError("--tensorboard needs the tensorboard package: pip install 'diagnose[tensorboard]'") from None
+    n = 0
+    writer = SummaryWriter(log_dir=str(logdir))
+    try:
+        for rec in run.records:
+            for tag, value in scalars(rec).items():
+                writer.add_scalar(tag, float(value), rec["step"])  # NaN stays NaN
+                n += 1
+        for a in run.alerts:
+            writer.add_text(f"alerts/{a.get('kind')}", f"{a.get('where')}: {a.get('message')}  \nhint: {a.get('hint')}",
+                            a.get("step", 0))
+    finally:
+        writer.close()
+    return n

@@ -1,0 +1,114 @@
+"""Each detector on hand-made records: fires on the failure, once, with where and hint."""
+
+from __future__ import annotations
+
+import math
+
+from diagnose.monitor.alerts import HINTS, KINDS, AlertEngine, Thresholds, format_alert
+
+
+def rec(step, loss=2.0, gn=1.0, lr=None, layers=None, attention=None, **extra):
+    r = {"step": step, "loss": loss, "lr": lr, "grad_norm": gn,
+         "layers": layers or {f"blocks.{i}": {"grad_norm": 0.5, "act_mean": 0.0, "act_var": 1.0,
+                                              "act_max_abs": 3.0, "token_cos": 0.2} for i in range(2)}}
+    if attention:
+        r["attention"] = attention
+    return {**r, **extra}
+
+
+def feed(engine, records, **kw):
+    return [a for r in records for a in engine.check(r, **kw)]
+
+
+def noisy(i):
+    return 1.0 + 0.05 * math.sin(i)  # a steady signal with a little noise
+
+
+def test_every_kind_has_a_hint_and_alert_fields():
+    assert set(HINTS) == set(KINDS)
+    e = AlertEngine(Thresholds(), ["blocks.0", "blocks.1"])
+    out = feed(e, [rec(i, gn=noisy(i)) for i in range(20)] + [rec(20, gn=50.0)])
+    assert len(out) == 1
+    a = out[0]
+    assert set(a) == {"step", "kind", "severity", "where", "message", "hint"}
+    assert a["severity"] in ("warning", "error") and "clip" in a["hint"] and "step 20" in format_alert(a)
+
+
+def test_grad_and_loss_spike_fire_once_then_rearm_after_cooldown():
+    e = AlertEngine(Thresholds(cooldown=10), ["blocks.0", "blocks.1"])
+    base = [rec(i, gn=noisy(i), loss=2 * noisy(i)) for i in range(20)]
+    spikes = [rec(20, gn=30.0, loss=9.0), rec(21, gn=30.0, loss=9.0)]  # two bad steps in a row
+    out = feed(e, base + spikes)
+    assert sorted((a["kind"], a["step"]) for a in out) == [("grad_spike", 20), ("loss_spike", 20)]
+    calm = [rec(i, gn=noisy(i), loss=2 * noisy(i)) for i in range(22, 40)]
+    out = feed(e, calm + [rec(40, gn=30.0, loss=2.0)])
+    assert [(a["kind"], a["step"]) for a in out] == [("grad_spike", 40)]
+
+
+def test_spike_needs_history_and_respects_thresholds():
+    e = AlertEngine(Thresholds(), [])
+    assert feed(e, [rec(0, gn=1.0), rec(1, gn=100.0)]) == []  # no history yet
+    e = AlertEngine(Thresholds(grad_spike_ratio=100.0), [])
+    assert feed(e, [rec(i, gn=noisy(i)) for i in range(20)] + [rec(20, gn=50.0)]) == []
+
+
+def test_vanishing_grad_needs_patience_and_names_the_block():
+    e = AlertEngine(Thresholds(vanishing_patience=3), ["blocks.0", "blocks.1"])
+
+    def layers(g0):
+        return {"blocks.0": {"grad_norm": g0}, "blocks.1": {"grad_norm": 1.0}}
+
+    assert feed(e, [rec(0, layers=layers(1e-5)), rec(1, layers=layers(1e-5)), rec(2, layers=layers(0.5))]) == []
+    out = feed(e, [rec(i, layers=layers(1e-5)) for i in range(3, 8)])
+    assert [(a["kind"], a["step"], a["where"]) for a in out] == [("vanishing_grad", 5, "blocks.0")]
+
+
+def test_activation_growth_against_recent_median():
+    e = AlertEngine(Thresholds(growth_ratio=100.0), ["blocks.0"])
+
+    def layers(v):
+        return {"blocks.0": {"act_var": v}}
+
+    out = feed(e, [rec(i, layers=layers(1.0 + 0.1 * i)) for i in range(10)] + [rec(10, layers=layers(50.0))])
+    assert out == []  # 50x: large, but under the threshold
+    out = feed(e, [rec(11, layers=layers(500.0))])
+    assert [(a["kind"], a["where"]) for a in out] == [("activation_growth", "blocks.0")]
+
+
+def test_entropy_collapse_relative_to_first_sample():
+    e = AlertEngine(Thresholds(), [])
+
+    def att(ent):
+        return {"l0.attn": {"entropy": ent, "max_weight": [0.5] * len(ent)}}
+
+    first = [rec(0, attention=att([2.0, 2.0, 2.0, 2.0]))]
+    sharp = [rec(5, attention=att([0.5, 0.4, 0.5, 2.0]))]  # learned sharp heads: 20-25 % of the start
+    assert feed(e, first + sharp) == []
+    out = feed(e, [rec(10, attention=att([0.05, 0.1, 0.02, 1.9]))])
+    assert [(a["kind"], a["where"], a["severity"]) for a in out] == [("entropy_collapse", "l0.attn", "error")]
+    assert "1/sqrt(d_k)" in out[0]["hint"]
+
+
+def test_rank_collapse_and_nonfinite_silence_the_rest():
+    e = AlertEngine(Thresholds(rank_patience=2), ["blocks.0", "blocks.1"])
+    lay = {"blocks.0": {"token_cos": 0.5}, "blocks.1": {"token_cos": 0.99}}
+    out = feed(e, [rec(0, layers=lay), rec(1, layers=lay), rec(2, layers=lay)])
+    assert [(a["kind"], a["step"], a["where"]) for a in out] == [("rank_collapse", 1, "blocks.1")]
+    nan_layers = {"blocks.0": {"act_mean": 0.1, "token_cos": 0.1}, "blocks.1": {"act_mean": float("nan")}}
+    out = feed(e, [rec(3, loss=float("nan"), gn=float("nan"), layers=nan_layers)] * 3)
+    assert [(a["kind"], a["step"], a["where"]) for a in out] == [("nonfinite", 3, "blocks.1")]
+
+
+def test_amp_inf_grad_alone_is_a_skipped_step():
+    e = AlertEngine(Thresholds(), [])
+    assert feed(e, [rec(0, gn=float("inf"), nonfinite_param="w")], amp=True) == []
+    out = feed(AlertEngine(Thresholds(), []), [rec(0, gn=float("inf"), nonfinite_param="w")])
+    assert [(a["kind"], a["where"]) for a in out] == [("nonfinite", "w")]
+
+
+def test_no_warmup():
+    flat = AlertEngine(Thresholds(), [])
+    out = feed(flat, [rec(0, lr=1e-3), rec(1, lr=1e-3), rec(2, lr=1e-3)])
+    assert [(a["kind"], a["step"]) for a in out] == [("no_warmup", 1)]
+    assert feed(AlertEngine(Thresholds(), []), [rec(0, lr=1e-5), rec(1, lr=2e-5), rec(2, lr=2e-5)]) == []
+    assert feed(AlertEngine(Thresholds(warmup_check=False), []), [rec(0, lr=1e-3), rec(1, lr=1e-3)]) == []

@@ -1,0 +1,76 @@
+"""Under DDP (gloo, 2 processes) the logged statistics equal one process on the global batch,
+and only rank 0 writes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from diagnose.monitor import TrainingMonitor, read_run
+from diagnose.zoo import ModelConfig, Transformer
+
+CFG = dict(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=11)
+STEPS = 3
+
+WORKER = textwrap.dedent("""
+    import sys, torch, torch.distributed as dist, torch.nn.functional as F
+    torch.set_num_threads(1)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from diagnose.monitor import TrainingMonitor
+    from diagnose.zoo import ModelConfig, Transformer
+    rank, init, run_dir, cfg, steps = int(sys.argv[1]), sys.argv[2], sys.argv[3], eval(sys.argv[4]), int(sys.argv[5])
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = DDP(Transformer(ModelConfig(**cfg)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = TrainingMonitor(model, run_dir if rank == 0 else run_dir + "-rank1", attention_every=1, echo=False)
+    for s in range(steps):
+        ids = torch.randint(1, 11, (8, 8), generator=torch.Generator().manual_seed(s))[rank * 4:(rank + 1) * 4]
+        loss = F.cross_entropy(model(ids)[:, :-1].reshape(-1, 11), ids[:, 1:].reshape(-1))
+        loss.backward()
+        mon.step(loss, optimizer=opt)
+        opt.step(); opt.zero_grad()
+    mon.close()
+    dist.destroy_process_group()
+""")
+
+
+def _single(run_dir):
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(**CFG))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with TrainingMonitor(model, run_dir, attention_every=1, echo=False) as mon:
+        for s in range(STEPS):
+            ids = torch.randint(1, 11, (8, 8), generator=torch.Generator().manual_seed(s))  # the global batch
+            loss = F.cross_entropy(model(ids)[:, :-1].reshape(-1, 11), ids[:, 1:].reshape(-1))
+            loss.backward()
+            mon.step(loss, optimizer=opt)
+            opt.step()
+            opt.zero_grad()
+    return read_run(run_dir)
+
+
+@pytest.mark.slow
+def test_ddp_two_ranks_match_single_process(tmp_path):
+    run_dir = str(tmp_path / "ddp")
+    init = f"file://{tmp_path / 'init'}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), init, run_dir, repr(CFG), str(STEPS)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert not os.path.exists(run_dir + "-rank1")  # only rank 0 writes
+    ddp = read_run(run_dir)
+    single = _single(tmp_path / "single")
+    assert ddp.info["settings"]["world_size"] == 2 and ddp.info["model"]["blocks"] == ["blocks.0", "blocks.1"]
+    cols = ["loss", "grad_norm"] + [f"layers/blocks.{i}/{f}" for i in range(2)
+                                    for f in ("grad_norm", "act_mean", "act_var", "act_max_abs", "token_cos")]
+    for col in cols:
+        assert ddp.steps[col].tolist() == pytest.approx(single.steps[col].tolist(), rel=1e-4, abs=1e-7), col
+    assert ddp.attention["entropy"].tolist() == pytest.approx(single.attention["entropy"].tolist(), rel=1e-5)
