@@ -22,14 +22,22 @@ def hidden_stats(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Ten
     if x.dim() == 2:
         x = x[None]
     B, T, C = x.shape
-    w = torch.ones(B, T, device=x.device) if mask is None else mask.to(x.device, torch.float32)  # [B, T]
+    u = torch.nn.functional.normalize(x, dim=-1)  # [B, T, C] unit rows
+    if mask is None:  # the common training case: no mask passes over the tensor
+        mean = x.mean()
+        var = (x - mean).square().mean()
+        max_abs = x.abs().amax()
+        token_cos = ((u.sum(1).square().sum(-1) - T) / max(T * (T - 1), 1)).mean() if T > 1 else x.new_zeros(())
+        return torch.stack([mean, var, max_abs, token_cos])
+    w = mask.to(x.device, torch.float32)  # [B, T]
     n = w.sum() * C
-    mean = (x * w[..., None]).sum() / n
-    var = (((x - mean) ** 2) * w[..., None]).sum() / n
-    max_abs = (x.abs() * w[..., None]).amax()
-    u = torch.nn.functional.normalize(x, dim=-1) * w[..., None]  # [B, T, C], padding zeroed
+    wx = w[..., None]
+    mean = (x * wx).sum() / n
+    var = ((x - mean).square() * wx).sum() / n
+    max_abs = (x.abs() * wx).amax()
+    u = u * wx  # padding zeroed
     k = w.sum(1)  # [B] real positions per example
-    pair_sum = (u.sum(1) ** 2).sum(-1) - k  # sum over i != j of cos(x_i, x_j)   # [B]
+    pair_sum = u.sum(1).square().sum(-1) - k  # sum over i != j of cos(x_i, x_j)   # [B]
     pairs = (k * (k - 1)).clamp_min(1)
     has_pairs = (k > 1).float()
     token_cos = (pair_sum / pairs * has_pairs).sum() / has_pairs.sum().clamp_min(1)

@@ -25,3 +25,8 @@ def test_matches_direct_computation_with_padding():
 def test_collapsed_tokens_have_cosine_one():
     v = torch.randn(1, 1, 16)
     assert torch.allclose(hidden_stats(v.expand(2, 7, 16) * 3)[3], torch.tensor(1.0), atol=1e-5)
+
+
+def test_mask_free_path_equals_all_ones_mask():
+    x = torch.randn(4, 6, 8) * 3 + 1
+    assert torch.allclose(hidden_stats(x), hidden_stats(x, torch.ones(4, 6)), atol=1e-5)

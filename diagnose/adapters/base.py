@@ -32,6 +32,8 @@ class AttentionSite:
     module: nn.Module = field(repr=False)
     adapter: "Adapter" = field(repr=False)
     n_kv_heads: int | None = None  # grouped-query attention: fewer key/value heads
+    # the module whose input is the heads' outputs side by side [B, T, H * D], where the family has one
+    out_proj: nn.Module | None = field(default=None, repr=False)
 
 
 class Adapter(Protocol):

@@ -1,0 +1,48 @@
+"""Options shared by the commands that read a model and data (info, heads, check)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import click
+
+model_argument = click.argument("model", metavar="MODEL", type=click.Path(path_type=str))
+
+factory_option = click.option(
+    "--factory", metavar="MODULE:FUNCTION", default=None,
+    help="A function that builds the model; MODEL is then its state_dict (.pt or .safetensors).")
+
+trust_pickle_option = click.option(
+    "--trust-pickle", is_flag=True, default=False,
+    help="Allow a fully pickled nn.Module. Unpickling runs code from the file: only for files you trust.")
+
+attn_implementation_option = click.option(
+    "--attn-implementation", metavar="NAME", default=None,
+    help="Hugging Face attention implementation (eager, sdpa); default: the model's own choice.")
+
+max_length_option = click.option(
+    "--max-length", type=click.IntRange(min=1), default=None,
+    help="Truncate text data to this many tokens.")
+
+
+def data_option(required: bool = False) -> Callable:
+    """--data DATA: .pt/.safetensors/.npz tensors or .jsonl/.csv text."""
+    return click.option("--data", "data", metavar="DATA", type=click.Path(path_type=str), required=required,
+                        help="Data file: .pt, .safetensors or .npz with input_ids [N, T] (attention_mask, "
+                             "labels optional), or .jsonl/.csv with text and label.")
+
+
+def model_options(fn: Callable) -> Callable:
+    """MODEL argument plus --factory, --trust-pickle and --attn-implementation."""
+    for deco in (attn_implementation_option, trust_pickle_option, factory_option, model_argument):
+        fn = deco(fn)
+    return fn
+
+
+def attention_options(fn: Callable) -> Callable:
+    """--attention-module NAME and --heads N: name attention layers diagnose cannot recognise."""
+    fn = click.option("--heads", "n_heads", type=click.IntRange(min=1), default=None, metavar="N",
+                      help="Number of heads of the modules named by --attention-module.")(fn)
+    return click.option("--attention-module", "attention_module", metavar="NAME", default=None,
+                        help="Glob over qualified module names of the attention layers, "
+                             "e.g. 'encoder.layers.*.attn' (for models diagnose cannot recognise).")(fn)

@@ -1,0 +1,32 @@
+"""What the Hugging Face family adapters share: recognising transformers' own modules
+without importing transformers (slow), and the intercept mechanics (eager softmax or
+SDPA recompute), so "eager" and "sdpa" both work without the user switching anything."""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from .base import AttentionSite
+from .generic import InterceptAdapter
+
+
+def is_hf(module: nn.Module, class_suffix: str = "") -> bool:
+    """A module defined by transformers whose class name ends with class_suffix."""
+    cls = type(module)
+    return cls.__module__.startswith("transformers.") and cls.__name__.endswith(class_suffix)
+
+
+class HFAdapter(InterceptAdapter):
+    """Subclasses say which modules are sites: `site(name, module)` returns (H, D, Hkv, out_proj) or None."""
+
+    def site(self, name: str, module: nn.Module):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def find(self, model: nn.Module) -> list[AttentionSite] | None:
+        sites = []
+        for name, m in model.named_modules():
+            spec = self.site(name, m) if is_hf(m) else None
+            if spec is not None:
+                H, D, Hkv, proj = spec
+                sites.append(AttentionSite(len(sites), name, H, D, m, self, n_kv_heads=Hkv, out_proj=proj))
+        return sites or None

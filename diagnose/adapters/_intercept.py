@@ -1,0 +1,109 @@
+"""Attention probabilities from inside any forward: a TorchFunctionMode, active only while an
+attention module runs, sees every softmax over the last dim of a 4-D tensor (eager code) and
+every F.scaled_dot_product_attention call (fused code, whose probabilities never exist), for
+which it recomputes softmax(q k^T * scale + mask) from the very same q, k, mask and scale.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from ._hooks import hooks
+
+SDPA = F.scaled_dot_product_attention
+SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.special.softmax}
+# on_call(kind, probs, q) with kind "softmax" or "sdpa"; probs float32 [B, H, Tq, Tk]; q [B, H, Tq, D] for sdpa
+OnCall = Callable[[str, torch.Tensor, "torch.Tensor | None"], None]
+
+
+def _sdpa_args(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return query, key, attn_mask, is_causal, scale
+
+
+@torch.no_grad()
+def sdpa_probs(query, key, attn_mask=None, is_causal=False, scale=None) -> torch.Tensor:
+    """The probabilities SDPA uses but never returns.  # [B, H, Tq, Tk] float32
+
+    Follows torch's reference semantics: scale defaults to 1/sqrt(D); is_causal keeps the
+    lower triangle aligned top-left; a bool mask keeps True, a float mask is added; key/value
+    heads are repeated for grouped-query attention; a row with every key masked gives zeros.
+    """
+    q, k = query.detach().float(), key.detach().float()  # [B, H, Tq, D], [B, Hkv, Tk, D]
+    if k.shape[-3] != q.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+    L, S = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale  # [B, H, Tq, Tk]
+    if is_causal:
+        scores = scores.masked_fill(~torch.ones(L, S, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask.float()
+    probs = torch.softmax(scores, dim=-1)
+    return probs.nan_to_num_(0.0)  # fully masked rows
+
+
+def _is_attention_softmax(func, args, kwargs, out) -> bool:
+    if func not in SOFTMAX or not isinstance(out, torch.Tensor) or out.dim() != 4:
+        return False
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    return dim is not None and dim % 4 == 3
+
+
+class AttentionMode(TorchFunctionMode):
+    """Calls on_call for each attention softmax / SDPA while it is on the mode stack."""
+
+    def __init__(self, on_call: OnCall):
+        super().__init__()
+        self.on_call = on_call
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)  # the model's own result, untouched
+        if func is SDPA:
+            q, k, mask, causal, scale = _sdpa_args(*args, **kwargs)
+            self.on_call("sdpa", sdpa_probs(q, k, mask, causal, scale), q)
+        elif _is_attention_softmax(func, args, kwargs, out):
+            self.on_call("softmax", out.detach().float(), None)
+        return out
+
+
+@contextmanager
+def intercept(module: nn.Module, on_call: OnCall) -> Iterator[None]:
+    """While active, every forward of `module` runs inside an AttentionMode.
+
+    The pre-hook enters the mode and the (always-called) forward hook leaves it; should a
+    forward raise before that, `finally` unwinds what is left so no mode outlives the block.
+    """
+    entered: list[AttentionMode] = []
+
+    def pre(_m, _args):
+        mode = AttentionMode(on_call)
+        mode.__enter__()
+        entered.append(mode)
+
+    def post(_m, _args, _out):
+        if entered:
+            entered.pop().__exit__(None, None, None)
+
+    try:
+        with hooks(lambda: module.register_forward_pre_hook(pre),
+                   lambda: module.register_forward_hook(post, always_call=True)):
+            yield
+    finally:
+        while entered:
+            entered.pop().__exit__(None, None, None)
+
+
+def watch_probs(module: nn.Module, callback: Callable[[torch.Tensor], None]):
+    """Context manager: callback(probs [B, H, Tq, Tk]) for each attention call inside module."""
+    return intercept(module, lambda _kind, probs, _q: callback(probs))

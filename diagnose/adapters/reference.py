@@ -1,0 +1,35 @@
+"""The built-in reference Transformer (diagnose.zoo.model): `blocks.{i}.attn.pattern` is an
+identity applied to the probabilities, `blocks.{i}.attn.proj` the output projection."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..zoo.model import SelfAttention, Transformer
+from ._hooks import blocks_around, gate_projection, hooks
+from .base import AttentionSite, HeadOutputFn, PatternCallback
+
+
+class ReferenceAdapter:
+    family = "reference"
+
+    def find(self, model: nn.Module) -> list[AttentionSite] | None:
+        found = [(n, m) for n, m in model.named_modules() if isinstance(m, SelfAttention)]
+        if not found:
+            return None
+        return [AttentionSite(i, n, m.n_heads, m.head_dim, m, self, out_proj=m.proj) for i, (n, m) in enumerate(found)]
+
+    def watch_pattern(self, site: AttentionSite, callback: PatternCallback):
+        def hook(_module: nn.Module, _args: tuple, probs: torch.Tensor) -> None:
+            callback(probs.detach().float())  # [B, H, Tq, Tk]
+
+        return hooks(lambda: site.module.pattern.register_forward_hook(hook))
+
+    def intervene(self, site: AttentionSite, fn: HeadOutputFn):
+        return gate_projection(site.module.proj, site.n_heads, site.head_dim, fn)
+
+    def blocks(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        if isinstance(model, Transformer):
+            return [(f"blocks.{i}", b) for i, b in enumerate(model.blocks)]
+        return blocks_around(model, self.find(model) or [])

@@ -1,0 +1,127 @@
+"""torch.nn.MultiheadAttention, bare or inside nn.TransformerEncoder / nn.TransformerDecoder.
+
+MHA never calls out_proj as a module and never shows per-head outputs, so a forward hook
+recomputes the attention in Python from the module's own weights (with its masks, bias_k /
+bias_v and add_zero_attn) to expose per-head probabilities and outputs; the gate returns the
+recomputed output. In eval under no_grad, TransformerEncoder(Layer) and MHA take a fused
+fast path that skips the module call entirely: every context here switches it off with
+torch.backends.mha.set_fastpath_enabled(False) and restores it in `finally`.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ._hooks import blocks_around, hooks
+from .base import AttentionSite, HeadOutputFn, PatternCallback
+
+
+@contextmanager
+def no_fastpath() -> Iterator[None]:
+    """Force the Python path of MHA / TransformerEncoder for the duration."""
+    before = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(before)
+
+
+def _float_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """MHA masks: bool True means 'may not attend' (-inf); float masks are added."""
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
+    return mask.to(dtype)
+
+
+def recompute(m: nn.MultiheadAttention, query, key, value, key_padding_mask=None, need_weights=True,
+              attn_mask=None, average_attn_weights=True, is_causal=False, *, probs_only=False):
+    """(probs [B, H, Tq, Tk], per-head outputs [B, Tq, H, D]) as the module computes them."""
+    unbatched = query.dim() == 2
+    if unbatched:
+        query, key, value = query[None], key[None], value[None]
+        key_padding_mask = None if key_padding_mask is None else key_padding_mask[None]
+    elif not m.batch_first:
+        query, key, value = (t.transpose(0, 1) for t in (query, key, value))  # [B, T, E]
+    B, Tq, E = query.shape
+    H, D = m.num_heads, m.head_dim
+    if m._qkv_same_embed_dim:
+        wq, wk, wv = m.in_proj_weight.chunk(3)
+    else:
+        wq, wk, wv = m.q_proj_weight, m.k_proj_weight, m.v_proj_weight
+    bq, bk, bv = (None, None, None) if m.in_proj_bias is None else m.in_proj_bias.chunk(3)
+    q, k, v = F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)  # [B, T, E]
+    attn_mask = _float_mask(attn_mask, q.dtype)  # [Tq, Tk] or [B * H, Tq, Tk]
+    key_padding_mask = _float_mask(key_padding_mask, q.dtype)  # [B, Tk]
+    extra = []
+    if m.bias_k is not None:
+        extra.append((m.bias_k.expand(B, 1, E), m.bias_v.expand(B, 1, E)))
+    if m.add_zero_attn:
+        extra.append((q.new_zeros(B, 1, E), q.new_zeros(B, 1, E)))
+    for ek, ev in extra:  # one more key: masks get a zero (allowed) column
+        k, v = torch.cat([k, ek], 1), torch.cat([v, ev], 1)
+        attn_mask = None if attn_mask is None else F.pad(attn_mask, (0, 1))
+        key_padding_mask = None if key_padding_mask is None else F.pad(key_padding_mask, (0, 1))
+    Tk = k.shape[1]
+    q, k, v = (t.reshape(B, -1, H, D).transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
+    scores = (q / math.sqrt(D)) @ k.transpose(-2, -1)  # [B, H, Tq, Tk]
+    if attn_mask is not None:
+        scores = scores + (attn_mask.reshape(B, H, Tq, Tk) if attn_mask.dim() == 3 else attn_mask)
+    if key_padding_mask is not None:
+        scores = scores + key_padding_mask[:, None, None, :]
+    probs = torch.softmax(scores, dim=-1)  # [B, H, Tq, Tk]
+    if probs_only:
+        return probs, None
+    dropped = F.dropout(probs, m.dropout, m.training)
+    heads = (dropped @ v).transpose(1, 2)  # [B, Tq, H, D]
+    return probs, heads
+
+
+def project(m: nn.MultiheadAttention, heads: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """out_proj of heads [B, Tq, H, D], returned in the layout of the module's output `like`."""
+    B, Tq = heads.shape[:2]
+    out = F.linear(heads.reshape(B, Tq, -1), m.out_proj.weight, m.out_proj.bias)  # [B, Tq, E]
+    if like.dim() == 2:
+        return out[0]
+    return out if m.batch_first else out.transpose(0, 1)
+
+
+class MHAAdapter:
+    family = "torch-mha"
+
+    def site(self, layer: int, name: str, m: nn.MultiheadAttention) -> AttentionSite:
+        return AttentionSite(layer, name, m.num_heads, m.head_dim, m, self, out_proj=m.out_proj)
+
+    def find(self, model: nn.Module) -> list[AttentionSite] | None:
+        found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]
+        return [self.site(i, n, m) for i, (n, m) in enumerate(found)] or None
+
+    @contextmanager
+    def watch_pattern(self, site: AttentionSite, callback: PatternCallback) -> Iterator[None]:
+        def hook(m, args, kwargs, _out):
+            with torch.no_grad():
+                probs, _ = recompute(m, *args, **kwargs, probs_only=True)
+            callback(probs.float())  # [B, H, Tq, Tk]
+
+        with no_fastpath(), hooks(lambda: site.module.register_forward_hook(hook, with_kwargs=True)):
+            yield
+
+    @contextmanager
+    def intervene(self, site: AttentionSite, fn: HeadOutputFn) -> Iterator[None]:
+        def hook(m, args, kwargs, out):
+            _, heads = recompute(m, *args, **kwargs)
+            return (project(m, fn(heads), out[0]), *out[1:])
+
+        with no_fastpath(), hooks(lambda: site.module.register_forward_hook(hook, with_kwargs=True)):
+            yield
+
+    def blocks(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        return blocks_around(model, self.find(model) or [])

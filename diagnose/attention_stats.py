@@ -1,0 +1,236 @@
+"""Per-head attention statistics, accumulated batch by batch without keeping the maps.
+
+For each head, averaged over real (non-padding) query rows of every example seen:
+entropy (nats), max_weight, first_token (mass on key 0), self (mass on the query's own
+position), prev_token (mass on the position before; rows with one), padding (mass on padded
+keys) and mean_distance (E|q - k| in positions). Full maps are kept for the first `keep`
+examples only, so memory does not grow with the data set.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import torch
+import torch.nn as nn
+
+from .adapters.base import AttentionSite
+from .objectives import call_model
+
+STATS = ("entropy", "max_weight", "first_token", "self", "prev_token", "padding", "mean_distance")
+SCHEMA = "diagnose.attention/1"
+_CHUNK = 1 << 20  # elements of probability per reduction step: bounds the temporaries (4 MB)
+_MAP_BUDGET = 1 << 24  # attention elements per map and forward in attention_summary (64 MB float32)
+
+
+def _masks(probs: torch.Tensor, key_mask: torch.Tensor | None):
+    """(key weights [B, Tk], query weights [B, Tq], offset of query 0 among the keys)."""
+    B, _, Tq, Tk = probs.shape
+    off = Tk - Tq  # queries are the last Tq positions (a cache may hold earlier keys)
+    keys = torch.ones(B, Tk, device=probs.device) if key_mask is None else key_mask.to(probs.device, torch.float32)
+    return keys, keys[:, off:], off
+
+
+@torch.no_grad()
+def entropy_and_max(probs: torch.Tensor, key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean entropy (nats) and mean max weight per head over real query rows.  # [H], [H] on the device
+
+    probs [B, H, Tq, Tk]; key_mask [B, Tk] with 1 for real tokens, 0 for padding. No host sync.
+    """
+    _, qw, _ = _masks(probs, key_mask)
+    p = probs.detach().float()
+    ent = torch.special.entr(p).sum(-1)  # [B, H, Tq]
+    mx = p.amax(-1)  # [B, H, Tq]
+    w = qw[:, None, :]  # [B, 1, Tq]
+    n = (w.sum() * 1.0).clamp_min(1.0)
+    return (ent * w).sum((0, 2)) / n, (mx * w).sum((0, 2)) / n
+
+
+class HeadStats:
+    """Running per-head sums of every statistic in STATS, fed one batch of maps at a time."""
+
+    def __init__(self, n_heads: int):
+        self.n_heads = n_heads
+        self.sums: torch.Tensor | None = None  # [len(STATS), H]
+        self.rows: torch.Tensor | None = None  # [2]: real query rows, real rows with a previous position
+
+    @torch.no_grad()
+    def update(self, probs: torch.Tensor, key_mask: torch.Tensor | None = None) -> None:
+        """Add a batch: probs [B, H, Tq, Tk], key_mask [B, Tk] (1 real, 0 padding) or None."""
+        B, H, Tq, Tk = probs.shape
+        assert H == self.n_heads, f"expected {self.n_heads} heads, got probs {tuple(probs.shape)}"
+        keys, queries, off = _masks(probs, key_mask)
+        acc_dtype = torch.float32 if probs.device.type == "mps" else torch.float64
+        if self.sums is None:
+            self.sums = torch.zeros(len(STATS), H, dtype=acc_dtype, device=probs.device)
+            self.rows = torch.zeros(2, dtype=acc_dtype, device=probs.device)
+        q_pos = torch.arange(Tq, device=probs.device) + off
+        dist = (q_pos[:, None] - torch.arange(Tk, device=probs.device)[None, :]).abs().float()  # [Tq, Tk]
+        has_prev = (q_pos >= 1).float()[None, None, :]  # [1, 1, Tq]
+        step = max(1, _CHUNK // max(1, H * Tq * Tk))
+        for s in range(0, B, step):
+            p = probs[s:s + step].detach().float()  # [b, H, Tq, Tk]
+            qw = queries[s:s + step, None, :]  # [b, 1, Tq]
+            pad = (1.0 - keys[s:s + step])[:, None, :, None]  # [b, 1, Tk, 1]
+            prev = p.new_zeros(p.shape[:3])  # [b, H, Tq]
+            if Tk > 1 and off + Tq > 1:
+                d = p.diagonal(off - 1, -2, -1)  # only rows whose previous position exists
+                prev[..., Tq - d.shape[-1]:] = d
+            per_row = {  # each [b, H, Tq]
+                "entropy": torch.special.entr(p).sum(-1),
+                "max_weight": p.amax(-1),
+                "first_token": p[..., 0],
+                "self": p.diagonal(off, -2, -1) if off >= 0 else p.new_zeros(p.shape[:3]),
+                "prev_token": prev,
+                "padding": (p @ pad)[..., 0] if key_mask is not None else p.new_zeros(p.shape[:3]),
+                "mean_distance": (p * dist).sum(-1),
+            }
+            with_prev = qw * has_prev  # [b, 1, Tq]
+            sums = [(per_row[k] * (with_prev if k == "prev_token" else qw)).sum((0, 2)) for k in STATS]  # [H] each
+            self.sums += torch.stack(sums).to(acc_dtype)
+            self.rows += torch.stack([qw.sum(), with_prev.sum()]).to(acc_dtype)
+
+    def result(self) -> dict[str, list[float]]:
+        """Mean per head of each statistic (one host sync)."""
+        if self.sums is None:
+            return {k: [math.nan] * self.n_heads for k in STATS}
+        rows = self.rows.clamp_min(1.0)
+        means = self.sums / rows[0]
+        means[STATS.index("prev_token")] = self.sums[STATS.index("prev_token")] / rows[1]
+        values = means.tolist()
+        return {k: values[i] for i, k in enumerate(STATS)}
+
+
+@dataclass
+class AttentionSummary:
+    """Per-site, per-head statistics over a data set, plus full maps of the first few examples."""
+
+    sites: list[dict]  # layer, name, n_heads, head_dim
+    stats: list[dict[str, list[float]]]  # per site: statistic -> one value per head
+    examples: list[torch.Tensor] = field(repr=False)  # per site [keep, H, Tq, Tk] float32, on the CPU
+    n_examples: int = 0
+
+    def head(self, layer: int, head: int) -> dict[str, float]:
+        """The statistics of one head, as in the heads JSON `attention` field."""
+        return {k: self.stats[layer][k][head] for k in STATS}
+
+    def to_json(self, *, maps: bool = False) -> dict:
+        """Plain data (`diagnose.attention/1`); with maps=True the kept examples' maps too."""
+        out = {"schema": SCHEMA, "n_examples": self.n_examples,
+               "sites": [{**s, "stats": st} for s, st in zip(self.sites, self.stats)]}
+        if maps:
+            for s, ex in zip(out["sites"], self.examples):
+                s["maps"] = ex.tolist()
+        return out
+
+
+def _batches(data: Any, batch_size: int) -> Iterable[Any]:
+    if hasattr(data, "batches"):
+        return data.batches(batch_size)
+    return data
+
+
+def _inputs_of(item: Any) -> Any:
+    """An item of data: (inputs, labels) pairs, or bare inputs."""
+    if isinstance(item, (tuple, list)) and len(item) == 2:
+        return item[0]
+    return item
+
+
+def key_mask_of(inputs: Any) -> torch.Tensor | None:
+    """attention_mask [B, T] when the inputs carry one."""
+    if isinstance(inputs, Mapping) and isinstance(inputs.get("attention_mask"), torch.Tensor):
+        return inputs["attention_mask"]
+    return None
+
+
+def attention_summary(model: nn.Module, data: Any, *, keep: int = 4, batch_size: int = 32,
+                      sites: list[AttentionSite] | None = None, attention_module: str | None = None,
+                      n_heads: int | None = None, micro_batch: int | None = None) -> AttentionSummary:
+    """Stream `data` through the model once and summarise every head's attention.
+
+    data: an iterable of (inputs, labels) pairs (or of inputs), or a DataSet with
+    .batches(batch_size). Only the maps of the first `keep` examples are kept. Statistics are
+    per example, so each batch is run in micro-batches of `micro_batch` examples (default:
+    as many as keep one [b, H, T, T] map under 2**24 elements; 0: never split), which bounds
+    memory by the sequence length, not by the batch size.
+    """
+    from .sites import find_heads
+
+    it = iter(_batches(data, batch_size))
+    first = next(it, None)
+    if first is None:
+        from .errors import DataError
+
+        raise DataError("attention_summary got no data")
+    if sites is None:
+        sites = find_heads(model, attention_module=attention_module, n_heads=n_heads, example=_inputs_of(first))
+    accs = [HeadStats(s.n_heads) for s in sites]
+    kept: list[list[torch.Tensor]] = [[] for _ in sites]
+    state = {"mask": None, "room": keep}
+
+    def callback(i: int):
+        def on_probs(probs: torch.Tensor) -> None:  # [B, H, Tq, Tk]
+            mask = state["mask"]
+            accs[i].update(probs, mask if mask is not None and mask.shape[-1] == probs.shape[-1] else None)
+            if state["room"] > 0:
+                kept[i].append(probs[: state["room"]].detach().float().cpu().clone())
+        return on_probs
+
+    n = 0
+    with ExitStack() as stack, torch.no_grad():
+        for i, s in enumerate(sites):
+            stack.enter_context(s.adapter.watch_pattern(s, callback(i)))
+        batch = first
+        while batch is not None:
+            inputs = _inputs_of(batch)
+            if micro_batch is None:
+                micro_batch = _auto_micro_batch(inputs, max(s.n_heads for s in sites))
+            for part in split_batch(inputs, micro_batch):
+                state["mask"] = key_mask_of(part)
+                call_model(model, part)
+                B = _batch_size(part)
+                n += B
+                state["room"] = max(0, state["room"] - B)
+            batch = next(it, None)
+    examples = [torch.cat(k) if k else torch.empty(0) for k in kept]
+    info = [{"layer": s.layer, "name": s.name, "n_heads": s.n_heads, "head_dim": s.head_dim} for s in sites]
+    return AttentionSummary(info, [a.result() for a in accs], examples, n)
+
+
+def _batch_size(inputs: Any) -> int:
+    if isinstance(inputs, torch.Tensor):
+        return int(inputs.shape[0])
+    if isinstance(inputs, Mapping):
+        for v in inputs.values():
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                return int(v.shape[0])
+    return 1
+
+
+def _auto_micro_batch(inputs: Any, n_heads: int) -> int:
+    T = _seq_len(inputs)
+    return 0 if T is None else max(1, _MAP_BUDGET // max(1, n_heads * T * T))
+
+
+def _seq_len(inputs: Any) -> int | None:
+    x = inputs if isinstance(inputs, torch.Tensor) else (inputs.get("input_ids") if isinstance(inputs, Mapping) else None)
+    if x is None and isinstance(inputs, Mapping):
+        x = next((v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() >= 2), None)
+    return int(x.shape[1]) if isinstance(x, torch.Tensor) and x.dim() >= 2 else None
+
+
+def split_batch(inputs: Any, size: int) -> list[Any]:
+    """Consecutive slices of `size` examples (all of it when size is 0 or covers the batch)."""
+    B = _batch_size(inputs)
+    if size <= 0 or size >= B:
+        return [inputs]
+    if isinstance(inputs, torch.Tensor):
+        return list(inputs.split(size))
+    if isinstance(inputs, Mapping):
+        return [{k: (v[s:s + size] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == B else v)
+                 for k, v in inputs.items()} for s in range(0, B, size)]
+    return [inputs]

@@ -1,0 +1,51 @@
+"""The SDPA recomputation: probs @ v must give back SDPA's own output for every mask form."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from diagnose.adapters._intercept import AttentionMode, sdpa_probs
+
+
+def _case(name):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 5, 8, generator=g), torch.randn(2, 4, 7, 8, generator=g),
+               torch.randn(2, 4, 7, 8, generator=g))  # [B, H, T, D]
+    kw = {}
+    if name == "bool_mask":
+        kw["attn_mask"] = torch.rand(2, 1, 5, 7, generator=g) > 0.3
+        kw["attn_mask"][..., 0] = True  # every row keeps a key
+    elif name == "float_mask":
+        kw["attn_mask"] = torch.randn(5, 7, generator=g)
+    elif name == "causal":
+        kw["is_causal"] = True  # Tq != Tk: top-left aligned, like torch
+    elif name == "scale":
+        kw["scale"] = 0.3
+    elif name == "gqa":
+        k, v = k[:, :2], v[:, :2]
+        kw["enable_gqa"] = True
+    return q, k, v, kw
+
+
+@pytest.mark.parametrize("name", ["plain", "bool_mask", "float_mask", "causal", "scale", "gqa"])
+def test_probs_reproduce_sdpa(name):
+    q, k, v, kw = _case(name)
+    want = F.scaled_dot_product_attention(q, k, v, **kw)  # [B, H, Tq, D]
+    probs = sdpa_probs(q, k, kw.get("attn_mask"), kw.get("is_causal", False), kw.get("scale"))
+    vv = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    assert torch.allclose(probs @ vv, want, atol=1e-5)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:3]))
+
+
+def test_mode_sees_positional_and_keyword_sdpa_and_leaves_output_alone():
+    q, k, v, kw = _case("causal")
+    seen = []
+    with AttentionMode(lambda kind, p, _q: seen.append((kind, p))):
+        out = F.scaled_dot_product_attention(q, k, v, None, 0.0, True)
+        torch.softmax(torch.randn(2, 4, 5, 5), dim=1)  # not the last dim: not attention
+        torch.softmax(torch.randn(4, 5), dim=-1)  # not 4-D: not attention
+    assert [s[0] for s in seen] == ["sdpa"]
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    assert torch.allclose(seen[0][1] @ v, out, atol=1e-5)

@@ -1,0 +1,46 @@
+"""TransformerLens 4 TransformerBridge: captured maps equal its own hook_pattern cache; the
+gate on the `o` bridge matches zeroing the head's weights; no hook is left."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import diagnose
+from diagnose.adapters._hooks import hook_snapshot
+
+pytest.importorskip("transformer_lens")
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def bridge(tmp_path_factory):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=50, n_positions=32,
+                                  bos_token_id=0, eos_token_id=0)
+    folder = tmp_path_factory.mktemp("tl") / "gpt2"
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(folder)
+    return TransformerBridge.boot_transformers(str(folder), device="cpu").eval()
+
+
+def test_sites_and_maps_equal_hook_pattern(bridge):
+    ids = torch.randint(0, 50, (2, 7))  # [B, T]
+    sites = diagnose.find_heads(bridge)
+    assert [(s.name, s.n_heads, s.head_dim, s.adapter.family) for s in sites] == [
+        (f"blocks.{i}.attn", 4, 8, "transformer-lens") for i in range(2)]
+    with torch.no_grad():
+        plain, cache = bridge.run_with_cache(ids)
+    before = hook_snapshot(bridge)
+    cap = diagnose.capture(bridge, ids)
+    assert hook_snapshot(bridge) == before
+    for i, got in enumerate(cap.attention):
+        want = cache[f"blocks.{i}.attn.hook_pattern"]  # [B, H, T, T]
+        assert got.shape == want.shape and (got - want).abs().max() <= 1e-5
+    assert (cap.output - plain).abs().max() <= 1e-6
+    assert list(cap.activations) == ["blocks.0", "blocks.1"]
+
+
+def test_gate(bridge, gate_check):
+    gate_check(bridge, torch.randint(0, 50, (2, 7)))

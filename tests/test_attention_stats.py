@@ -1,0 +1,118 @@
+"""Streaming per-head attention statistics on maps whose answers can be worked out by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import diagnose
+from diagnose import attention_stats
+from diagnose.attention_stats import HeadStats, entropy_and_max
+from diagnose.zoo.config import ModelConfig
+from diagnose.zoo.model import Transformer
+
+T = 6
+
+
+def stats(probs, mask=None):
+    acc = HeadStats(probs.shape[1])
+    acc.update(probs, mask)
+    return acc.result()
+
+
+def test_uniform_attention():
+    probs = torch.full((2, 3, T, T), 1.0 / T)  # [B, H, Tq, Tk]
+    s = stats(probs)
+    dist = sum(abs(q - k) for q in range(T) for k in range(T)) / (T * T)
+    want = dict(entropy=math.log(T), max_weight=1 / T, first_token=1 / T, self=1 / T, prev_token=1 / T,
+                padding=0.0, mean_distance=dist)
+    for k, v in want.items():
+        assert s[k] == pytest.approx([v] * 3, abs=1e-6), k
+
+
+def test_one_hot_previous_token():
+    probs = torch.zeros(1, 2, T, T)
+    for q in range(T):
+        probs[0, :, q, max(q - 1, 0)] = 1.0  # row 0 can only look at itself
+    s = stats(probs)
+    assert s["entropy"] == pytest.approx([0.0, 0.0], abs=1e-7)
+    assert s["max_weight"] == pytest.approx([1.0, 1.0])
+    assert s["prev_token"] == pytest.approx([1.0, 1.0])  # every row that has a previous position
+    assert s["self"] == pytest.approx([1 / T] * 2)
+    assert s["first_token"] == pytest.approx([2 / T] * 2)
+    assert s["mean_distance"] == pytest.approx([(T - 1) / T] * 2)
+
+
+def test_causal_uniform_entropy():
+    probs = torch.ones(T, T).tril()
+    probs = (probs / probs.sum(-1, keepdim=True))[None, None]  # row q uniform over q + 1 keys
+    s = stats(probs)
+    assert s["entropy"] == pytest.approx([sum(math.log(q + 1) for q in range(T)) / T], abs=1e-6)
+    assert s["mean_distance"] == pytest.approx([sum(q / 2 for q in range(T)) / T], abs=1e-6)
+
+
+def test_padding_mass_and_padded_rows_excluded():
+    mask = torch.ones(2, T, dtype=torch.long)
+    mask[1, 4:] = 0  # example 1 has 4 real tokens
+    probs = torch.full((2, 1, T, T), 1.0 / T)  # leaks onto padding (the mask_fill="zero" bug)
+    probs[1, :, 4:] = 0.0
+    probs[1, :, 4:, 0] = 1.0  # padded query rows: one-hot, must not count
+    s = stats(probs, mask)
+    n_rows = T + 4
+    assert s["padding"] == pytest.approx([4 * (2 / T) / n_rows])
+    assert s["entropy"] == pytest.approx([math.log(T)], abs=1e-6)
+    assert s["max_weight"] == pytest.approx([1 / T])
+    e, m = entropy_and_max(probs, mask)
+    assert e.tolist() == pytest.approx(s["entropy"], abs=1e-6) and m.tolist() == pytest.approx(s["max_weight"])
+
+
+def test_streaming_and_chunking_agree(monkeypatch):
+    probs = torch.softmax(torch.randn(5, 2, T, T), -1)
+    mask = torch.ones(5, T)
+    mask[3, 2:] = 0
+    whole = stats(probs, mask)
+    acc = HeadStats(2)
+    acc.update(probs[:2], mask[:2])
+    acc.update(probs[2:], mask[2:])
+    monkeypatch.setattr(attention_stats, "_CHUNK", 2 * T * T)  # one example per reduction step
+    chunked = stats(probs, mask)
+    for k in whole:
+        assert acc.result()[k] == pytest.approx(whole[k], abs=1e-6)
+        assert chunked[k] == pytest.approx(whole[k], abs=1e-6)
+
+
+def test_entropy_and_max_stays_on_device():
+    probs = torch.softmax(torch.randn(2, 3, 4, 4), -1)
+    e, m = entropy_and_max(probs)
+    assert isinstance(e, torch.Tensor) and e.shape == (3,) and m.shape == (3,)
+    want = (-(probs * probs.log()).sum(-1)).mean((0, 2))
+    assert torch.allclose(e, want, atol=1e-6)
+    assert torch.allclose(m, probs.amax(-1).mean((0, 2)))
+
+
+def test_attention_summary_matches_capture():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(kind="classifier", n_layers=2)).eval()
+    ids = torch.randint(1, 32, (5, 8))
+    mask = torch.ones(5, 8, dtype=torch.long)
+    mask[2, 5:] = 0
+    data = diagnose.DataSet(input_ids=ids, attention_mask=mask)
+    summary = diagnose.attention_summary(model, data, keep=3, batch_size=2)
+    cap = diagnose.capture(model, {"input_ids": ids, "attention_mask": mask})
+    assert summary.n_examples == 5
+    for i, maps in enumerate(cap.attention):
+        for k, v in stats(maps, mask).items():
+            assert summary.stats[i][k] == pytest.approx(v, abs=1e-6), k
+        assert torch.allclose(summary.examples[i], maps[:3], atol=1e-6)
+    assert set(summary.head(1, 2)) == set(attention_stats.STATS)
+    doc = json.loads(json.dumps(summary.to_json(maps=True)))
+    assert doc["schema"] == "diagnose.attention/1" and len(doc["sites"][0]["maps"]) == 3
+    pairs = [(data.inputs(s, s + 2), None) for s in range(0, 5, 2)]  # (inputs, labels) pairs
+    for micro in (0, 1):  # whole batches, then one example per forward: same statistics
+        again = diagnose.attention_summary(model, pairs, keep=0, micro_batch=micro)
+        for k in attention_stats.STATS:
+            assert again.stats[1][k] == pytest.approx(summary.stats[1][k], abs=1e-6)
+        assert again.examples[0].numel() == 0 and again.n_examples == 5

@@ -1,0 +1,109 @@
+"""capture: inputs as Tensor or Mapping, activation statistics equal to hidden_stats of each
+block's output, nothing left behind (hooks, modes, weights), also when the forward raises."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import diagnose
+from diagnose.activations import hidden_stats
+from diagnose.adapters._hooks import hook_snapshot
+from diagnose.zoo.config import ModelConfig
+from diagnose.zoo.model import Transformer
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(kind="classifier", n_layers=3)).eval()
+
+
+def test_activations_equal_hidden_stats_of_block_outputs(model):
+    ids = torch.randint(1, 32, (3, 7))
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[0, 4:] = 0
+    outs = {}
+    handles = [b.register_forward_hook(lambda _m, _a, o, i=i: outs.__setitem__(f"blocks.{i}", o))
+               for i, b in enumerate(model.blocks)]
+    with torch.no_grad():
+        model(ids, mask)
+    for h in handles:
+        h.remove()
+    cap = diagnose.capture(model, {"input_ids": ids, "attention_mask": mask})
+    assert list(cap.activations) == ["blocks.0", "blocks.1", "blocks.2"]
+    for name, out in outs.items():
+        want = hidden_stats(out, mask).tolist()
+        got = [cap.activations[name][k] for k in ("mean", "var", "max_abs", "token_cos")]
+        assert got == pytest.approx(want, abs=1e-6)
+
+
+def test_tensor_input_and_switches(model):
+    ids = torch.randint(0, 32, (2, 5))
+    with torch.no_grad():
+        plain = model(ids)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    cap = diagnose.capture(model, ids)
+    assert (cap.output - plain).abs().max() <= 1e-6
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert [a.shape for a in cap.attention] == [(2, 4, 5, 5)] * 3
+    only_maps = diagnose.capture(model, ids, activations=False)
+    assert only_maps.activations == {} and torch.equal(only_maps.attention[2], cap.attention[2])
+    only_acts = diagnose.capture(model, ids, attention=False)
+    assert only_acts.attention == []
+    assert only_acts.activations == cap.activations
+
+
+def test_training_mode_is_kept(model):
+    model.train()
+    diagnose.capture(model, torch.randint(0, 32, (2, 5)))
+    assert all(m.training for m in model.modules())
+
+
+class Fused(nn.Module):
+    """SDPA attention that can be told to fail after the attention call."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(8, 24), nn.Linear(8, 8)
+        self.fail = False
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, 2, 4).permute(2, 0, 3, 1, 4)  # each [B, H, T, D]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.fail:
+            raise RuntimeError("boom inside attention")
+        return self.proj(y.transpose(1, 2).reshape(B, T, 8))
+
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Fused(), Fused()])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+def test_nothing_left_when_forward_raises(model):
+    before = hook_snapshot(model)
+    with pytest.raises(ValueError, match="exceeds max_len"):
+        diagnose.capture(model, torch.randint(0, 32, (1, 100)), sites=diagnose.find_heads(model))
+    assert hook_snapshot(model) == before
+
+    stack = Stack().eval()
+    sites = diagnose.find_heads(stack)
+    assert [s.adapter.family for s in sites] == ["generic", "generic"]
+    before = hook_snapshot(stack)
+    stack.layers[1].fail = True
+    with pytest.raises(RuntimeError, match="boom"):
+        diagnose.capture(stack, torch.randn(2, 5, 8), sites=sites)
+    assert hook_snapshot(stack) == before and torch._C._len_torch_function_stack() == 0
+    stack.layers[1].fail = False
+    cap = diagnose.capture(stack, torch.randn(2, 5, 8))
+    assert cap.attention[1].shape == (2, 2, 5, 5) and cap.attention[1].triu(1).abs().max() == 0
