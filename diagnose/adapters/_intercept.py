@@ -78,16 +78,16 @@ class AttentionMode(TorchFunctionMode):
 
 
 @contextmanager
-def intercept(module: nn.Module, on_call: OnCall) -> Iterator[None]:
-    """While active, every forward of `module` runs inside an AttentionMode.
+def mode_inside(module: nn.Module, make_mode: Callable[[], TorchFunctionMode]) -> Iterator[None]:
+    """While active, every forward of `module` runs inside a fresh make_mode() mode.
 
     The pre-hook enters the mode and the (always-called) forward hook leaves it; should a
     forward raise before that, `finally` unwinds what is left so no mode outlives the block.
     """
-    entered: list[AttentionMode] = []
+    entered: list[TorchFunctionMode] = []
 
     def pre(_m, _args):
-        mode = AttentionMode(on_call)
+        mode = make_mode()
         mode.__enter__()
         entered.append(mode)
 
@@ -102,6 +102,11 @@ def intercept(module: nn.Module, on_call: OnCall) -> Iterator[None]:
     finally:
         while entered:
             entered.pop().__exit__(None, None, None)
+
+
+def intercept(module: nn.Module, on_call: OnCall):
+    """Context manager: on_call for every attention softmax / SDPA inside `module`'s forward."""
+    return mode_inside(module, lambda: AttentionMode(on_call))
 
 
 def watch_probs(module: nn.Module, callback: Callable[[torch.Tensor], None]):

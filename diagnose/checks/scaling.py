@@ -24,8 +24,8 @@ reported as information only: a trained head may rightly attend to one token (in
 from __future__ import annotations
 
 import math
-from contextlib import ExitStack, contextmanager
-from typing import Any, Iterator
+from contextlib import ExitStack
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -128,29 +128,11 @@ class _ScoreMode(TorchFunctionMode):
         self.qk = None
 
 
-@contextmanager
-def _watch(module: torch.nn.Module, site: Any, out: dict[str, list]) -> Iterator[None]:
+def _watch(module: torch.nn.Module, site: Any, out: dict[str, list]):
     """While active, every forward of `module` runs inside a _ScoreMode; undone in `finally`."""
-    from ..adapters._hooks import hooks
+    from ..adapters._intercept import mode_inside
 
-    entered: list[_ScoreMode] = []
-
-    def pre(_m, _args):
-        mode = _ScoreMode(site, out)
-        mode.__enter__()
-        entered.append(mode)
-
-    def post(_m, _args, _out):
-        if entered:
-            entered.pop().__exit__(None, None, None)
-
-    try:
-        with hooks(lambda: module.register_forward_pre_hook(pre),
-                   lambda: module.register_forward_hook(post, always_call=True)):
-            yield
-    finally:
-        while entered:
-            entered.pop().__exit__(None, None, None)
+    return mode_inside(module, lambda: _ScoreMode(site, out))
 
 
 def _row_stats(probs: torch.Tensor) -> tuple[float, float]:
