@@ -56,7 +56,8 @@ class Thresholds:
         heads have an attention entropy below collapse_entropy_frac x their entropy at the
         first sample (learned sharp heads keep ~20 % of it; collapsed ones drop under 5 %).
     rank_cos / rank_patience: a block's mean cosine similarity between positions at least
-        rank_cos for `patience` consecutive logged steps.
+        rank_cos for `patience` consecutive logged steps (a healthy Post-LN run with warmup
+        at lr 1e-2 peaked at 0.93 for a few steps; true collapse sits at 0.99-1.00 and stays).
     warmup_check: no_warmup fires when the lr of the second logged step (within this many
         steps of the first) is not above the first; False disables it.
     cooldown: steps before the same kind may fire again (after its condition cleared).
@@ -74,8 +75,8 @@ class Thresholds:
     growth_ratio: float = 100.0
     collapse_entropy_frac: float = 0.1
     collapse_head_frac: float = 0.75
-    rank_cos: float = 0.9
-    rank_patience: int = 3
+    rank_cos: float = 0.95
+    rank_patience: int = 5
     warmup_check: int | bool = 100
     cooldown: int = 100
 
