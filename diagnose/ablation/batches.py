@@ -1,0 +1,80 @@
+"""Whatever the user passes as `data`, as a re-iterable list of (inputs, labels) batches."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from ..errors import DataError
+
+DEFAULT_BATCH = 32
+
+
+def as_batches(data: Any, batch_size: int | None, device: torch.device | None = None) -> list[tuple[Any, Any]]:
+    """(inputs, labels) pairs from a DataSet/TaskData (anything with input_ids), a dict of
+    tensors, or an iterable of pairs (used as given; batch_size then only applies to the others)."""
+    bs = int(batch_size or DEFAULT_BATCH)
+    if bs < 1:
+        raise DataError(f"batch_size must be at least 1, got {batch_size}")
+    if isinstance(data, Mapping) and "input_ids" in data:
+        pairs = _chunks(dict(data), data.get("labels"), bs)
+    elif hasattr(data, "input_ids") and isinstance(getattr(data, "input_ids"), torch.Tensor):
+        fields = {"input_ids": data.input_ids}
+        for name in ("attention_mask", "token_type_ids"):
+            if isinstance(getattr(data, name, None), torch.Tensor):
+                fields[name] = getattr(data, name)
+        pairs = _chunks(fields, getattr(data, "labels", None), bs)
+    elif isinstance(data, Iterable):
+        pairs = [_pair(item) for item in data]
+    else:
+        raise DataError(f"cannot read examples from a {type(data).__name__}; pass a DataSet, a dict with "
+                        "input_ids, or an iterable of (inputs, labels) pairs")
+    pairs = [(x, y) for x, y in pairs if batch_size_of(x) > 0]  # an empty batch has nothing to score
+    if not pairs:
+        raise DataError("the data holds no examples")
+    return [(_to(x, device), _to(y, device)) for x, y in pairs]
+
+
+def batch_size_of(inputs: Any) -> int:
+    """B of a batch: the first dim of the tensor, or of input_ids / the first tensor in a mapping."""
+    if isinstance(inputs, torch.Tensor):
+        return int(inputs.shape[0])
+    if isinstance(inputs, Mapping):
+        t = inputs.get("input_ids")
+        if not isinstance(t, torch.Tensor):
+            t = next((v for v in inputs.values() if isinstance(v, torch.Tensor)), None)
+        if t is not None:
+            return int(t.shape[0])
+    raise DataError(f"cannot tell the batch size of inputs of type {type(inputs).__name__}")
+
+
+def padding_mask(inputs: Any) -> torch.Tensor | None:
+    """attention_mask [B, T] (1 = real token) when the inputs carry one."""
+    if isinstance(inputs, Mapping) and isinstance(inputs.get("attention_mask"), torch.Tensor):
+        mask = inputs["attention_mask"]
+        return mask if mask.dim() == 2 else None
+    return None
+
+
+def _chunks(fields: dict[str, Any], labels: Any, bs: int) -> list[tuple[Any, Any]]:
+    inputs = {k: v for k, v in fields.items() if k != "labels" and isinstance(v, torch.Tensor)}
+    n = int(inputs["input_ids"].shape[0])
+    return [({k: v[i:i + bs] for k, v in inputs.items()}, None if labels is None else labels[i:i + bs])
+            for i in range(0, n, bs)]
+
+
+def _pair(item: Any) -> tuple[Any, Any]:
+    if isinstance(item, (tuple, list)) and len(item) == 2:
+        return item[0], item[1]
+    raise DataError(f"each batch must be an (inputs, labels) pair, got a {type(item).__name__}")
+
+
+def _to(obj: Any, device: torch.device | None) -> Any:
+    if device is None or obj is None:
+        return obj
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, Mapping):
+        return {k: _to(v, device) for k, v in obj.items()}
+    return obj

@@ -1,0 +1,111 @@
+"""Heatmap versus causal effect: rank correlations, and the heads where they disagree.
+
+The causal effect of a head is its delta loss under ablation (positive: the model needs
+it); it is finer-grained than delta accuracy, which saturates. A head is flagged
+`striking_but_inert` when its attention looks decisive (most weight on one key, on the
+first token, itself or the previous token) yet removing it changes nothing significant
+and nothing sizeable; `diffuse_but_vital` is the reverse: spread-out attention, and a
+significant, sizeable effect.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from .result import ATTENTION_STATS, HeadEffect
+
+EFFECT = "delta_loss"
+DECISIVE = 0.6  # a pattern "looks decisive" when this share of weight goes to one key / one role
+DIFFUSE = 0.35  # ... and "looks diffuse" when no key and no role gets this much
+TINY_ACCURACY = 0.01  # |delta accuracy| below 1 point is tiny ...
+TINY_LOSS = 0.02  # ... and so is |delta loss| below 2 % of the baseline loss (+ 0.001 nats)
+VITAL_ACCURACY = 0.02  # vital: significant and at least 2 points of accuracy ...
+VITAL_LOSS = 0.10  # ... or 10 % of the baseline loss
+_ROLES = {"max_weight": "on a single key", "first_token": "on the first token", "self": "on itself",
+          "prev_token": "on the previous token"}
+
+
+def spearman(x: Sequence[float | None], y: Sequence[float | None]) -> dict[str, Any]:
+    """Spearman rho with its p-value over the pairs where both are known (None when undefined)."""
+    pairs = [(a, b) for a, b in zip(x, y) if _known(a) and _known(b)]
+    out: dict[str, Any] = {"rho": None, "p_value": None, "n": len(pairs)}
+    if len(pairs) < 3:
+        return out
+    a, b = np.array(pairs, dtype=np.float64).T
+    if np.ptp(a) == 0 or np.ptp(b) == 0:
+        return out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rho, p = spearmanr(a, b)
+    out["rho"], out["p_value"] = float(rho), float(p)
+    return out
+
+
+def correlations(heads: Sequence[HeadEffect]) -> dict[str, Any]:
+    """Spearman between each attention statistic (and grad importance) and the ablation effect."""
+    effect = [h.delta_loss for h in heads]
+    out: dict[str, Any] = {"effect": EFFECT}
+    for stat in ATTENTION_STATS:
+        out[stat] = spearman([h.attention.get(stat) for h in heads], effect)
+    out["grad_importance"] = spearman([h.grad_importance for h in heads], effect)
+    out["grad_importance_raw"] = spearman([h.grad_importance_raw for h in heads], effect)
+    out["estimated_delta_loss"] = spearman([h.estimated_delta_loss for h in heads], effect)
+    return out
+
+
+def flags(heads: Sequence[HeadEffect], baseline_loss: float) -> list[dict[str, Any]]:
+    """Heads whose heatmap and ablation disagree, each with the reason in words."""
+    out = []
+    dominant = {(h.layer, h.head): _dominant(h.attention) for h in heads}
+    for h in heads:
+        if not h.verified:
+            continue
+        role, share = dominant[(h.layer, h.head)]
+        if role is not None and share >= DECISIVE and _tiny(h, baseline_loss) and not h.significant:
+            twins = sum(1 for (l, k), (r, sh) in dominant.items()
+                        if l == h.layer and k != h.head and r == role and sh is not None and sh >= DECISIVE)
+            cover = (f"; {twins} other head(s) of layer {h.layer} look the same and may cover for it "
+                     "(single-head ablation misses redundancy)") if twins else ""
+            out.append(_flag("striking_but_inert", h,
+                             f"{share:.0%} of its attention goes {_ROLES[role]}, yet removing it changes "
+                             f"accuracy by {_effect(h)} and loss by {h.delta_loss:+.4f}{cover}"))
+        elif share is not None and share < DIFFUSE and h.significant and _vital(h, baseline_loss):
+            out.append(_flag("diffuse_but_vital", h,
+                             f"its attention is spread out (at most {share:.0%} on any key or role, "
+                             f"entropy {h.attention.get('entropy', float('nan')):.2f} nats), yet removing it "
+                             f"changes accuracy by {_effect(h)} and loss by {h.delta_loss:+.4f}"))
+    return out
+
+
+def _dominant(att: dict[str, float | None]) -> tuple[str | None, float | None]:
+    known = {k: att.get(k) for k in _ROLES if _known(att.get(k))}
+    if not known:
+        return None, None
+    role = max(known, key=lambda k: known[k])
+    return role, float(known[role])
+
+
+def _tiny(h: HeadEffect, baseline_loss: float) -> bool:
+    return abs(h.delta_accuracy) < TINY_ACCURACY and abs(h.delta_loss) < TINY_LOSS * baseline_loss + 1e-3
+
+
+def _vital(h: HeadEffect, baseline_loss: float) -> bool:
+    return -h.delta_accuracy >= VITAL_ACCURACY or h.delta_loss >= VITAL_LOSS * baseline_loss
+
+
+def _effect(h: HeadEffect) -> str:
+    lo, hi = h.delta_accuracy_ci or (float("nan"), float("nan"))
+    return f"{h.delta_accuracy:+.1%} (95 % CI [{lo:+.1%}, {hi:+.1%}], p = {h.p_value:.2g})"
+
+
+def _flag(kind: str, h: HeadEffect, reason: str) -> dict[str, Any]:
+    return {"kind": kind, "layer": h.layer, "head": h.head, "reason": reason}
+
+
+def _known(v: Any) -> bool:
+    return v is not None and isinstance(v, (int, float)) and math.isfinite(v)

@@ -1,0 +1,129 @@
+"""What an ablation sweep found: plain dataclasses, the `diagnose.heads/1` JSON, a DataFrame."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "diagnose.heads/1"
+ATTENTION_STATS = ("entropy", "max_weight", "first_token", "self", "prev_token", "padding", "mean_distance")
+
+
+@dataclass
+class HeadEffect:
+    """One head. Exact fields are None for heads that --fast ranked but did not verify."""
+
+    layer: int
+    head: int
+    accuracy: float | None
+    delta_accuracy: float | None
+    delta_accuracy_ci: list[float] | None  # [lo, hi], 95 %
+    p_value: float | None  # paired sign test / exact McNemar, uncorrected
+    p_value_adjusted: float | None  # Holm across the heads tested
+    significant: bool | None  # p_value_adjusted < alpha
+    loss: float | None
+    delta_loss: float | None
+    kl: float | None  # KL(clean || ablated) per scored unit, nats
+    grad_importance: float  # Michel et al. 2019: E|dL/dxi_h|, l2-normalised within the layer
+    grad_importance_raw: float  # E|dL/dxi_h| before normalisation (comparable across layers)
+    estimated_delta_loss: float  # attribution patching: first-order change of the loss
+    verified: bool  # exact ablation computed
+    attention: dict[str, float | None] = field(default_factory=dict)
+
+
+@dataclass
+class HeadsResult:
+    """The whole sweep; `to_json()` is what the report and the CLI read."""
+
+    model: dict[str, Any]  # family, n_layers, n_heads
+    task: str
+    method: str
+    n_examples: int
+    n_units: int
+    baseline: dict[str, float]  # accuracy, loss
+    heads: list[HeadEffect]
+    correlations: dict[str, Any]
+    flags: list[dict[str, Any]]
+    timing: dict[str, Any]  # seconds, forward_passes, ...
+    significance: dict[str, Any]
+    fast: dict[str, Any] | None = None
+    examples: list[dict[str, Any]] = field(default_factory=list)
+
+    def head(self, layer: int, head: int) -> HeadEffect:
+        for h in self.heads:
+            if h.layer == layer and h.head == head:
+                return h
+        raise KeyError((layer, head))
+
+    def ranked(self) -> list[HeadEffect]:
+        """Verified heads first, by how much their removal hurts (delta loss), then the rest as --fast ranked them."""
+        return sorted(self.heads, key=lambda h: (not h.verified,
+                                                 -(h.delta_loss if h.verified else h.grad_importance_raw)))
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "schema": SCHEMA,
+            "model": self.model,
+            "task": self.task,
+            "method": self.method,
+            "n_examples": self.n_examples,
+            "n_units": self.n_units,
+            "baseline": self.baseline,
+            "heads": [asdict(h) for h in self.heads],
+            "correlations": self.correlations,
+            "flags": self.flags,
+            "timing": self.timing,
+            "significance": self.significance,
+            "fast": self.fast,
+            "examples": self.examples,
+        }
+        return _finite(out)
+
+    def to_frame(self):
+        """One row per head; attention statistics as columns prefixed `attn_`."""
+        import pandas as pd
+
+        rows = []
+        for h in self.heads:
+            row = {k: v for k, v in asdict(h).items() if k not in ("attention", "delta_accuracy_ci")}
+            ci = h.delta_accuracy_ci or [None, None]
+            row["ci_low"], row["ci_high"] = ci
+            row.update({f"attn_{k}": h.attention.get(k) for k in ATTENTION_STATS})
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the JSON atomically: a temporary file renamed over the target."""
+        return write_json_atomic(self.to_json(), path)
+
+
+def write_json_atomic(obj: Any, path: str | Path) -> Path:
+    """Nothing half-written: write beside the target, fsync, rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1, allow_nan=False)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def _finite(obj: Any) -> Any:
+    """JSON has no NaN/inf: they become null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj

@@ -1,0 +1,237 @@
+"""The forward passes of an ablation sweep, all through the gates of gate.py.
+
+Per batch: one clean pass (optionally with d loss / d gate, and recording block outputs for
+prefix reuse), then the ablations, several heads per forward: the batch is replicated K
+times and replica k closes one head. Blocks that finish before the ablated layer starts
+replay their clean output (prefix.py). Everything is summed per example so that the
+significance tests can pair clean and ablated results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..adapters.base import AttentionSite
+from ..errors import DiagnoseError
+from ..objectives import IGNORE, call_model, logits_of, score, targets_for
+from .batches import batch_size_of, padding_mask
+from .gate import Gate, ablation_scale
+from .prefix import Recorder, repeat_batch, replay
+
+BUDGET = 2 ** 26  # float elements of logits + hidden states one replicated forward may hold (256 MB)
+
+
+@dataclass
+class Clean:
+    """One batch after its clean pass."""
+
+    inputs: Any
+    targets: torch.Tensor  # [B] or [B, T], IGNORE where not scored
+    batch: int
+    loss_sum: torch.Tensor  # [B]
+    correct: torch.Tensor  # [B]
+    count: torch.Tensor  # [B]
+    logits: torch.Tensor  # [B, ...]
+    logp: torch.Tensor  # [U, V] clean log-probabilities of the scored units
+    grads: list[torch.Tensor] | None  # per site [B, H]: d loss_sum[b] / d gate[b, h]
+    per_example: int  # float elements one example costs in a forward (logits + hidden states)
+    recorded: dict[int, Any] | None = None  # block index -> its clean output, for prefix replay
+
+    def nbytes(self) -> int:
+        """Memory this batch holds (to decide whether --fast may keep it for the verification)."""
+        held = [self.logits, self.logp, *_tensors((self.recorded or {}).values())]
+        return sum(t.numel() * t.element_size() for t in held)
+
+
+@dataclass
+class Ablated:
+    """One head on one batch."""
+
+    loss_sum: torch.Tensor  # [B]
+    correct: torch.Tensor  # [B]
+    kl_sum: float  # sum over scored units of KL(clean || ablated)
+
+
+class Sweep:
+    def __init__(self, model: torch.nn.Module, sites: Sequence[AttentionSite], gates: Sequence[Gate], task: str,
+                 *, reuse: bool = True, budget: int = BUDGET):
+        self.model, self.sites, self.gates, self.task = model, list(sites), list(gates), task
+        self.heads = [(s, h) for s, site in enumerate(self.sites) for h in range(site.n_heads)]  # global order
+        blocks = sites[0].adapter.blocks(model) if reuse and sites else []
+        self.recorder = Recorder(blocks, self.sites) if blocks else None
+        self.reuse = self.recorder is not None
+        self.checked: set[int] = set()  # sites whose replay was verified on a clean replica
+        self.budget = budget
+        self.forwards = 0
+        self.examples_forwarded = 0
+
+    # ---- passes ----------------------------------------------------------------------------
+
+    def mean_outputs(self, batches: Sequence[tuple[Any, Any]], tick=None) -> list[torch.Tensor]:
+        """Each head's output averaged over the data set's real tokens, examples and positions pooled.
+
+        One [H, D] per site: a per-position mean would leak position information the head did not carry.
+        """
+        sums: list[torch.Tensor | None] = [None] * len(self.sites)
+        counts = [0.0] * len(self.sites)
+        mask_now: list[torch.Tensor | None] = [None]
+
+        def observer(s: int):
+            def observe(head_out: torch.Tensor) -> None:  # [B, T, H, D]
+                x = head_out.detach().float()
+                mask = mask_now[0]
+                if mask is not None and tuple(mask.shape) == tuple(x.shape[:2]):
+                    w = mask.to(x.dtype)[:, :, None, None]  # [B, T, 1, 1]
+                    total, n = (x * w).sum((0, 1)), float(w.sum())
+                else:
+                    total, n = x.sum((0, 1)), float(x.shape[0] * x.shape[1])
+                sums[s] = total if sums[s] is None else sums[s] + total  # [H, D]
+                counts[s] += n
+            return observe
+
+        try:
+            for s, gate in enumerate(self.gates):
+                gate.observer = observer(s)
+            with torch.no_grad():
+                for inputs, _ in batches:
+                    mask_now[0] = padding_mask(inputs)
+                    call_model(self.model, inputs)
+                    self._count(batch_size_of(inputs))
+                    if tick:
+                        tick()
+        finally:
+            for gate in self.gates:
+                gate.observer = None
+        for s, total in enumerate(sums):
+            if total is None:
+                raise DiagnoseError(f"the head gate on {self.sites[s].name!r} never saw an output; its adapter "
+                                    "cannot reach the heads (register an adapter: diagnose/adapters/base.py)")
+        return [total / max(n, 1.0) for total, n in zip(sums, counts)]
+
+    def clean(self, inputs: Any, labels: Any, *, grad: bool, record: bool) -> Clean:
+        """The unablated forward of one batch (with d loss / d gate when grad)."""
+        B = batch_size_of(inputs)
+        targets = targets_for(self.task, inputs, labels)
+        scales = [torch.ones(B, site.n_heads, device=targets.device, requires_grad=grad) for site in self.sites]
+        for gate, scale in zip(self.gates, scales):
+            gate.scale, gate.calls = scale, 0
+        recording = self.recorder.recording() if (record and self.reuse) else _nothing()
+        try:
+            with torch.set_grad_enabled(grad), recording:
+                logits = logits_of(call_model(self.model, inputs))
+                sc = score(logits, targets.to(logits.device))
+            silent = [g.site.name for g in self.gates if g.calls == 0]
+            if silent:
+                raise DiagnoseError(f"the head gate on {silent[0]!r} was never applied during a forward; its "
+                                    "adapter cannot reach the heads (register an adapter: diagnose/adapters/base.py)")
+            grads = None
+            if grad:
+                grads = torch.autograd.grad(sc.loss_sum.sum(), scales, allow_unused=True)
+                grads = [torch.zeros_like(s) if g is None else g.detach() for g, s in zip(grads, scales)]
+        finally:
+            for gate in self.gates:
+                gate.scale = None
+        self._count(B)
+        logits = logits.detach()
+        hidden = max((t.numel() for t in _tensors(self.recorder.outputs.values())), default=0) \
+            if (record and self.reuse) else 0
+        per_example = (logits.numel() + 4 * hidden) // max(B, 1) + 1
+        return Clean(inputs, targets, B, sc.loss_sum.detach(), sc.correct, sc.count, logits,
+                     _unit_logp(logits, targets), grads, per_example,
+                     self.recorder.outputs if (record and self.reuse) else None)
+
+    def ablate(self, clean: Clean, head_ids: Sequence[int], tick=None) -> dict[int, Ablated]:
+        """Exact ablation of each head in head_ids (global indices) on one clean batch."""
+        out: dict[int, Ablated] = {}
+        by_site: dict[int, list[int]] = {}
+        for m in head_ids:
+            by_site.setdefault(self.heads[m][0], []).append(m)
+        k_max = max(1, self.budget // (clean.per_example * clean.batch))
+        for s, ms in by_site.items():
+            for i in range(0, len(ms), k_max):
+                out.update(self._ablate_chunk(clean, s, ms[i:i + k_max]))
+            if tick:
+                tick()
+        return out
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _ablate_chunk(self, clean: Clean, s: int, ms: list[int]) -> dict[int, Ablated]:
+        blocks = self.recorder.reusable(s) if (self.reuse and clean.recorded is not None) else []
+        check = bool(blocks) and s not in self.checked
+        targets: list[int | None] = ([None] if check else []) + list(ms)
+        logits = self._forward(clean, s, targets, blocks)  # [K, B, ...]
+        if check:
+            self.checked.add(s)
+            if not _same(logits[0], clean.logits):
+                self.reuse = False  # a block with side effects or extra outputs: recompute everything
+                logits = self._forward(clean, s, targets, [])
+            logits = logits[1:]
+        K = len(ms)
+        flat = logits.reshape(K * clean.batch, *logits.shape[2:])
+        sc = score(flat, repeat_batch(clean.targets, K, clean.batch))
+        loss_sum, correct = sc.loss_sum.view(K, clean.batch), sc.correct.view(K, clean.batch)
+        kl = _kl_sums(clean, logits)  # [K]
+        return {m: Ablated(loss_sum[k], correct[k], float(kl[k])) for k, m in enumerate(ms)}
+
+    def _forward(self, clean: Clean, s: int, targets: list[int | None], blocks: list[int]) -> torch.Tensor:
+        K, B = len(targets), clean.batch
+        heads = [None if m is None else self.heads[m][1] for m in targets]
+        try:
+            self.gates[s].scale = ablation_scale(B, self.sites[s].n_heads, heads, device=clean.targets.device)
+            with torch.no_grad(), replay(self.recorder, clean.recorded, blocks, K, B) if blocks else _nothing():
+                logits = logits_of(call_model(self.model, repeat_batch(clean.inputs, K, B)))
+        finally:
+            self.gates[s].scale = None
+        self._count(K * B)
+        return logits.reshape(K, B, *logits.shape[1:])  # [K, B, ...]
+
+    def _count(self, n: int) -> None:
+        self.forwards += 1
+        self.examples_forwarded += n
+
+
+def _unit_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Clean log-probabilities of the scored units.  # [U, V]"""
+    flat = logits.reshape(-1, logits.shape[-1]).float()
+    return F.log_softmax(flat[targets.reshape(-1) != IGNORE], dim=-1)
+
+
+def _kl_sums(clean: Clean, logits: torch.Tensor) -> torch.Tensor:
+    """Sum over scored units of KL(clean || ablated), per replica.  logits [K, B, ...] -> [K]"""
+    K = logits.shape[0]
+    valid = clean.targets.reshape(-1) != IGNORE  # [B * T] or [B]
+    flat = logits.reshape(K, -1, logits.shape[-1])[:, valid].float()  # [K, U, V]
+    logq = F.log_softmax(flat, dim=-1)
+    p = clean.logp.exp()[None]  # [1, U, V]
+    return (p * (clean.logp[None] - logq)).sum((1, 2))
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal up to the rounding a different batch size may cause."""
+    if a.shape != b.shape:
+        return False
+    scale = float(b.abs().max()) if b.numel() else 0.0
+    return bool(torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5 * max(1.0, scale)))
+
+
+def _tensors(objs) -> list[torch.Tensor]:
+    out = []
+    for o in objs:
+        if isinstance(o, torch.Tensor):
+            out.append(o)
+        elif isinstance(o, (tuple, list)):
+            out.extend(_tensors(o))
+    return out
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

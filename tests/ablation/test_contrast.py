@@ -1,0 +1,57 @@
+"""Rank correlations and the two flags, on hand-made heads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from diagnose.ablation.contrast import correlations, flags, spearman
+from diagnose.ablation.result import ATTENTION_STATS, HeadEffect
+
+
+def head(layer, h, *, dacc, dloss, p, att, grad=0.5):
+    stats = {k: 0.1 for k in ATTENTION_STATS}
+    stats.update(att)
+    return HeadEffect(layer, h, 0.9 + dacc, dacc, [dacc - 0.01, dacc + 0.01], p, p, p < 0.05, 1.0 + dloss, dloss,
+                      abs(dloss), grad, grad, dloss, True, stats)
+
+
+def test_spearman_matches_scipy_and_skips_missing():
+    x, y = [1.0, 2.0, 3.0, 4.0, None, 6.0], [2.0, 1.0, 4.0, 3.0, 9.0, 5.0]
+    rho, p = spearmanr([1, 2, 3, 4, 6], [2, 1, 4, 3, 5])
+    got = spearman(x, y)
+    assert got == {"rho": pytest.approx(rho), "p_value": pytest.approx(p), "n": 5}
+    assert spearman([1, 1, 1, 1], [1, 2, 3, 4])["rho"] is None  # constant: undefined, not NaN
+
+
+def test_correlations_cover_every_statistic():
+    rng = np.random.default_rng(0)
+    heads = [head(0, i, dacc=0.0, dloss=float(d), p=0.5, att={"entropy": float(-d)}) for i, d in
+             enumerate(rng.random(6))]
+    out = correlations(heads)
+    assert out["effect"] == "delta_loss"
+    assert out["entropy"]["rho"] == pytest.approx(-1.0)
+    assert set(ATTENTION_STATS) | {"grad_importance"} <= set(out)
+
+
+def test_flags_with_reasons():
+    inert = head(0, 0, dacc=0.0, dloss=0.0004, p=0.9, att={"first_token": 0.93, "max_weight": 0.95})
+    vital = head(0, 1, dacc=-0.3, dloss=0.8, p=1e-9, att={"max_weight": 0.2, "first_token": 0.1, "entropy": 2.1})
+    decisive_and_vital = head(1, 0, dacc=-0.3, dloss=0.8, p=1e-9, att={"prev_token": 0.9, "max_weight": 0.9})
+    diffuse_inert = head(1, 1, dacc=0.0, dloss=0.0, p=1.0, att={"max_weight": 0.2})
+    out = flags([inert, vital, decisive_and_vital, diffuse_inert], baseline_loss=0.5)
+    assert [(f["kind"], f["layer"], f["head"]) for f in out] == [("striking_but_inert", 0, 0),
+                                                                 ("diffuse_but_vital", 0, 1)]
+    assert "95%" in out[0]["reason"] and "on a single key" in out[0]["reason"]
+    assert "spread out" in out[1]["reason"] and "-30.0%" in out[1]["reason"]
+
+
+def test_inert_twins_are_called_redundant():
+    a = head(0, 0, dacc=0.0, dloss=0.0, p=1.0, att={"prev_token": 0.9})
+    b = head(0, 1, dacc=0.0, dloss=0.0, p=1.0, att={"prev_token": 0.8})
+    c = head(1, 0, dacc=0.0, dloss=0.0, p=1.0, att={"prev_token": 0.8})
+    out = flags([a, b, c], baseline_loss=0.5)
+    assert len(out) == 3
+    assert "1 other head(s) of layer 0 look the same" in out[0]["reason"]
+    assert "other head" not in out[2]["reason"]

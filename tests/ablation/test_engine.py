@@ -1,0 +1,254 @@
+"""The gate and the engine on the reference model: identity at 1, nothing left behind (also
+after an error or Ctrl-C mid-sweep), mean ablation, gradient importance, --fast, token tasks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from diagnose.ablation import ablate_heads, gated
+from diagnose.ablation.gate import ablation_scale
+from diagnose.ablation.result import ATTENTION_STATS, SCHEMA
+from diagnose.ablation.task import default_task
+from diagnose.errors import ConfigError
+from diagnose.objectives import targets_for
+from diagnose.sites import find_heads
+from diagnose.zoo import ModelConfig, Transformer
+
+from .helpers import assert_untouched, evaluate, snapshot, with_head_weights_zeroed
+
+V, T, N, H, D = 20, 7, 10, 4, 8
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(kind="lm", vocab_size=V, max_len=16, n_layers=2, n_heads=H, d_model=H * D,
+                                   init_std=0.2)).eval()
+
+
+@pytest.fixture
+def data():
+    g = torch.Generator().manual_seed(3)
+    mask = torch.ones(N, T, dtype=torch.long)
+    mask[::2, 5:] = 0  # [N, T], padding on every other example
+    return {"input_ids": torch.randint(1, V, (N, T), generator=g) * mask, "attention_mask": mask}
+
+
+def test_open_gates_leave_output_bit_identical(model, data):
+    with torch.no_grad():
+        plain = model(**data)
+        sites = find_heads(model)
+        with gated(sites) as gates:
+            for g, site in zip(gates, sites):
+                g.scale = torch.ones(N, site.n_heads)
+                g.fill = torch.randn(site.n_heads, site.head_dim)  # a fill is never used where the gate is 1
+            same = model(**data)
+    assert torch.equal(plain, same)
+
+
+def test_ablation_scale_is_replica_major():
+    s = ablation_scale(2, 3, [None, 1, 2])  # [K * B, H]
+    assert s.tolist() == [[1, 1, 1], [1, 1, 1], [1, 0, 1], [1, 0, 1], [1, 1, 0], [1, 1, 0]]
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+@pytest.mark.parametrize("fast", [False, True])
+def test_nothing_left_after_an_interrupted_sweep(model, data, error, fast):
+    model.train()  # the sweep switches to eval; the caller's mode must come back
+    before = snapshot(model)
+
+    def stop(done, total):
+        if done == 2:
+            raise error("stop")
+
+    with pytest.raises(error):
+        ablate_heads(model, data, task="lm", batch_size=3, progress=stop, attention=False, fast=fast, top=2)
+    assert_untouched(model, before)
+
+
+def test_nothing_left_after_ctrl_c_inside_a_replayed_forward(model, data):
+    """Interrupt while block 0 replays and the layer-1 gate is closed (clean, layer 0, then layer 1)."""
+    before = snapshot(model)
+    calls = []
+
+    def interrupt(_m, _args, _out):
+        calls.append("forward" in model.blocks[0].__dict__)  # is block 0 replaying right now?
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    handle = model.blocks[1].register_forward_hook(interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ablate_heads(model, data, task="lm", batch_size=N, progress=False, attention=False)
+    finally:
+        handle.remove()
+    assert calls == [False, False, True]
+    assert_untouched(model, before)
+
+
+def test_mean_ablation_equals_folding_the_mean_into_the_bias(model, data):
+    """Independent: record the projection inputs, average per head over real tokens, and
+    replace head h by zeroing its weight slice and adding W[:, slice] @ mean to the bias."""
+    seen = {l: [] for l in range(2)}
+    handles = [model.blocks[l].attn.proj.register_forward_pre_hook(lambda _m, a, l=l: seen[l].append(a[0]))
+               for l in range(2)]
+    with torch.no_grad():
+        model(**data)
+    for h in handles:
+        h.remove()
+    real = data["attention_mask"].bool()
+    result = ablate_heads(model, data, task="lm", method="mean", batch_size=4, progress=False, attention=False)
+    batches = [({k: v[i:i + 4] for k, v in data.items()}, None) for i in range(0, N, 4)]
+    base_acc, base_loss = evaluate(model, batches, "lm")
+    for l in range(2):
+        mean = seen[l][0][real].mean(0).view(H, D)  # [H, D] over real tokens of every example
+        proj = model.blocks[l].attn.proj
+        for h in range(H):
+            bias = proj.bias.detach().clone()
+            with torch.no_grad():
+                proj.bias += proj.weight[:, h * D:(h + 1) * D] @ mean[h]
+            try:
+                acc, loss = with_head_weights_zeroed(proj.weight, 1, h, D, lambda: evaluate(model, batches, "lm"))
+            finally:
+                with torch.no_grad():
+                    proj.bias.copy_(bias)
+            got = result.head(l, h)
+            assert got.delta_loss == pytest.approx(loss - base_loss, abs=1e-5)
+            assert got.delta_accuracy == pytest.approx(acc - base_acc, abs=1e-9)
+
+
+def test_grad_importance_matches_finite_differences(model, data):
+    """d loss_b / d xi_h by central differences on the head's weight slice (scaling the slice
+    by 1 + e is exactly gate 1 + e), in float64; then Michel's E|.| and the per-layer norm."""
+    model = model.double()
+    result = ablate_heads(model, data, task="lm", batch_size=N, progress=False, attention=False)
+    targets = targets_for("lm", data, None)
+
+    def per_example(factor, l, h):
+        w = model.blocks[l].attn.proj.weight
+        saved = w.detach().clone()
+        with torch.no_grad():
+            w[:, h * D:(h + 1) * D] *= factor
+            logits = model(**data)  # [N, T, V] float64
+            w.copy_(saved)
+        valid = targets != -100
+        ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets.clamp_min(0), reduction="none")
+        return (ce * valid).sum(1) / valid.sum(1)  # [N] mean loss per example
+
+    eps = 1e-5
+    raw = np.zeros((2, H))
+    for l in range(2):
+        for h in range(H):
+            g = (per_example(1 + eps, l, h) - per_example(1 - eps, l, h)) / (2 * eps)  # [N]
+            raw[l, h] = float(g.abs().mean())
+            assert result.head(l, h).grad_importance_raw == pytest.approx(raw[l, h], rel=1e-4)
+        norm = raw[l] / np.linalg.norm(raw[l])
+        for h in range(H):
+            assert result.head(l, h).grad_importance == pytest.approx(norm[h], rel=1e-4)
+
+
+def test_fast_verifies_only_the_top_heads(model, data):
+    full = ablate_heads(model, data, task="lm", progress=False, attention=False)
+    fast = ablate_heads(model, data, task="lm", progress=False, attention=False, fast=True, top=3)
+    by_grad = sorted(full.heads, key=lambda h: -h.grad_importance_raw)[:3]
+    assert {(h.layer, h.head) for h in fast.heads if h.verified} == {(h.layer, h.head) for h in by_grad}
+    for h in fast.heads:
+        ref = full.head(h.layer, h.head)
+        assert h.grad_importance_raw == pytest.approx(ref.grad_importance_raw, rel=1e-6)
+        if h.verified:
+            assert h.delta_loss == pytest.approx(ref.delta_loss, abs=1e-6)
+            assert h.kl == pytest.approx(ref.kl, abs=1e-7)
+        else:
+            assert h.delta_loss is None and h.p_value is None
+    assert fast.fast["spearman_vs_exact"]["n"] == 3
+    assert full.correlations["fast_vs_exact"]["n"] == 2 * H
+    assert fast.significance["n_tested"] == 3
+    assert fast.timing["examples_forwarded"] < full.timing["examples_forwarded"]
+    ranked = fast.ranked()
+    assert [h.verified for h in ranked] == [True] * 3 + [False] * (2 * H - 3)
+    rest = [h.grad_importance_raw for h in ranked[3:]]
+    assert rest == sorted(rest, reverse=True)
+    verified = [h.delta_loss for h in ranked[:3]]
+    assert verified == sorted(verified, reverse=True)
+    none = ablate_heads(model, data, task="lm", progress=False, attention=False, fast=True, top=0)
+    assert not any(h.verified for h in none.heads)
+
+
+def test_token_classification_ignores_minus_100(model, data):
+    labels = torch.randint(0, V, (N, T), generator=torch.Generator().manual_seed(5))
+    labels[data["attention_mask"] == 0] = -100
+    labels[:, 0] = -100
+    pairs = [({k: v[i:i + 4] for k, v in data.items()}, labels[i:i + 4]) for i in range(0, N, 4)]
+    result = ablate_heads(model, pairs, task="classification", progress=False, attention=False)
+    assert result.n_units == int((labels != -100).sum())
+    base_acc, base_loss = evaluate(model, pairs, "classification")
+    assert result.baseline["loss"] == pytest.approx(base_loss, abs=1e-6)
+    acc, loss = with_head_weights_zeroed(model.blocks[1].attn.proj.weight, 1, 2, D,
+                                         lambda: evaluate(model, pairs, "classification"))
+    assert result.head(1, 2).delta_loss == pytest.approx(loss - base_loss, abs=1e-5)
+
+
+def test_kl_is_clean_against_ablated_per_scored_unit(model, data):
+    result = ablate_heads(model, data, task="lm", progress=False, attention=False)
+    targets = targets_for("lm", data, None)
+    valid = targets != -100
+    with torch.no_grad():
+        p = torch.log_softmax(model(**data), -1)[valid]  # [U, V]
+        w = model.blocks[0].attn.proj.weight
+        q = with_head_weights_zeroed(w, 1, 1, D, lambda: torch.log_softmax(model(**data), -1)[valid])
+    kl = float((p.exp() * (p - q)).sum(-1).mean())
+    assert result.head(0, 1).kl == pytest.approx(kl, rel=1e-4)
+
+
+def test_json_and_frame(model, data):
+    result = ablate_heads(model, data, task="lm", progress=False, keep=2)
+    out = json.loads(json.dumps(result.to_json(), allow_nan=False))
+    assert out["schema"] == SCHEMA
+    for key in ("model", "task", "method", "n_examples", "baseline", "heads", "correlations", "flags", "timing"):
+        assert key in out
+    assert out["model"] == {"family": "reference", "n_layers": 2, "n_heads": H, "class": "Transformer"}
+    assert set(out["timing"]) >= {"seconds", "forward_passes"}
+    head = out["heads"][0]
+    for key in ("layer", "head", "accuracy", "delta_accuracy", "delta_accuracy_ci", "p_value", "loss", "delta_loss",
+                "kl", "grad_importance", "attention"):
+        assert key in head
+    assert set(head["attention"]) == set(ATTENTION_STATS)
+    assert all(v is not None for v in head["attention"].values())
+    for stat in ATTENTION_STATS:
+        assert set(out["correlations"][stat]) == {"rho", "p_value", "n"}
+    assert len(out["examples"]) == 2
+    ex = out["examples"][0]
+    real = int(data["attention_mask"][0].sum())
+    assert len(ex["tokens"]) == real and len(ex["attention"]) == 2
+    assert np.array(ex["attention"][1]).shape == (H, real, real)
+    assert np.allclose(np.array(ex["attention"][0]).sum(-1), 1, atol=1e-3)
+    frame = result.to_frame()
+    assert len(frame) == 2 * H and {"delta_accuracy", "ci_low", "attn_entropy"} <= set(frame.columns)
+
+
+def test_bad_settings_and_default_task(model, data):
+    with pytest.raises(ConfigError):
+        ablate_heads(model, data, task="regression", progress=False)
+    with pytest.raises(ConfigError):
+        ablate_heads(model, data, method="resample", progress=False)
+    assert default_task(model, data) == "lm"
+    assert default_task(model, {**data, "labels": torch.zeros(N, dtype=torch.long)}) == "classification"
+    model.diagnose_meta = {"task": "classification"}
+    assert default_task(model, data) == "classification"
+
+
+def test_fast_recomputes_clean_passes_when_they_do_not_fit(model, data, monkeypatch):
+    from diagnose.ablation import engine
+
+    kept = ablate_heads(model, data, task="lm", batch_size=3, progress=False, attention=False, fast=True, top=3)
+    monkeypatch.setattr(engine, "KEEP_BYTES", 0)
+    redone = ablate_heads(model, data, task="lm", batch_size=3, progress=False, attention=False, fast=True, top=3)
+    assert redone.timing["forward_passes"] > kept.timing["forward_passes"]
+    for a, b in zip(kept.heads, redone.heads):
+        assert a.verified == b.verified
+        if a.verified:
+            assert a.delta_loss == pytest.approx(b.delta_loss, abs=1e-7) and a.kl == pytest.approx(b.kl, abs=1e-8)

@@ -1,0 +1,201 @@
+"""Every model family: each head's delta accuracy and delta loss equal those of the same
+model with that head's slice of the output-projection weights zeroed (computed here, without
+the gate), under zero ablation, with the unchanged-prefix replay on and off."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from diagnose.ablation import ablate_heads
+from diagnose.zoo import ModelConfig, Transformer
+
+from .helpers import assert_untouched, evaluate, snapshot, with_head_weights_zeroed
+
+transformers = pytest.importorskip("transformers")
+V, T, N = 40, 8, 12
+
+
+def _ids(n=N, t=T, v=V, seed=1):
+    return torch.randint(1, v, (n, t), generator=torch.Generator().manual_seed(seed))  # [N, T]
+
+
+def _mask(n=N, t=T):
+    mask = torch.ones(n, t, dtype=torch.long)  # [N, T]
+    mask[1::3, t - 3:] = 0  # right padding on every third example
+    return mask
+
+
+# ---- custom models ----------------------------------------------------------------------------
+
+class NanoAttention(nn.Module):
+    def __init__(self, C, H, fused):
+        super().__init__()
+        self.c_attn, self.c_proj, self.n_head, self.fused = nn.Linear(C, 3 * C), nn.Linear(C, C), H, fused
+
+    def forward(self, x):
+        B, T_, C = x.shape
+        q, k, v = (t.view(B, T_, self.n_head, -1).transpose(1, 2) for t in self.c_attn(x).split(C, 2))  # [B, H, T, D]
+        if self.fused:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(k.shape[-1])
+            att = att.masked_fill(torch.ones(T_, T_).triu(1).bool(), float("-inf"))
+            y = F.softmax(att, dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).reshape(B, T_, C))
+
+
+class NanoBlock(nn.Module):
+    def __init__(self, C, H, fused):
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(C), NanoAttention(C, H, fused), nn.LayerNorm(C)
+        self.mlp = nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(), nn.Linear(4 * C, C))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class NanoGPT(nn.Module):
+    def __init__(self, fused, C=24, H=3, L=2):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(16, C)
+        self.h = nn.ModuleList(NanoBlock(C, H, fused) for _ in range(L))
+        self.lm_head = nn.Linear(C, V)
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for b in self.h:
+            x = b(x)
+        return self.lm_head(x)
+
+
+class EncoderClassifier(nn.Module):
+    """nn.TransformerEncoder (fast path in eval) under an embedding and a pooled classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, 16)
+        layer = nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, input_ids, attention_mask):
+        x = self.encoder(self.emb(input_ids), src_key_padding_mask=attention_mask == 0)  # [B, T, 16]
+        w = attention_mask[:, :, None].float()
+        return self.head((x * w).sum(1) / w.sum(1))  # [B, 3]
+
+
+# ---- the families: (build, data, task, weight_of(model, layer) -> (weight, dim holding inputs)) ----
+
+def _lm_data(mask=True):
+    ids = _ids()
+    return {"input_ids": ids, "attention_mask": _mask()} if mask else {"input_ids": ids}
+
+
+def _cls_data(n_classes=3):
+    return {"input_ids": _ids(), "attention_mask": _mask(),
+            "labels": torch.randint(0, n_classes, (N,), generator=torch.Generator().manual_seed(2))}
+
+
+def _hf(cls, cfg, impl):
+    torch.manual_seed(0)
+    cfg._attn_implementation = impl
+    cfg.initializer_range = 0.2  # large enough weights that every head visibly matters
+    return getattr(transformers, cls)(cfg).eval()
+
+
+def _gpt2(impl):
+    return _hf("GPT2LMHeadModel", transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=V,
+                                                          n_positions=16, bos_token_id=0, eos_token_id=0), impl)
+
+
+def _bert(impl):
+    return _hf("BertForSequenceClassification", transformers.BertConfig(
+        num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64, vocab_size=V,
+        max_position_embeddings=16, num_labels=3), impl)
+
+
+def _llama(impl):
+    return _hf("LlamaForCausalLM", transformers.LlamaConfig(
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32, intermediate_size=64,
+        vocab_size=V, max_position_embeddings=16, bos_token_id=0, eos_token_id=0, pad_token_id=0), impl)
+
+
+def _reference():
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(kind="lm", vocab_size=V, max_len=16, n_layers=2, n_heads=4, d_model=32)).eval()
+
+
+def _bridge(tmp_path_factory):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    folder = tmp_path_factory.mktemp("tl") / "gpt2"
+    _gpt2("eager").save_pretrained(folder)
+    return TransformerBridge.boot_transformers(str(folder), device="cpu").eval()
+
+
+def _linear(attr):
+    return lambda model, l: (attr(model, l).weight, 1)
+
+
+FAMILIES = {
+    "reference": (lambda _: _reference(), _lm_data, "lm", _linear(lambda m, l: m.blocks[l].attn.proj), 8),
+    "torch-mha": (lambda _: (torch.manual_seed(0), EncoderClassifier().eval())[1], _cls_data, "classification",
+                  _linear(lambda m, l: m.encoder.layers[l].self_attn.out_proj), 4),
+    "gpt2-eager": (lambda _: _gpt2("eager"), _lm_data, "lm",
+                   lambda m, l: (m.transformer.h[l].attn.c_proj.weight, 0), 8),  # Conv1D: [in, out]
+    "gpt2-sdpa": (lambda _: _gpt2("sdpa"), _lm_data, "lm", lambda m, l: (m.transformer.h[l].attn.c_proj.weight, 0), 8),
+    "bert-eager": (lambda _: _bert("eager"), _cls_data, "classification",
+                   _linear(lambda m, l: m.bert.encoder.layer[l].attention.output.dense), 8),
+    "bert-sdpa": (lambda _: _bert("sdpa"), _cls_data, "classification",
+                  _linear(lambda m, l: m.bert.encoder.layer[l].attention.output.dense), 8),
+    "llama-eager": (lambda _: _llama("eager"), _lm_data, "lm",
+                    _linear(lambda m, l: m.model.layers[l].self_attn.o_proj), 8),
+    "llama-sdpa": (lambda _: _llama("sdpa"), _lm_data, "lm",
+                   _linear(lambda m, l: m.model.layers[l].self_attn.o_proj), 8),
+    "nanogpt-softmax": (lambda _: (torch.manual_seed(0), NanoGPT(False).eval())[1], lambda: _lm_data(False), "lm",
+                        _linear(lambda m, l: m.h[l].attn.c_proj), 8),
+    "nanogpt-sdpa": (lambda _: (torch.manual_seed(0), NanoGPT(True).eval())[1], lambda: _lm_data(False), "lm",
+                     _linear(lambda m, l: m.h[l].attn.c_proj), 8),
+    "tl-bridge": (_bridge, lambda: _lm_data(False), "lm",
+                  lambda m, l: (m.blocks[l].attn.o.original_component.weight, 0), 8),
+}
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_delta_equals_weight_zeroing(family, reuse, tmp_path_factory):
+    if family == "tl-bridge":
+        pytest.importorskip("transformer_lens")
+    build, make_data, task, weight_of, head_dim = FAMILIES[family]
+    model, data = build(tmp_path_factory), make_data()
+    if list(data) == ["input_ids"]:  # models whose forward takes the ids positionally: a Tensor per batch
+        batches = [(data["input_ids"][i:i + 5], None) for i in range(0, N, 5)]
+    else:
+        batches = [({k: v[i:i + 5] for k, v in data.items() if k != "labels"},
+                    data["labels"][i:i + 5] if "labels" in data else None) for i in range(0, N, 5)]
+    evaluate(model, batches[:1], task)  # TransformerLens registers its own hooks on the first forward
+    before = snapshot(model)
+    result = ablate_heads(model, batches if list(data) == ["input_ids"] else data, task=task, batch_size=5,
+                          progress=False, attention=False, reuse=reuse)
+    assert_untouched(model, before)
+    assert result.timing["prefix_reuse"] is reuse
+
+    base_acc, base_loss = evaluate(model, batches, task)
+    assert result.baseline["accuracy"] == pytest.approx(base_acc, abs=1e-9)
+    assert result.baseline["loss"] == pytest.approx(base_loss, abs=1e-5)
+    n_layers = result.model["n_layers"]
+    assert len(result.heads) == n_layers * result.model["n_heads"]
+    for h in result.heads:
+        weight, dim = weight_of(model, h.layer)
+        acc, loss = with_head_weights_zeroed(weight, dim, h.head, head_dim, lambda: evaluate(model, batches, task))
+        assert h.delta_accuracy == pytest.approx(acc - base_acc, abs=1e-9), (h.layer, h.head)
+        assert h.delta_loss == pytest.approx(loss - base_loss, abs=1e-5), (h.layer, h.head)
+    moved = sum(abs(h.delta_loss) > 1e-4 for h in result.heads)
+    assert moved >= len(result.heads) // 2, "ablations changed (almost) nothing: the gate missed"
+    assert_untouched(model, before)
