@@ -35,14 +35,25 @@ def cli() -> None:
     diagnose stats RUN_DIR                          training health from a TrainingMonitor run
     diagnose report SOURCES... -o report.html       one self-contained HTML report
     diagnose check MODEL                            wiring bugs: masks, scaling, positions
+    diagnose info MODEL [--data DATA]               does my file load, does my data fit it
     """
 
 
 def _register() -> None:
     # Imported here so that `diagnose --help` stays fast and each command stays in its file.
     from . import demo
+    from . import stats
+    from . import info
+    from . import report
+    from . import heads
+    from . import check
 
     cli.add_command(demo.demo)
+    cli.add_command(stats.stats)
+    cli.add_command(info.info)
+    cli.add_command(report.report)
+    cli.add_command(heads.heads)
+    cli.add_command(check.check)
 
 
 _register()
