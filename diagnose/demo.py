@@ -1,19 +1,26 @@
-"""`diagnose demo`: train the reference model on the synthetic tasks and save everything a
-user needs to try the other commands (checkpoint + evaluation data per task) under one folder.
+"""`diagnose demo`: everything diagnose does, on models it trains itself in a few minutes.
+
+1. trains the reference model on the three synthetic tasks under TrainingMonitor and saves
+   each checkpoint with its evaluation data (out/<task>/model.pt, eval.pt, runs/<task>);
+2. ablates every head of each (out/<task>/heads.json) and checks its wiring (checks.json);
+3. trains the lesson pairs (diagnose.lessons) and measures what each switch does (lessons.json);
+4. writes one self-contained report of all of it (out/report.html).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import torch
-
+from .ablation import ablate_heads
+from .checks import check_model
 from .io.checkpoint import save_checkpoint
 from .io.data import save_tensors
-from .zoo import ModelConfig, TrainConfig, Transformer, induction, order, padded_majority, train
+from .lessons import Variant, markdown_table, run_lessons, train_variant
+from .zoo import ModelConfig, TaskData, TrainConfig
 
 
 @dataclass
@@ -22,6 +29,9 @@ class DemoModel:
     task: str
     checkpoint: Path
     data: Path
+    heads: Path
+    checks: Path
+    run_dir: Path
     accuracy: float
     loss: float
     seconds: float
@@ -31,40 +41,70 @@ class DemoModel:
 class DemoResult:
     out_dir: Path
     models: list[DemoModel] = field(default_factory=list)
+    lessons: Path | None = None
+    report: Path | None = None
+    seconds: float = 0.0
 
 
-def demo_specs():
-    """(name, data, model config, train config) for each demo model."""
+def demo_variants(quick: bool = False) -> list[Variant]:
+    """The three main demo models: one per synthetic task."""
+    k = 0.3 if quick else 1.0
     return [
-        ("induction", induction(n=4096, half=10, vocab_size=24),
-         ModelConfig(kind="lm", vocab_size=24, max_len=32, n_layers=2, n_heads=4, d_model=64),
-         TrainConfig(steps=600, lr=3e-3, batch_size=64, warmup=50)),
-        ("order", order(n=4096, length=8, vocab_size=16),
-         ModelConfig(kind="classifier", vocab_size=16, max_len=8, n_layers=2, n_heads=4, d_model=64),
-         TrainConfig(steps=400, lr=3e-3, batch_size=64, warmup=50)),
-        ("padding", padded_majority(n=4096, max_len=16, vocab_size=8),
-         ModelConfig(kind="classifier", vocab_size=8, max_len=16, n_layers=2, n_heads=4, d_model=64),
-         TrainConfig(steps=400, lr=3e-3, batch_size=64, warmup=50)),
+        # two heads a layer: enough for the circuit (previous-token head, induction head) and
+        # few enough that single-head ablation can see it; with four, copies cover for each other
+        Variant("induction", "induction",
+                ModelConfig(kind="lm", vocab_size=24, max_len=32, n_layers=2, n_heads=2, d_model=64),
+                TrainConfig(steps=int(600 * k), lr=3e-3, batch_size=64, warmup=50)),
+        Variant("order", "order",
+                ModelConfig(kind="classifier", vocab_size=16, max_len=8, n_layers=2, n_heads=4, d_model=64),
+                TrainConfig(steps=int(400 * k), lr=3e-3, batch_size=64, warmup=50)),
+        Variant("padding", "padding",
+                ModelConfig(kind="classifier", vocab_size=8, max_len=16, n_layers=2, n_heads=4, d_model=64),
+                TrainConfig(steps=int(400 * k), lr=3e-3, batch_size=64, warmup=50)),
     ]
 
 
-def run_demo(out_dir: str | Path = "demo-out", *, log: Callable[[str], None] = print) -> DemoResult:
-    """Train each demo model, evaluate it on held-out data, and save both under out_dir/<task>/."""
+def _write_json(obj: dict, path: Path) -> Path:
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def run_demo(out_dir: str | Path = "demo-out", *, quick: bool = False, lessons: bool = True,
+             report: bool = True, log: Callable[[str], None] = print) -> DemoResult:
+    """Train, analyse and report on the demo models under out_dir; returns where everything is."""
+    from . import write_report
+
+    start = time.perf_counter()
     out = Path(out_dir)
     result = DemoResult(out)
-    for name, data, mcfg, tcfg in demo_specs():
-        train_data, eval_data = data.split(len(data) - 512)
-        torch.manual_seed(tcfg.seed)
-        model = Transformer(mcfg)
-        start = time.perf_counter()
-        res = train(model, train_data, tcfg, eval_data=eval_data)
-        folder = out / name
-        ckpt = save_checkpoint(model, folder / "model.pt", meta={"task": data.task, "dataset": name,
-                                                                 "description": data.description})
-        data_file = save_tensors(eval_data.tensors(), folder / "eval.pt")
-        item = DemoModel(name, data.task, ckpt, data_file, res.eval_accuracy, res.eval_loss,
-                         time.perf_counter() - start)
+    cache: dict[str, TaskData] = {}
+    log("Training the demo models (reference Transformer on synthetic tasks) ...")
+    for v in demo_variants(quick):
+        t0 = time.perf_counter()
+        t = train_variant(v, out / "runs", cache)
+        folder = out / v.name
+        data = cache[v.task]
+        ckpt = save_checkpoint(t.model, folder / "model.pt",
+                               meta={"task": data.task, "dataset": v.task, "description": data.description})
+        data_file = save_tensors(t.eval_data.tensors(), folder / "eval.pt")
+        heads = ablate_heads(t.model, t.eval_data.tensors(), task=data.task, progress=False)
+        heads_file = _write_json(heads.to_json(), folder / "heads.json")
+        checks_file = _write_json(check_model(t.model, t.eval_data.tensors()).to_json(), folder / "checks.json")
+        item = DemoModel(v.name, data.task, ckpt, data_file, heads_file, checks_file, t.run_dir,
+                         t.accuracy, t.loss, time.perf_counter() - t0)
         result.models.append(item)
-        log(f"{name:10s} accuracy {item.accuracy:.3f}  loss {item.loss:.3f}  ({item.seconds:.0f} s)  "
-            f"-> {ckpt}, {data_file}")
+        log(f"  {v.name:10s} accuracy {item.accuracy:.3f}  loss {item.loss:.3f}  ({item.seconds:.0f} s)")
+    if lessons:
+        log("Training the lesson pairs (one switch changed per pair) ...")
+        result.lessons = run_lessons(out, quick=quick, log=log)
+        log(markdown_table(json.loads(result.lessons.read_text())))
+    if report:
+        sources = [m.heads for m in result.models] + [m.checks for m in result.models]
+        sources += [m.run_dir for m in result.models]
+        if result.lessons is not None:
+            sources.append(result.lessons)
+        result.report = write_report(sources, out / "report.html", title="diagnose demo")
+    result.seconds = time.perf_counter() - start
     return result

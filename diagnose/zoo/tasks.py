@@ -33,8 +33,10 @@ class TaskData:
         """First n_first examples and the rest, e.g. train / eval."""
 
         def part(sl: slice) -> "TaskData":
+            meta = {k: v[sl] if isinstance(v, torch.Tensor) and v.dim() and len(v) == len(self) else v
+                    for k, v in self.meta.items()}  # per-example entries are split too
             return TaskData(self.name, self.task, self.input_ids[sl], self.attention_mask[sl], self.labels[sl],
-                            self.vocab_size, self.n_classes, self.description, dict(self.meta))
+                            self.vocab_size, self.n_classes, self.description, meta)
 
         return part(slice(0, n_first)), part(slice(n_first, None))
 
@@ -43,24 +45,33 @@ class TaskData:
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "labels": self.labels}
 
 
-def induction(n: int = 2048, half: int = 12, vocab_size: int = 32, seed: int = 0) -> TaskData:
-    """[BOS, r_1..r_k, r_1..r_k]: the second half is predictable only by copying.
+def induction(n: int = 2048, length: int = 24, vocab_size: int = 24, min_period: int = 4,
+              max_period: int = 10, seed: int = 0) -> TaskData:
+    """[BOS, s_1..s_d, s_1..s_d, s_1..]: a random segment of d distinct tokens repeated up to
+    `length` tokens, with the period d drawn per example from [min_period, max_period].
 
-    Token 0 is BOS. Labels are the next token, but only where it is predictable: predicting
-    r_{i+1} at the second copy of r_i (the induction mechanism: a previous-token head in
-    one layer, an induction head after it). Everything else is -100.
+    From the second period on, the next token is predictable only by copying: find the
+    previous occurrence of the current token and predict the token that followed it (an
+    induction head in layer 1, reading a previous-token head in layer 0). Because the period
+    varies, no fixed positional offset leads to the answer. Token 0 is BOS; labels are the
+    next token where it is predictable, -100 elsewhere; meta["periods"] holds each d.
     """
+    if not 1 <= min_period <= max_period < vocab_size:
+        raise ValueError("need 1 <= min_period <= max_period < vocab_size")
     g = torch.Generator().manual_seed(seed)
-    rand = torch.randint(1, vocab_size, (n, half), generator=g)  # [N, k]
-    ids = torch.cat([torch.zeros(n, 1, dtype=torch.long), rand, rand], dim=1)  # [N, 2k+1]
+    periods = torch.randint(min_period, max_period + 1, (n,), generator=g)  # [N]
+    segments = torch.rand(n, vocab_size - 1, generator=g).argsort(dim=1)[:, :max_period] + 1  # [N, max_period], distinct
+    pos = torch.arange(length)[None, :]  # token j (1-based) is segment[(j - 1) % d]
+    body = segments.gather(1, pos % periods[:, None])  # [N, length]
+    ids = torch.cat([torch.zeros(n, 1, dtype=torch.long), body], dim=1)  # [N, length + 1]
     labels = torch.full_like(ids, IGNORE)
-    # the second copy of r_i sits at p = k + i; from there r_{i+1} = ids[:, p + 1] is predictable
-    second_start = 1 + half
-    for p in range(second_start, 2 * half):
-        labels[:, p] = ids[:, p + 1]
+    j = torch.arange(length)[None, :]  # predict ids[:, j + 1] from position j
+    predictable = j >= periods[:, None] + 1  # the current token has occurred before
+    labels[:, :length][predictable] = ids[:, 1:][predictable]
     return TaskData("induction", "lm", ids, torch.ones_like(ids), labels, vocab_size,
-                    description="random tokens repeated once; second half predictable only by copying",
-                    meta={"half": half, "bos": 0})
+                    description="a random segment repeated with a random period; later tokens "
+                                "predictable only by copying (induction)",
+                    meta={"periods": periods, "bos": 0})
 
 
 def order(n: int = 4096, length: int = 8, vocab_size: int = 16, seed: int = 0) -> TaskData:

@@ -59,7 +59,7 @@ SCENARIOS = [
 def run_scenario(sc: Scenario, run_dir, attention_every: int = 5) -> list[dict]:
     torch.manual_seed(0)
     model = Transformer(ModelConfig(**sc.model))
-    data = induction(n=512, half=12, vocab_size=32)
+    data = induction(n=512, length=24, vocab_size=32, min_period=12, max_period=12)  # fixed period: sharp attention
     cfg = TrainConfig(batch_size=32, **sc.train)
     step = [0]  # the training step of the forward running now (train() does one forward per step)
     handles = []

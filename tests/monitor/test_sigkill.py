@@ -29,7 +29,7 @@ TRAIN = textwrap.dedent("""
         mon.step(loss, optimizer=opt, step=step)
         print(step, flush=True)  # this step's record is already flushed
 
-    train(model, induction(n=256, half=8), TrainConfig(steps=100000, batch_size=8), on_backward=on_backward)
+    train(model, induction(n=256, length=16), TrainConfig(steps=100000, batch_size=8), on_backward=on_backward)
 """)
 
 

@@ -45,7 +45,7 @@ def real(tmp_path_factory):
     from diagnose.zoo import ModelConfig, TrainConfig, Transformer, induction, train
 
     d = tmp_path_factory.mktemp("real")
-    train_d, eval_d = induction(n=320, half=6, vocab_size=16).split(256)
+    train_d, eval_d = induction(n=320, length=12, vocab_size=16).split(256)
     model = Transformer(ModelConfig(kind="lm", vocab_size=16, max_len=16, n_layers=2, n_heads=2, d_model=32))
     with TrainingMonitor(model, d / "run", attention_every=5, echo=False) as mon:
         train(model, train_d, TrainConfig(steps=40, batch_size=32, warmup=5),

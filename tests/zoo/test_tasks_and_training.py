@@ -15,14 +15,20 @@ def test_tasks_are_deterministic_from_seed():
         assert not torch.equal(a.input_ids, c.input_ids)
 
 
-def test_induction_second_half_copies_first():
-    d = induction(n=16, half=5)
-    ids = d.input_ids
-    assert torch.equal(ids[:, 1:6], ids[:, 6:11]) and (ids[:, 0] == 0).all()
-    scored = d.labels != -100
-    p = scored.nonzero()[:, 1]
-    assert torch.equal(d.labels[scored], ids[torch.arange(16).repeat_interleave(4), p + 1])
-    assert set(p.tolist()) == {6, 7, 8, 9}
+def test_induction_repeats_a_segment_with_a_random_period():
+    d = induction(n=64, length=20, min_period=3, max_period=7)
+    ids, periods = d.input_ids, d.meta["periods"]
+    assert (ids[:, 0] == 0).all() and len(set(periods.tolist())) > 2
+    for i in range(64):
+        p = int(periods[i])
+        body = ids[i, 1:]
+        assert torch.equal(body[p:], body[:-p])  # a repeat with period p
+        assert len(set(body[:p].tolist())) == p  # distinct tokens: one previous occurrence each
+        scored = (d.labels[i] != -100).nonzero().flatten()
+        assert scored.tolist() == list(range(p + 1, 20))  # from the second occurrence on
+        assert torch.equal(d.labels[i, scored], ids[i, scored + 1])
+    tr, ev = d.split(50)
+    assert torch.equal(ev.meta["periods"], periods[50:])
 
 
 def test_order_task_is_invisible_to_a_permutation_invariant_reader():

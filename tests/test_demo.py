@@ -1,0 +1,43 @@
+"""The demo end to end (quick mode) and one lesson pair, measured by diagnose itself."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from diagnose.cli.main import cli
+from diagnose.lessons import markdown_table, run_lessons
+
+
+@pytest.mark.slow
+def test_quick_demo_writes_models_analyses_and_report(tmp_path):
+    out = tmp_path / "demo"
+    res = CliRunner().invoke(cli, ["demo", "--out", str(out), "--quick", "--no-lessons"])
+    assert res.exit_code == 0, res.output
+    for task in ("induction", "order", "padding"):
+        for name in ("model.pt", "eval.pt", "heads.json", "checks.json"):
+            assert (out / task / name).is_file(), (task, name)
+        assert (out / "runs" / task / "metrics.jsonl").is_file()
+        heads = json.loads((out / task / "heads.json").read_text())
+        m = heads["model"]
+        assert heads["schema"] == "diagnose.heads/1" and len(heads["heads"]) == m["n_layers"] * m["n_heads"]
+    assert (out / "report.html").stat().st_size > 10_000
+    assert str((out / "report.html").resolve()) in res.output
+    # the files the demo wrote are what the other commands take
+    res = CliRunner().invoke(cli, ["check", str(out / "order" / "model.pt")])
+    assert res.exit_code == 0, res.output
+
+
+@pytest.mark.slow
+def test_positions_lesson_is_measured(tmp_path):
+    path = run_lessons(tmp_path, quick=True, only=["positions"], log=lambda _: None)
+    data = json.loads(path.read_text())
+    assert data["schema"] == "diagnose.lessons/1" and [les["key"] for les in data["lessons"]] == ["positions"]
+    rows = {r["metric"]: r for r in data["lessons"][0]["rows"]}
+    acc = rows["eval accuracy (order task)"]
+    assert acc["a"] > 0.9 and acc["b"] < 0.65  # without positions the order task is at chance
+    assert rows["diagnose check: positions"]["a"] == "passes"
+    assert "positional" in rows["diagnose check: positions"]["b"].lower()
+    assert "| Positional information" in markdown_table(data)
