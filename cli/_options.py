@@ -46,3 +46,9 @@ def attention_options(fn: Callable) -> Callable:
     return click.option("--attention-module", "attention_module", metavar="NAME", default=None,
                         help="Glob over qualified module names of the attention layers, "
                              "e.g. 'encoder.layers.*.attn' (for models diagnose cannot recognise).")(fn)
+
+
+def html_option(f):
+    """--html FILE: also write the self-contained HTML report of this command's result."""
+    return click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=str), default=None,
+                        help="Also write a self-contained HTML report here (as `diagnose report` would).")(f)

@@ -12,7 +12,7 @@ from diagnose.io import load_data_for, load_model, probe
 from diagnose.objectives import TASKS
 from diagnose.sites import find_heads
 
-from ._options import attention_options, data_option, max_length_option, model_options
+from ._options import attention_options, data_option, html_option, max_length_option, model_options
 
 
 @click.command()
@@ -31,9 +31,11 @@ from ._options import attention_options, data_option, max_length_option, model_o
 @click.option("--fast", is_flag=True, default=False,
               help="Rank heads by gradient importance; ablate only the --top ones exactly.")
 @click.option("--top", type=click.IntRange(min=0), default=None, help="Heads to verify with --fast (default 5).")
+@html_option
 def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
           max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
-          method: str, json_path: str | None, batch_size: int | None, fast: bool, top: int | None) -> None:
+          method: str, json_path: str | None, batch_size: int | None, fast: bool, top: int | None,
+          html_path: str | None) -> None:
     """Remove each attention head in turn and measure what the model loses.
 
     Prints every head ranked by its effect: change in accuracy with 95 % CI and
@@ -43,6 +45,7 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
 
     \b
     Example: diagnose heads demo-out/induction/model.pt --data demo-out/induction/eval.pt --json heads.json
+             diagnose heads model.pt --data eval.pt --html heads.html
     """
     net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
     ds = load_data_for(net, data, max_length=max_length)
@@ -53,6 +56,10 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     if json_path:
         result.save(json_path)
     _print(result, json_path)
+    if html_path:
+        from diagnose.reports import write_report
+
+        click.echo(f"report: {write_report([result], html_path)}")
 
 
 def _print(result, json_path: str | None) -> None:

@@ -10,6 +10,8 @@ from diagnose.monitor.follow import follow as follow_run
 from diagnose.monitor.runfolder import read_run
 from diagnose.monitor.summary import render, summarize
 
+from ._options import html_option
+
 
 def _step_line(rec: dict) -> str:
     return f"step {rec.get('step')}  loss {rec.get('loss')!s:.8}  grad norm {rec.get('grad_norm')!s:.8}  lr {rec.get('lr')}"
@@ -21,10 +23,13 @@ def _step_line(rec: dict) -> str:
 @click.option("--tensorboard", "tb_dir", type=click.Path(file_okay=False), default=None,
               help="Also export the run's scalars to this TensorBoard log folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
-def stats(run_dir: str, follow_: bool, tb_dir: str | None, as_json: bool) -> None:
+@html_option
+def stats(run_dir: str, follow_: bool, tb_dir: str | None, as_json: bool, html_path: str | None) -> None:
     """Summarise a run folder: loss, grad norms and activations through depth, attention entropy, alerts.
 
+    \b
     Example: diagnose stats runs/exp1 --follow
+             diagnose stats runs/exp1 --html run.html
     """
     from rich.console import Console
 
@@ -49,3 +54,9 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, as_json: bool) -> Non
         click.echo(json.dumps(summary, indent=1))
     else:
         render(summary, console)
+    if html_path:
+        from diagnose.reports import write_report
+
+        path = write_report([run], html_path)
+        if not as_json:
+            console.print(f"report: {path}")

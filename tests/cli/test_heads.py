@@ -138,3 +138,10 @@ def test_hf_folder_with_text_data_keeps_token_strings(tmp_path):
     assert data["task"] == "classification" and data["model"]["family"].startswith("hf")
     assert data["examples"][0]["tokens"] == ["the", "cat", "sat"] and data["examples"][1]["tokens"] == ["dog"]
     assert len(data["examples"][1]["attention"][0][0]) == 1  # padding trimmed: a 1 x 1 map per head
+
+
+def test_html_shortcut_writes_the_report(files):
+    result = _run("lm.pt", "--data", "lm_data.pt", "--html", "out/heads.html", "--batch-size", "8")
+    assert result.exit_code == 0, result.output
+    html = (files / "out" / "heads.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and 'id="heads"' in html and "http://" not in html

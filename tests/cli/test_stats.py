@@ -100,3 +100,11 @@ def test_bad_folder_is_one_line_exit_2(tmp_path, setup, message):
     assert result.exit_code == 2
     assert message in result.output and len(result.output.strip().splitlines()) == 1
     assert "Traceback" not in result.output
+
+
+def test_html_shortcut_writes_the_report(run_dir, tmp_path):
+    out = tmp_path / "run.html"
+    result = CliRunner().invoke(cli, ["stats", str(run_dir), "--html", str(out)])
+    assert result.exit_code == 0, result.output
+    html = out.read_text()
+    assert html.startswith("<!DOCTYPE html>") and 'id="training"' in html and "nonfinite" in html
