@@ -51,12 +51,14 @@ class Thresholds:
         median + mads x MAD.  loss_spike_ratio / loss_spike_mads: the same for the loss.
     vanishing_ratio / vanishing_patience: the smallest block grad norm below ratio x the largest
         for `patience` consecutive logged steps.
+    loss_spike_floor: a loss spike must also rise by this fraction of the first logged loss
+        (late in a run, 0.004 -> 0.04 is 10x but means nothing).
     growth_ratio: a block's activation variance above growth_ratio x its median over the window.
     collapse_entropy_frac / collapse_head_frac: a site where at least collapse_head_frac of the
         heads have an attention entropy below collapse_entropy_frac x their entropy at the
         first sample (learned sharp heads keep ~20 % of it; collapsed ones drop under 5 %).
     rank_cos / rank_patience: a block's mean cosine similarity between positions at least
-        rank_cos for `patience` consecutive logged steps (a healthy Post-LN run with warmup
+        rank_cos for `patience` consecutive logged steps, in any block but the last (a healthy Post-LN run with warmup
         at lr 1e-2 peaked at 0.93 for a few steps; true collapse sits at 0.99-1.00 and stays).
     warmup_check: no_warmup fires when the lr of the second logged step (within this many
         steps of the first) is not above the first; False disables it.
@@ -75,6 +77,7 @@ class Thresholds:
     growth_ratio: float = 100.0
     collapse_entropy_frac: float = 0.1
     collapse_head_frac: float = 0.75
+    loss_spike_floor: float = 0.05
     rank_cos: float = 0.95
     rank_patience: int = 5
     warmup_check: int | bool = 100
@@ -120,6 +123,7 @@ class AlertEngine:
         self.gates = {k: _Gate(thresholds.cooldown) for k in KINDS}
         self.hist: dict[str, deque] = {}
         self.streak: dict[str, int] = {}
+        self.first_loss: float | None = None  # the scale a loss spike is measured against
         self.first_lr: tuple[int, float] | None = None
         self.first_attention: dict[str, float] = {}
         self.lr_checked = False
@@ -170,7 +174,11 @@ class AlertEngine:
         where = self._spiking_block(layers) if r is not None else ""
         emit("grad_spike", r is not None, "warning", where,
              f"gradient norm {gn:.3g} is {r:.1f}x its recent median" if r else "")
+        if self.first_loss is None and _finite(loss):
+            self.first_loss = loss
         r = self._spike("loss", loss, self.t.loss_spike_ratio, self.t.loss_spike_mads)
+        if r is not None and loss - loss / r < self.t.loss_spike_floor * abs(self.first_loss or 0.0):
+            r = None  # 0.004 -> 0.04 near convergence is noise, not a spike: it must matter on the run's scale
         emit("loss_spike", r is not None, "warning", "loss",
              f"loss {loss:.4g} is {r:.2f}x its recent median" if r else "")
 
@@ -190,7 +198,10 @@ class AlertEngine:
 
         self._check_attention(rec, emit)
 
-        cos = [(n, s["token_cos"]) for n, s in layers.items() if _finite(s.get("token_cos"))]
+        # the last block is exempt: a pooled classifier's last block rightly converges on its answer,
+        # and a true collapse (no residuals, divergence) shows in the blocks before it too
+        watched = list(layers.items())[:-1] if len(layers) > 1 else list(layers.items())
+        cos = [(n, s["token_cos"]) for n, s in watched if _finite(s.get("token_cos"))]
         collapsed = [(n, c) for n, c in cos if c >= self.t.rank_cos]
         emit("rank_collapse", self._persist("rank", bool(collapsed), self.t.rank_patience), "error",
              collapsed[0][0] if collapsed else "",

@@ -90,10 +90,13 @@ def test_entropy_collapse_relative_to_first_sample():
 
 
 def test_rank_collapse_and_nonfinite_silence_the_rest():
-    e = AlertEngine(Thresholds(rank_patience=2), ["blocks.0", "blocks.1"])
-    lay = {"blocks.0": {"token_cos": 0.5}, "blocks.1": {"token_cos": 0.99}}
+    e = AlertEngine(Thresholds(rank_patience=2), ["blocks.0", "blocks.1", "blocks.2"])
+    lay = {"blocks.0": {"token_cos": 0.5}, "blocks.1": {"token_cos": 0.99}, "blocks.2": {"token_cos": 0.99}}
     out = feed(e, [rec(0, layers=lay), rec(1, layers=lay), rec(2, layers=lay)])
     assert [(a["kind"], a["step"], a["where"]) for a in out] == [("rank_collapse", 1, "blocks.1")]
+    # the last block alone converging (a pooled classifier's answer) is not a collapse
+    last_only = {"blocks.0": {"token_cos": 0.5}, "blocks.1": {"token_cos": 0.5}, "blocks.2": {"token_cos": 0.99}}
+    assert feed(AlertEngine(Thresholds(rank_patience=2), list(last_only)), [rec(i, layers=last_only) for i in range(4)]) == []
     nan_layers = {"blocks.0": {"act_mean": 0.1, "token_cos": 0.1}, "blocks.1": {"act_mean": float("nan")}}
     out = feed(e, [rec(3, loss=float("nan"), gn=float("nan"), layers=nan_layers)] * 3)
     assert [(a["kind"], a["step"], a["where"]) for a in out] == [("nonfinite", 3, "blocks.1")]
@@ -112,3 +115,13 @@ def test_no_warmup():
     assert [(a["kind"], a["step"]) for a in out] == [("no_warmup", 1)]
     assert feed(AlertEngine(Thresholds(), []), [rec(0, lr=1e-5), rec(1, lr=2e-5), rec(2, lr=2e-5)]) == []
     assert feed(AlertEngine(Thresholds(warmup_check=False), []), [rec(0, lr=1e-3), rec(1, lr=1e-3)]) == []
+
+
+def test_a_loss_spike_must_matter_on_the_runs_scale():
+    # a run that started at loss 3.0 and converged near 0.005: 0.05 is 10x its median, yet noise
+    e = AlertEngine(Thresholds(), [])
+    start = [rec(0, gn=1.0, loss=3.0)]
+    converged = [rec(i, gn=noisy(i), loss=0.005 * noisy(i)) for i in range(1, 30)]
+    assert feed(e, start + converged + [rec(30, gn=1.0, loss=0.05)]) == []
+    out = feed(e, [rec(31, gn=1.0, loss=0.5)])  # up by 0.5 = 17 % of the first loss: a real spike
+    assert [(a["kind"], a["step"]) for a in out] == [("loss_spike", 31)]
