@@ -4,6 +4,8 @@ SDPA recompute), so "eager" and "sdpa" both work without the user switching anyt
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import torch.nn as nn
 
 from .base import AttentionSite
@@ -19,8 +21,9 @@ def is_hf(module: nn.Module, class_suffix: str = "") -> bool:
 class HFAdapter(InterceptAdapter):
     """Subclasses say which modules are sites: `site(name, module)` returns (H, D, Hkv, out_proj) or None."""
 
-    def site(self, name: str, module: nn.Module):  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def site(self, name: str, module: nn.Module):
+        """(n_heads, head_dim, n_kv_heads, out_proj) when `module` is one of this family's attention modules."""
 
     def find(self, model: nn.Module) -> list[AttentionSite] | None:
         sites = []

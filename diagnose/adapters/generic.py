@@ -8,6 +8,7 @@ that projection.
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from typing import Any, Mapping
 
 import torch
@@ -23,14 +24,15 @@ _HEAD_DIM_ATTRS = ("head_dim", "head_size", "d_head", "attention_head_size", "hs
 _HEADS_ATTRS = ("n_heads", "num_heads", "n_head", "num_attention_heads", "nh", "heads")
 
 
-class InterceptAdapter:
+class InterceptAdapter(ABC):
     """Shared mechanics for families whose probabilities come from the softmax/SDPA intercept
     and whose heads meet at an output projection (site.out_proj)."""
 
     family = "intercept"
 
-    def find(self, model: nn.Module) -> list[AttentionSite] | None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def find(self, model: nn.Module) -> list[AttentionSite] | None:
+        """Sites in forward order, or None when the model is not of this family."""
 
     def watch_pattern(self, site: AttentionSite, callback: PatternCallback):
         return watch_probs(site.module, callback)
