@@ -15,21 +15,7 @@ from diagnose.cli.main import cli
 from diagnose.io import save_tensors
 from diagnose.zoo import ModelConfig, Transformer
 
-FACTORY_SRC = """
-import torch.nn as nn
-
-class Bag(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(12, 4)
-        self.out = nn.Linear(4, 3)
-
-    def forward(self, input_ids, attention_mask=None):
-        return self.out(self.emb(input_ids).mean(1))
-
-def build():
-    return Bag()
-"""
+from .test_files import FACTORY_SRC  # the same tiny user model, written once
 
 
 def _run(*args):
