@@ -4,16 +4,15 @@ the gate), under zero ablation, with the unchanged-prefix replay on and off."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from diagnose.ablation import ablate_heads
 from diagnose.zoo import ModelConfig, Transformer
 
+from ..adapters.test_generic import NanoGPT  # the nanoGPT-style module (explicit softmax or SDPA)
 from .helpers import assert_untouched, evaluate, snapshot, with_head_weights_zeroed
 
 transformers = pytest.importorskip("transformers")
@@ -31,48 +30,6 @@ def _mask(n=N, t=T):
 
 
 # ---- custom models ----------------------------------------------------------------------------
-
-class NanoAttention(nn.Module):
-    def __init__(self, C, H, fused):
-        super().__init__()
-        self.c_attn, self.c_proj, self.n_head, self.fused = nn.Linear(C, 3 * C), nn.Linear(C, C), H, fused
-
-    def forward(self, x):
-        B, T_, C = x.shape
-        q, k, v = (t.view(B, T_, self.n_head, -1).transpose(1, 2) for t in self.c_attn(x).split(C, 2))  # [B, H, T, D]
-        if self.fused:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(k.shape[-1])
-            att = att.masked_fill(torch.ones(T_, T_).triu(1).bool(), float("-inf"))
-            y = F.softmax(att, dim=-1) @ v
-        return self.c_proj(y.transpose(1, 2).reshape(B, T_, C))
-
-
-class NanoBlock(nn.Module):
-    def __init__(self, C, H, fused):
-        super().__init__()
-        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(C), NanoAttention(C, H, fused), nn.LayerNorm(C)
-        self.mlp = nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(), nn.Linear(4 * C, C))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class NanoGPT(nn.Module):
-    def __init__(self, fused, C=24, H=3, L=2):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(16, C)
-        self.h = nn.ModuleList(NanoBlock(C, H, fused) for _ in range(L))
-        self.lm_head = nn.Linear(C, V)
-
-    def forward(self, idx):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-        for b in self.h:
-            x = b(x)
-        return self.lm_head(x)
-
 
 class EncoderClassifier(nn.Module):
     """nn.TransformerEncoder (fast path in eval) under an embedding and a pooled classifier."""
