@@ -8,9 +8,6 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from diagnose.checks import check_model, check_training_setup
-from diagnose.io import load_data_for, load_model
-
 from ._options import attention_options, data_option, max_length_option, model_options
 
 _STYLE = {"error": "bold red", "warning": "bold yellow", "info": "cyan"}
@@ -48,6 +45,9 @@ def check(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     \b
     Example: diagnose check demo-out/induction/model.pt --data demo-out/induction/eval.pt
     """
+    from diagnose.checks import check_model, check_training_setup
+    from diagnose.io import load_data_for, load_model
+
     net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
     ds = load_data_for(net, data, max_length=max_length) if data else None
     result = check_model(net, ds, causal=causal, attention_module=attention_module, n_heads=n_heads)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import click
 
-from diagnose.demo import run_demo
-
 
 @click.command()
 @click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(file_okay=False),
@@ -22,6 +20,8 @@ def demo(out_dir: str, quick: bool, no_lessons: bool) -> None:
 
     Example: diagnose demo --out demo-out
     """
+    from diagnose.demo import run_demo
+
     result = run_demo(out_dir, quick=quick, lessons=not no_lessons, log=click.echo)
     click.echo(f"\nDemo files are in {result.out_dir.resolve()} ({result.seconds:.0f} s)")
     first = result.models[0]

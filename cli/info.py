@@ -6,8 +6,6 @@ from typing import Any
 
 import click
 
-from diagnose.io import describe_data, describe_model, load_data_for, load_model, probe
-
 from ._options import data_option, max_length_option, model_options
 
 
@@ -22,6 +20,14 @@ def info(model: str, factory: str | None, trust_pickle: bool, attn_implementatio
     \b
     Example: diagnose info demo-out/order/model.pt --data demo-out/order/eval.pt
     """
+    from diagnose.io import (
+        describe_data,
+        describe_model,
+        load_data_for,
+        load_model,
+        probe,
+    )
+
     net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
     m = describe_model(net)
     click.echo(f"model       {m['source']}  ({m['format']})")

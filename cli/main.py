@@ -41,12 +41,7 @@ def cli() -> None:
 
 def _register() -> None:
     # Imported here so that `diagnose --help` stays fast and each command stays in its file.
-    from . import demo
-    from . import stats
-    from . import info
-    from . import report
-    from . import heads
-    from . import check
+    from . import check, demo, heads, info, report, stats
 
     cli.add_command(demo.demo)
     cli.add_command(stats.stats)

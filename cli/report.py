@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import click
 
-from diagnose.reports import write_report
-
 
 @click.command()
 @click.argument("sources", nargs=-1, required=True, type=click.Path())
@@ -21,5 +19,7 @@ def report(sources: tuple[str, ...], output: str, title: str | None) -> None:
 
     Example: diagnose report heads.json runs/exp1 -o report.html
     """
+    from diagnose.reports import write_report
+
     path = write_report(list(sources), output, title=title)
     click.echo(f"Report written to {path.resolve()}")

@@ -6,10 +6,6 @@ import json
 
 import click
 
-from diagnose.monitor.follow import follow as follow_run
-from diagnose.monitor.runfolder import read_run
-from diagnose.monitor.summary import render, summarize
-
 from ._options import html_option
 
 
@@ -32,6 +28,10 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, as_json: bool, html_p
              diagnose stats runs/exp1 --html run.html
     """
     from rich.console import Console
+
+    from diagnose.monitor.follow import follow as follow_run
+    from diagnose.monitor.runfolder import read_run
+    from diagnose.monitor.summary import render, summarize
 
     console = Console()
     if follow_:

@@ -6,16 +6,48 @@ attention_summary), causal evidence by head ablation (ablate_heads), training he
 (write_report). Every hook lives only inside a call and is removed in `finally`.
 """
 
-from .ablation import HeadEffect, HeadsResult, ablate_heads
-from .adapters.base import AttentionSite
-from .attention_stats import AttentionSummary, attention_summary
-from .capture import Capture, capture
-from .checks import Finding, check_model, check_training_setup
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from .errors import DiagnoseError
-from .io import DataSet, load_data, load_model, save_checkpoint
-from .monitor import Run, Thresholds, TrainingMonitor, read_run
-from .reports import write_report
-from .sites import find_heads, register_adapter
+
+# Public names and the module each lives in. They are imported on first use (PEP 562), so
+# that `import diagnose` and `diagnose --help` do not pay for torch, scipy and pandas.
+_EXPORTS = {
+    "HeadEffect": ".ablation", "HeadsResult": ".ablation", "ablate_heads": ".ablation",
+    "AttentionSite": ".adapters.base",
+    "AttentionSummary": ".attention_stats", "attention_summary": ".attention_stats",
+    "Capture": ".capture", "capture": ".capture",
+    "Finding": ".checks", "check_model": ".checks", "check_training_setup": ".checks",
+    "DataSet": ".io", "load_data": ".io", "load_model": ".io", "save_checkpoint": ".io",
+    "Run": ".monitor", "Thresholds": ".monitor", "TrainingMonitor": ".monitor", "read_run": ".monitor",
+    "write_report": ".reports",
+    "find_heads": ".sites", "register_adapter": ".sites",
+}
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from .ablation import HeadEffect, HeadsResult, ablate_heads
+    from .adapters.base import AttentionSite
+    from .attention_stats import AttentionSummary, attention_summary
+    from .capture import Capture, capture
+    from .checks import Finding, check_model, check_training_setup
+    from .io import DataSet, load_data, load_model, save_checkpoint
+    from .monitor import Run, Thresholds, TrainingMonitor, read_run
+    from .reports import write_report
+    from .sites import find_heads, register_adapter
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(import_module(_EXPORTS[name], __name__), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'diagnose' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __version__ = "0.1.0"
 
