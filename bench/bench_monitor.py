@@ -67,7 +67,7 @@ def main() -> None:
     args = ap.parse_args()
     MODEL.update(d_model=args.d_model, n_layers=args.layers)
     torch.set_num_threads(1)
-    data = induction(n=2048, half=12, vocab_size=32)
+    data = induction(n=2048, length=24, vocab_size=32)
     tmp = tempfile.mkdtemp(prefix="bench_monitor_")
     os.environ["WANDB_DIR"] = tmp
 
