@@ -29,14 +29,15 @@ def hidden_stats(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Ten
         max_abs = x.abs().amax()
         token_cos = ((u.sum(1).square().sum(-1) - T) / max(T * (T - 1), 1)).mean() if T > 1 else x.new_zeros(())
         return torch.stack([mean, var, max_abs, token_cos])
-    w = mask.to(x.device, torch.float32)  # [B, T]
+    # Few, fused passes: this runs for every block at every logged training step.
+    w = mask.to(x.device, torch.float32)[..., None]  # [B, T, 1]
+    xw = x * w  # padding zeroed
     n = w.sum() * C
-    wx = w[..., None]
-    mean = (x * wx).sum() / n
-    var = ((x - mean).square() * wx).sum() / n
-    max_abs = (x.abs() * wx).amax()
-    u = u * wx  # padding zeroed
-    k = w.sum(1)  # [B] real positions per example
+    mean = xw.sum() / n
+    var = ((xw * x).sum() / n - mean * mean).clamp_min(0)  # E[x^2] - mean^2 over real tokens
+    max_abs = xw.abs().amax()
+    u = u * w  # unit rows, padding zeroed
+    k = w.sum((1, 2))  # [B] real positions per example
     pair_sum = u.sum(1).square().sum(-1) - k  # sum over i != j of cos(x_i, x_j)   # [B]
     pairs = (k * (k - 1)).clamp_min(1)
     has_pairs = (k > 1).float()

@@ -30,3 +30,12 @@ def test_collapsed_tokens_have_cosine_one():
 def test_mask_free_path_equals_all_ones_mask():
     x = torch.randn(4, 6, 8) * 3 + 1
     assert torch.allclose(hidden_stats(x), hidden_stats(x, torch.ones(4, 6)), atol=1e-5)
+
+
+def test_one_pass_variance_holds_with_a_large_mean():
+    x = torch.randn(8, 16, 64) * 0.5 + 50.0
+    mask = torch.ones(8, 16)
+    mask[:, 12:] = 0
+    got = hidden_stats(x, mask)
+    real = x[mask.bool()]
+    assert torch.allclose(got[1], real.var(unbiased=False), rtol=1e-2)
