@@ -39,6 +39,7 @@ class Trained:
     run_dir: Path
     accuracy: float
     loss: float
+    measured: dict[str, Any] | None = None  # _run_rows' result: a run is read once, however many lessons use it
 
 
 @dataclass
@@ -125,7 +126,14 @@ def train_variant(v: Variant, runs_dir: Path, data_cache: dict[str, TaskData]) -
 
 # -- what each lesson measures ---------------------------------------------------------------
 
-def _run_rows(t: Trained) -> dict[str, float]:
+def _run_rows(t: Trained) -> dict[str, Any]:
+    """What the lessons read off a trained variant's run folder (a copy; read once per run)."""
+    if t.measured is None:
+        t.measured = _measure_run(t)
+    return dict(t.measured)
+
+
+def _measure_run(t: Trained) -> dict[str, Any]:
     run = read_run(t.run_dir)
     steps = run.steps
     early = steps[steps["step"] < 60]
