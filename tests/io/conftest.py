@@ -34,11 +34,7 @@ def gpt2_folder(tmp_path_factory):
 
     cfg = GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=32, bos_token_id=2,
                      eos_token_id=3, pad_token_id=0)
-    model = GPT2LMHeadModel(cfg).eval()
-    folder = tmp_path_factory.mktemp("gpt2")
-    model.save_pretrained(folder)
-    make_tokenizer().save_pretrained(folder)
-    return folder, model
+    return _saved(tmp_path_factory, "gpt2", GPT2LMHeadModel(cfg).eval())
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +45,12 @@ def bert_folder(tmp_path_factory):
     cfg = BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                      intermediate_size=32, max_position_embeddings=32, num_labels=3,
                      id2label={0: "neg", 1: "neutral", 2: "pos"}, label2id={"neg": 0, "neutral": 1, "pos": 2})
-    model = BertForSequenceClassification(cfg).eval()
-    folder = tmp_path_factory.mktemp("bert")
+    return _saved(tmp_path_factory, "bert", BertForSequenceClassification(cfg).eval())
+
+
+def _saved(tmp_path_factory, name, model):
+    """(folder, model): the model saved with the test tokenizer beside it, as a user would."""
+    folder = tmp_path_factory.mktemp(name)
     model.save_pretrained(folder)
     make_tokenizer().save_pretrained(folder)
     return folder, model
