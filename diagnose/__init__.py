@@ -14,7 +14,8 @@ from .errors import DiagnoseError
 # Public names and the module each lives in. They are imported on first use (PEP 562), so
 # that `import diagnose` and `diagnose --help` do not pay for torch, scipy and pandas.
 _EXPORTS = {
-    "HeadEffect": ".ablation", "HeadsResult": ".ablation", "ablate_heads": ".ablation",
+    "GroupEffect": ".ablation", "HeadEffect": ".ablation", "HeadsResult": ".ablation", "ablate_heads": ".ablation",
+    "ablate_together": ".ablation",
     "AttentionSite": ".adapters.base",
     "AttentionSummary": ".attention_stats", "attention_summary": ".attention_stats",
     "Capture": ".capture", "capture": ".capture",
@@ -26,7 +27,7 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from .ablation import HeadEffect, HeadsResult, ablate_heads
+    from .ablation import GroupEffect, HeadEffect, HeadsResult, ablate_heads, ablate_together
     from .adapters.base import AttentionSite
     from .attention_stats import AttentionSummary, attention_summary
     from .capture import Capture, capture
@@ -58,6 +59,7 @@ __all__ = [
     "DataSet",
     "DiagnoseError",
     "Finding",
+    "GroupEffect",
     "HeadEffect",
     "HeadsResult",
     "Run",
@@ -65,6 +67,7 @@ __all__ = [
     "TrainingMonitor",
     "__version__",
     "ablate_heads",
+    "ablate_together",
     "attention_summary",
     "capture",
     "check_model",

@@ -19,6 +19,7 @@ import torch
 
 from ..adapters.base import AttentionSite
 from ..errors import ConfigError
+from ..modes import eval_mode
 from ..objectives import TASKS
 from ..sites import find_heads
 from . import contrast, significance
@@ -59,7 +60,7 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
     n_total = sum(s.n_heads for s in sites)
     n_top = n_total if not fast else min(n_total, DEFAULT_TOP if top is None else int(top))
 
-    with _eval(model), _progress(progress) as bar, gated(sites) as gates:
+    with eval_mode(model), _progress(progress) as bar, gated(sites) as gates:
         sweep = Sweep(model, sites, gates, task, reuse=reuse)
         bar.total(len(batches) * ((method == "mean") + (1 if fast else len(sites)) + (fast and n_top > 0)))
         if method == "mean":
@@ -90,7 +91,7 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
                 bar.tick()
     ablation_seconds = time.perf_counter() - started
     if attention:
-        with _eval(model):
+        with eval_mode(model):
             summary = summarise(model, sites, batches, keep, tokens if tokens is not None
                                 else getattr(data, "tokens", None))
     else:
@@ -229,18 +230,6 @@ def _stats_for(summary: dict | None, s: int, h: int) -> dict[str, float | None]:
         return {k: None for k in ATTENTION_STATS}
     per_site = summary["stats"][s]
     return {k: (None if per_site.get(k) is None else float(per_site[k][h])) for k in ATTENTION_STATS}
-
-
-@contextmanager
-def _eval(model: torch.nn.Module) -> Iterator[None]:
-    """Eval mode (no dropout) for the sweep, the caller's mode restored after."""
-    modes = {m: m.training for m in model.modules()}
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, mode in modes.items():
-            m.training = mode
 
 
 class _Bar:

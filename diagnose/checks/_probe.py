@@ -17,6 +17,7 @@ from typing import Any, Iterator, Mapping
 import torch
 import torch.nn as nn
 
+from .. import modes
 from ..errors import DataError
 from ..objectives import logits_of
 
@@ -78,14 +79,9 @@ def model_info(model: nn.Module) -> ModelInfo:
 
 @contextmanager
 def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Eval mode and no_grad for the duration; the training flag is restored in `finally`."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
+    """Eval mode (see diagnose.modes) and no_grad for the duration."""
+    with modes.eval_mode(model), torch.no_grad():
+        yield
 
 
 def device_of(model: nn.Module) -> torch.device:

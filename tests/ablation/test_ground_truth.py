@@ -14,10 +14,8 @@ import pytest
 import torch
 
 from diagnose import capture
-from diagnose.ablation import ablate_heads, gated
+from diagnose.ablation import ablate_heads, ablate_together
 from diagnose.demo import demo_variants
-from diagnose.objectives import logits_of, score
-from diagnose.sites import find_heads
 from diagnose.zoo import Transformer, induction, train
 
 
@@ -46,15 +44,7 @@ def _mechanism_scores(model, ev):
 
 
 def _accuracy_with_closed(model, ev, closed):
-    sites = find_heads(model)
-    inputs = {"input_ids": ev.input_ids, "attention_mask": ev.attention_mask}
-    with torch.no_grad(), gated(sites) as gates:
-        for g, site in zip(gates, sites):
-            g.scale = torch.ones(len(ev), site.n_heads)  # [N, H]
-            for layer, head in closed:
-                if layer == site.layer:
-                    g.scale[:, head] = 0.0
-        return float(score(logits_of(model(**inputs)), ev.labels).accuracy)
+    return ablate_together(model, ev.tensors(), closed, task="lm").accuracy
 
 
 @pytest.mark.slow

@@ -1,0 +1,80 @@
+"""Closing a group of heads at once, against the same model with those heads' output-projection
+slices zeroed; and the backup question it exists to answer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diagnose import ablate_heads, ablate_together
+from diagnose.ablation.batches import as_batches
+from diagnose.errors import ConfigError
+from diagnose.zoo import ModelConfig, Transformer, order
+
+from .helpers import assert_untouched, evaluate, snapshot
+
+
+@pytest.fixture(scope="module")
+def model_and_data():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(kind="classifier", vocab_size=16, max_len=8, n_layers=2, n_heads=4,
+                                    d_model=32)).eval()
+    for p in model.parameters():  # a random model with large weights: every head moves the output
+        p.data.mul_(8.0)
+    return model, order(n=96, seed=3).tensors()
+
+
+def _zeroed(model, data, closed):
+    """Accuracy and loss with each closed head's input columns of attn.proj zeroed (no gate)."""
+    batches = as_batches(data, 32)
+    saved = {}
+    try:
+        with torch.no_grad():
+            for layer, head in closed:
+                w = model.blocks[layer].attn.proj.weight  # [C, H * D]: input columns are the heads side by side
+                saved.setdefault(layer, w.detach().clone())
+                d = model.cfg.head_dim
+                w[:, head * d:(head + 1) * d] = 0.0
+        return evaluate(model, batches, "classification")
+    finally:
+        with torch.no_grad():
+            for layer, w in saved.items():
+                model.blocks[layer].attn.proj.weight.copy_(w)
+
+
+@pytest.mark.parametrize("closed", [[(0, 1)], [(0, 1), (1, 2)], [(0, 0), (0, 3), (1, 1)]])
+def test_group_equals_weight_zeroing(model_and_data, closed):
+    model, data = model_and_data
+    before = snapshot(model)
+    got = ablate_together(model, data, closed, task="classification", batch_size=32)
+    acc, loss = _zeroed(model, data, closed)
+    clean_acc, clean_loss = evaluate(model, as_batches(data, 32), "classification")
+    assert got.accuracy == pytest.approx(acc, abs=1e-9) and got.loss == pytest.approx(loss, rel=1e-5)
+    assert got.baseline_accuracy == pytest.approx(clean_acc) and got.baseline_loss == pytest.approx(clean_loss, rel=1e-5)
+    assert got.delta_loss != pytest.approx(0.0, abs=1e-4)  # the heads do move this model
+    assert got.heads == sorted(closed) and got.to_json()["delta_loss"] == pytest.approx(got.delta_loss)
+    assert_untouched(model, before)
+
+
+def test_one_head_matches_the_sweep(model_and_data):
+    model, data = model_and_data
+    sweep = ablate_heads(model, data, task="classification", progress=False, attention=False, batch_size=32)
+    for h in sweep.heads[:3]:
+        one = ablate_together(model, data, [(h.layer, h.head)], task="classification", batch_size=32)
+        assert one.delta_loss == pytest.approx(h.delta_loss, rel=1e-5, abs=1e-7)
+        assert one.delta_accuracy == pytest.approx(h.delta_accuracy, abs=1e-9)
+
+
+def test_mean_ablation_of_nothing_and_bad_heads(model_and_data):
+    model, data = model_and_data
+    none = ablate_together(model, data, [], task="classification", method="mean")
+    assert none.delta_loss == 0.0 and none.delta_accuracy == 0.0
+    mean = ablate_together(model, data, [(0, 2)], task="classification", method="mean")
+    zero = ablate_together(model, data, [(0, 2)], task="classification", method="zero")
+    assert mean.loss != pytest.approx(zero.loss, rel=1e-6)  # the mean is a different replacement
+    with pytest.raises(ConfigError, match="no head 4 in layer 0"):
+        ablate_together(model, data, [(0, 4)], task="classification")
+    with pytest.raises(ConfigError, match="no head 0 in layer 7"):
+        ablate_together(model, data, [(7, 0)], task="classification")
+    with pytest.raises(ConfigError, match="method"):
+        ablate_together(model, data, [(0, 0)], task="classification", method="resample")
