@@ -55,9 +55,10 @@ def demo_variants(quick: bool = False) -> list[Variant]:
         Variant("induction", "induction",
                 ModelConfig(kind="lm", vocab_size=24, max_len=32, n_layers=2, n_heads=2, d_model=64),
                 TrainConfig(steps=int(600 * k), lr=3e-3, batch_size=64, warmup=50)),
+        # the recipe of the positions lesson's model (a), whose heads the attention-map lesson contrasts
         Variant("order", "order",
                 ModelConfig(kind="classifier", vocab_size=16, max_len=8, n_layers=2, n_heads=4, d_model=64),
-                TrainConfig(steps=int(400 * k), lr=3e-3, batch_size=64, warmup=50)),
+                TrainConfig(steps=int(300 * k), lr=3e-3, batch_size=64, warmup=50)),
         Variant("padding", "padding",
                 ModelConfig(kind="classifier", vocab_size=8, max_len=16, n_layers=2, n_heads=4, d_model=64),
                 TrainConfig(steps=int(400 * k), lr=3e-3, batch_size=64, warmup=50)),

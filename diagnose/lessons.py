@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import head_lesson
 from .checks import check_model
 from .monitor import TrainingMonitor, read_run
 from .zoo import ModelConfig, TaskData, TrainConfig, Transformer, induction, order, padded_majority, train
@@ -49,7 +50,8 @@ class Lesson:
     claim: str
     a: str  # variant names: a is the textbook choice, b the one it warns against
     b: str
-    measure: Callable[[Trained, Trained], list[dict[str, Any]]]
+    # rows, or a dict with "rows" and any of "a", "b", "claim" written from the run's numbers
+    measure: Callable[[Trained, Trained], list[dict[str, Any]] | dict[str, Any]]
 
 
 @dataclass
@@ -202,6 +204,9 @@ LESSONS = [
            lambda a, b: _rows(a, b, [("check_padding", "diagnose check: padding", "s"),
                                      ("accuracy", "eval accuracy", ".3f")],
                               {"a": _check(a, "padding"), "b": _check(b, "padding")})),
+    Lesson("heads", head_lesson.TITLE, "A head that puts its weight on the first token may do nothing at all; "
+           "only removing heads shows which carry the task.", "positions", "positions",
+           lambda a, _: head_lesson.measure(a.model, a.eval_data.tensors(), a.eval_data.task)),
 ]
 
 
@@ -222,8 +227,12 @@ def run_lessons(out_dir: str | Path, *, quick: bool = False, only: list[str] | N
     results = []
     for lesson in lessons:
         a, b = trained[lesson.a], trained[lesson.b]
-        res = LessonResult(lesson.key, lesson.title, lesson.claim, lesson.a, lesson.b,
-                           lesson.measure(a, b), [str(a.run_dir), str(b.run_dir)])
+        measured = lesson.measure(a, b)
+        if not isinstance(measured, dict):
+            measured = {"rows": measured}
+        runs = list(dict.fromkeys([str(a.run_dir), str(b.run_dir)]))  # a lesson on one model has one run
+        res = LessonResult(lesson.key, lesson.title, measured.get("claim", lesson.claim),
+                           measured.get("a", lesson.a), measured.get("b", lesson.b), measured["rows"], runs)
         results.append(res)
     path = out / "lessons.json"
     tmp = path.with_name(path.name + ".partial")
@@ -234,12 +243,12 @@ def run_lessons(out_dir: str | Path, *, quick: bool = False, only: list[str] | N
 
 def markdown_table(lessons_json: dict[str, Any]) -> str:
     """The README table: one row per measured metric, textbook choice (a) against the other (b)."""
-    lines = ["| lesson | measure | with (a) | without (b) |", "| --- | --- | --- | --- |"]
+    lines = ["| lesson | measure | (a) | (b) |", "| --- | --- | --- | --- |"]
     for les in lessons_json["lessons"]:
         for i, row in enumerate(les["rows"]):
             fmt = row["fmt"]
             cells = [format(v, fmt) if fmt != "s" and isinstance(v, (int, float)) else str(v)
                      for v in (row["a"], row["b"])]
-            title = f"{les['title']} ({les['a']} vs {les['b']})" if i == 0 else ""
+            title = f"{les['title']} (a: {les['a']}, b: {les['b']})" if i == 0 else ""
             lines.append(f"| {title} | {row['metric']} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)

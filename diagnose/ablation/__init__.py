@@ -2,7 +2,8 @@
 
 from .engine import METHODS, ablate_heads
 from .gate import Gate, gated
-from .together import GroupEffect, ablate_together
 from .result import SCHEMA, HeadEffect, HeadsResult
+from .together import GroupEffect, ablate_together
 
-__all__ = ["METHODS", "SCHEMA", "Gate", "HeadEffect", "GroupEffect", "HeadsResult", "ablate_heads", "ablate_together", "gated"]
+__all__ = ["METHODS", "SCHEMA", "Gate", "GroupEffect", "HeadEffect", "HeadsResult", "ablate_heads",
+           "ablate_together", "gated"]

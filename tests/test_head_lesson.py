@@ -1,0 +1,51 @@
+"""The attention-map lesson: which two heads it picks, and that its numbers are the engine's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diagnose import ablate_heads, ablate_together
+from diagnose.ablation.result import HeadsResult
+from diagnose.head_lesson import measure, name, pick
+from diagnose.lessons import train_variant, variants
+
+from .ablation.test_contrast import head
+
+
+def _result(heads):
+    return HeadsResult({"n_layers": 1, "n_heads": len(heads)}, "classification", "zero", 10, 10,
+                       {"accuracy": 1.0, "loss": 0.1}, heads, {}, [], {}, {})
+
+
+def test_pick_the_vital_head_and_the_inert_head_with_most_first_token_weight():
+    heads = [head(0, 0, dacc=-0.3, dloss=0.8, p=1e-9, att={"first_token": 0.05}),
+             head(0, 1, dacc=-0.1, dloss=0.2, p=1e-4, att={"first_token": 0.9}),  # vital: never (b)
+             head(0, 2, dacc=0.0, dloss=0.0, p=0.9, att={"first_token": 0.6}),
+             head(0, 3, dacc=0.0, dloss=0.001, p=1.0, att={"first_token": 0.3})]
+    a, b = pick(_result(heads))
+    assert (name(a), name(b)) == ("L0H0", "L0H2")
+    assert pick(_result(heads[2:])) == (None, heads[2])  # nothing carries the task
+    assert pick(_result(heads[:2]))[1] is None  # every head matters
+
+
+@pytest.mark.slow
+def test_the_lesson_on_the_demo_order_model(tmp_path: Path):
+    t = train_variant(variants()["positions"], tmp_path, {})
+    data, task = t.eval_data.tensors(), t.eval_data.task
+    out = measure(t.model, data, task)
+    result = ablate_heads(t.model, data, task=task, progress=False)  # independently of the lesson
+    a, b = pick(result)
+    assert a is not None and b is not None, "the order model has a head that carries the task"
+    assert out["a"].startswith(name(a)) and out["b"].startswith(name(b))
+    rows = {r["metric"]: r for r in out["rows"]}
+    assert rows["Δ accuracy, head removed"]["a"] == pytest.approx(a.delta_accuracy)
+    assert rows["Δ loss, head removed"]["b"] == pytest.approx(b.delta_loss, abs=1e-9)
+    assert rows["attention weight on the first token"]["b"] == pytest.approx(b.attention["first_token"])
+    both = ablate_together(t.model, data, [(a.layer, a.head), (b.layer, b.head)], task=task)
+    after_a = rows["Δ accuracy, removed after the other head"]["b"]
+    assert after_a == pytest.approx(both.delta_accuracy - a.delta_accuracy)
+    # what the lesson is about: (a) matters, (b) does not, and the claim says so in numbers
+    assert a.significant and a.delta_accuracy < -0.02 and not b.significant
+    assert f"{b.attention['first_token']:.0%}" in out["claim"] and name(a) in out["claim"]
