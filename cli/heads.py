@@ -33,11 +33,14 @@ METHODS = ("zero", "mean")
 @click.option("--fast", is_flag=True, default=False,
               help="Rank heads by gradient importance; ablate only the --top ones exactly.")
 @click.option("--top", type=click.IntRange(min=0), default=None, help="Heads to verify with --fast (default 5).")
+@click.option("--together", "groups", multiple=True, metavar="HEADS",
+              help="Also close these heads at once, e.g. L0.H3,L0.H0 (repeatable): a head that costs nothing "
+                   "alone but more beside another was its backup.")
 @html_option
 def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
           max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
           method: str, json_path: str | None, batch_size: int | None, fast: bool, top: int | None,
-          html_path: str | None) -> None:
+          groups: tuple[str, ...], html_path: str | None) -> None:
     """Remove each attention head in turn and measure what the model loses.
 
     Prints every head ranked by its effect: change in accuracy with 95 % CI and
@@ -48,18 +51,24 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     \b
     Example: diagnose heads demo-out/induction/model.pt --data demo-out/induction/eval.pt --json heads.json
              diagnose heads model.pt --data eval.pt --html heads.html
+             diagnose heads model.pt --data eval.pt --together L0.H3,L0.H0
     """
-    from diagnose.ablation import ablate_heads
+    from diagnose.ablation import ablate_heads, ablate_together
     from diagnose.ablation.task import default_task
     from diagnose.io import load_data_for, load_model, probe
     from diagnose.sites import find_heads
 
+    closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
     net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
     ds = load_data_for(net, data, max_length=max_length)
     probe(net, ds)
     sites = find_heads(net, attention_module=attention_module, n_heads=n_heads, example=ds.inputs(0, 2))
-    result = ablate_heads(net, ds, task=task or default_task(net, ds), method=method, batch_size=batch_size,
+    task = task or default_task(net, ds)
+    together = [ablate_together(net, ds, heads_closed, task=task, method=method, batch_size=batch_size,
+                                sites=sites).to_json() for heads_closed in closed]  # first: cheap, and checks names
+    result = ablate_heads(net, ds, task=task, method=method, batch_size=batch_size,
                           fast=fast, top=top, sites=sites, progress=True)
+    result.together = together
     if json_path:
         result.save(json_path)
     _print(result, json_path)
@@ -101,9 +110,31 @@ def _print(result, json_path: str | None) -> None:
         out.print(f"[bold]{f['kind']}[/bold] L{f['layer']}.H{f['head']}: {f['reason']}")
     if not result.flags:
         out.print("No head's heatmap contradicts its ablation effect.")
+    for g in result.together:
+        names = " + ".join(f"L{layer}.H{head}" for layer, head in g["heads"])
+        out.print(f"Closed together {names}: accuracy {g['accuracy']:.2%} ({g['delta_accuracy']:+.2%}), "
+                  f"loss {g['loss']:.4f} ({g['delta_loss']:+.4f})")
     t = result.timing
     where = f"; JSON: {json_path}" if json_path else ""
     out.print(f"{t['seconds']:.1f} s, {t['forward_passes']} forward passes{where}")
+
+
+def parse_heads(text: str) -> list[tuple[int, int]]:
+    """'L0.H3,L1.H0' (also L0H3 or 0.3) -> [(0, 3), (1, 0)]."""
+    import re
+
+    from diagnose.errors import ConfigError
+
+    heads = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        m = re.fullmatch(r"[Ll]?(\d+)\.?[Hh]?(\d+)", part) if re.search(r"[.Hh]", part) else None
+        if m is None:
+            raise ConfigError(f"--together {text!r}: {part!r} is not a head; write heads as L<layer>.H<head>, "
+                              "comma-separated, e.g. L0.H3,L0.H0")
+        heads.append((int(m.group(1)), int(m.group(2))))
+    if not heads:
+        raise ConfigError(f"--together {text!r} names no head; write e.g. L0.H3,L0.H0")
+    return heads
 
 
 def _p(h) -> str:

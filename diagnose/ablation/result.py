@@ -52,6 +52,7 @@ class HeadsResult:
     significance: dict[str, Any]
     fast: dict[str, Any] | None = None
     examples: list[dict[str, Any]] = field(default_factory=list)
+    together: list[dict[str, Any]] = field(default_factory=list)  # GroupEffect.to_json() of groups closed at once
 
     def head(self, layer: int, head: int) -> HeadEffect:
         for h in self.heads:
@@ -80,6 +81,7 @@ class HeadsResult:
             "significance": self.significance,
             "fast": self.fast,
             "examples": self.examples,
+            "together": self.together,
         }
         return _finite(out)
 

@@ -74,6 +74,20 @@ def test_classifier_default_task_mean_and_fast(files):
     assert sum(h["verified"] for h in fast["heads"]) == 1 and "not verified" in result.stdout
 
 
+def test_together_closes_groups_and_matches_the_library(files):
+    result = _run("lm.pt", "--data", "lm_data.pt", "--together", "L0.H1,L1.H0", "--together", "1.1",
+                  "--json", "t.json")
+    assert result.exit_code == 0, result.output
+    data = json.loads((files / "t.json").read_text())
+    assert [g["heads"] for g in data["together"]] == [[[0, 1], [1, 0]], [[1, 1]]]
+    single = next(h for h in data["heads"] if (h["layer"], h["head"]) == (1, 1))
+    assert data["together"][1]["delta_loss"] == pytest.approx(single["delta_loss"], abs=1e-6)  # float32 sums
+    assert "Closed together L0.H1 + L1.H0: accuracy" in result.stdout
+    for bad, says in (("L0.H9", "no head 9 in layer 0"), ("cat", "L<layer>.H<head>"), (",", "names no head")):
+        _assert_clean_error(_run("lm.pt", "--data", "lm_data.pt", "--together", bad, "--json", "x.json"), says)
+    assert not (files / "x.json").exists()
+
+
 def test_help_has_an_example():
     result = CliRunner().invoke(cli, ["heads", "--help"])
     assert result.exit_code == 0
