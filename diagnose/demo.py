@@ -74,11 +74,24 @@ def _write_json(obj: dict, path: Path) -> Path:
 
 def run_demo(out_dir: str | Path = "demo-out", *, quick: bool = False, lessons: bool = True,
              report: bool = True, log: Callable[[str], None] = print) -> DemoResult:
-    """Train, analyse and report on the demo models under out_dir; returns where everything is."""
+    """Train, analyse and report on the demo models under out_dir; returns where everything is.
+
+    Runs on one CPU thread, so that a rerun gives the same numbers whatever the number of cores.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # float sums then run in one order: the same numbers on any number of cores
+    try:
+        return _run(Path(out_dir), quick, lessons, report, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(out: Path, quick: bool, lessons: bool, report: bool, log: Callable[[str], None]) -> DemoResult:
     from . import write_report
 
     start = time.perf_counter()
-    out = Path(out_dir)
     result = DemoResult(out)
     cache: dict[str, TaskData] = {}
     log("Training the demo models (reference Transformer on synthetic tasks) ...")

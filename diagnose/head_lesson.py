@@ -1,10 +1,11 @@
 """The head-ablation lesson: what the attention map suggests against what removing the head does.
 
-On one trained model, diagnose ablates every head and sets two side by side: (a) the head that
-carries most of the task (the largest significant loss increase when removed) and (b) the head
-that puts the most weight on the first token among those whose removal changes nothing
-significant. Then it closes both together, to tell an idle head from a backup: if removing b
-after a costs more than nothing, b was covering for a. The claim is written from the numbers
+On one trained model, diagnose ablates every head and sets two side by side: (b) the head that
+puts the most weight on the first token among those whose removal changes nothing significant,
+and (a) the head that puts the most weight on the first token among those whose removal does
+change the answer: two maps that read alike, two opposite effects. Then it closes both together,
+to tell an idle head from a backup: if removing b after a costs more than nothing, b was
+covering for a. The claim is written from the numbers
 of the run, so it says what this run found, whatever the seed.
 """
 
@@ -25,14 +26,14 @@ def name(h: HeadEffect) -> str:
 
 
 def pick(result: HeadsResult) -> tuple[HeadEffect | None, HeadEffect | None]:
-    """(a) the significant head with the largest delta loss, (b) the non-significant head with the
-    most weight on the first token; either is None when no head qualifies."""
-    vital = [h for h in result.heads if h.significant and h.delta_loss is not None]
-    inert = [h for h in result.heads if h.verified and not h.significant
-             and h.attention.get("first_token") is not None]
-    a = max(vital, key=lambda h: h.delta_loss, default=None)
-    b = max(inert, key=lambda h: h.attention["first_token"], default=None)
-    return a, b
+    """(a) the significant head, (b) the non-significant head with the most weight on the first
+    token (ties: the larger delta loss); either is None when no head qualifies."""
+    known = [h for h in result.heads if h.verified and h.attention.get("first_token") is not None]
+
+    def most_first(heads: list[HeadEffect]) -> HeadEffect | None:
+        return max(heads, key=lambda h: (h.attention["first_token"], h.delta_loss), default=None)
+
+    return most_first([h for h in known if h.significant]), most_first([h for h in known if not h.significant])
 
 
 def measure(model: torch.nn.Module, data: dict[str, torch.Tensor], task: str) -> dict[str, Any]:
@@ -59,23 +60,23 @@ def measure(model: torch.nn.Module, data: dict[str, torch.Tensor], task: str) ->
         row("Δ accuracy, removed after the other head", after_other["a"], after_other["b"], "+.3f"),
         row("diagnose flag", flags.get((a.layer, a.head), "none"), flags.get((b.layer, b.head), "none"), "s"),
     ]
-    return {"a": f"{name(a)}, carries the task", "b": f"{name(b)}, first-token head", "rows": rows,
-            "claim": claim(a, b, after_other["b"], result.baseline["accuracy"])}
+    top = max(result.heads, key=lambda h: h.delta_loss if h.verified else float("-inf"))
+    return {"a": f"{name(a)}, matters", "b": f"{name(b)}, does nothing alone", "rows": rows,
+            "claim": claim(a, b, top, after_other["b"], result.baseline["accuracy"])}
 
 
-def claim(a: HeadEffect, b: HeadEffect, b_after_a: float, baseline_accuracy: float) -> str:
-    first_b, first_a = b.attention["first_token"], a.attention["first_token"]
-    text = (f"{name(b)} puts {first_b:.0%} of its attention on the first token, the most of any head whose "
-            f"removal changes nothing significant: accuracy moves {b.delta_accuracy * 100:+.1f} points "
-            f"(p = {b.p_value:.2g}). {name(a)} ({first_a:.0%} on the first token) carries the task: "
-            f"removing it moves accuracy {a.delta_accuracy * 100:+.1f} points from {baseline_accuracy:.1%}. ")
+def claim(a: HeadEffect, b: HeadEffect, top: HeadEffect, b_after_a: float, baseline_accuracy: float) -> str:
+    """The lesson in words, from this run's numbers."""
+    text = (f"{name(a)} and {name(b)} both look at the first token ({a.attention['first_token']:.0%} and "
+            f"{b.attention['first_token']:.0%} of their attention). Removing {name(a)} moves accuracy "
+            f"{a.delta_accuracy * 100:+.1f} points from {baseline_accuracy:.1%}; removing {name(b)} moves it "
+            f"{b.delta_accuracy * 100:+.1f} points (p = {b.p_value:.2g}). ")
     if abs(b_after_a) < TINY_ACCURACY:
-        text += f"With {name(a)} gone, removing {name(b)} too changes nothing more: it is not {name(a)}'s backup."
+        text += f"With {name(a)} gone, removing {name(b)} too changes nothing more: it is not {name(a)}'s backup. "
     else:
-        text += (f"With {name(a)} gone, removing {name(b)} too moves accuracy {b_after_a * 100:+.1f} points: "
-                 f"it was a backup that single-head ablation cannot see.")
-    max_a, max_b = a.attention.get("max_weight"), b.attention.get("max_weight")
-    if max_a is not None and max_b is not None and max_b >= max_a - 0.05:
-        text += (f" Judged by its map, {name(b)} looks at least as decisive as {name(a)} (mean max weight "
-                 f"{max_b:.2f} against {max_a:.2f}); only ablation tells them apart.")
-    return text
+        text += (f"With {name(a)} gone, removing {name(b)} too moves accuracy a further {b_after_a * 100:+.1f} "
+                 f"points: it backs {name(a)} up, which single-head ablation cannot see. ")
+    if top is not a:
+        text += (f"The head the task needs most, {name(top)} ({top.delta_accuracy * 100:+.1f} points), puts "
+                 f"{top.attention.get('first_token') or 0:.0%} of its attention there. ")
+    return text + "The maps cannot tell these heads apart; removing them can."

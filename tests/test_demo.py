@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from diagnose.cli.main import cli
@@ -14,7 +15,13 @@ from diagnose.lessons import markdown_table, run_lessons
 @pytest.mark.slow
 def test_quick_demo_writes_models_analyses_and_report(tmp_path):
     out = tmp_path / "demo"
-    res = CliRunner().invoke(cli, ["demo", "--out", str(out), "--quick", "--no-lessons"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        res = CliRunner().invoke(cli, ["demo", "--out", str(out), "--quick", "--no-lessons"])
+        assert torch.get_num_threads() == 2  # the demo runs on one thread and gives the caller's back
+    finally:
+        torch.set_num_threads(threads)
     assert res.exit_code == 0, res.output
     for task in ("induction", "order", "padding"):
         for name in ("model.pt", "eval.pt", "heads.json", "checks.json"):

@@ -19,13 +19,13 @@ def _result(heads):
                        {"accuracy": 1.0, "loss": 0.1}, heads, {}, [], {}, {})
 
 
-def test_pick_the_vital_head_and_the_inert_head_with_most_first_token_weight():
+def test_pick_the_first_token_heads_that_matter_and_that_do_not():
     heads = [head(0, 0, dacc=-0.3, dloss=0.8, p=1e-9, att={"first_token": 0.05}),
              head(0, 1, dacc=-0.1, dloss=0.2, p=1e-4, att={"first_token": 0.9}),  # vital: never (b)
              head(0, 2, dacc=0.0, dloss=0.0, p=0.9, att={"first_token": 0.6}),
              head(0, 3, dacc=0.0, dloss=0.001, p=1.0, att={"first_token": 0.3})]
     a, b = pick(_result(heads))
-    assert (name(a), name(b)) == ("L0H0", "L0H2")
+    assert (name(a), name(b)) == ("L0H1", "L0H2")
     assert pick(_result(heads[2:])) == (None, heads[2])  # nothing carries the task
     assert pick(_result(heads[:2]))[1] is None  # every head matters
 
@@ -47,5 +47,5 @@ def test_the_lesson_on_the_demo_order_model(tmp_path: Path):
     after_a = rows["Δ accuracy, removed after the other head"]["b"]
     assert after_a == pytest.approx(both.delta_accuracy - a.delta_accuracy)
     # what the lesson is about: (a) matters, (b) does not, and the claim says so in numbers
-    assert a.significant and a.delta_accuracy < -0.02 and not b.significant
+    assert a.significant and a.delta_accuracy < -0.02 and not b.significant and abs(b.delta_accuracy) < 0.01
     assert f"{b.attention['first_token']:.0%}" in out["claim"] and name(a) in out["claim"]
