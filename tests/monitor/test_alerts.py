@@ -34,6 +34,14 @@ def test_every_kind_has_a_hint_and_alert_fields():
     assert a["severity"] in ("warning", "error") and "clip" in a["hint"] and "step 20" in format_alert(a)
 
 
+def test_a_clipped_spike_does_not_tell_the_user_to_clip():
+    e = AlertEngine(Thresholds(), ["blocks.0", "blocks.1"])
+    out = feed(e, [rec(i, gn=noisy(i), clip_coef=1.0) for i in range(20)] + [rec(20, gn=50.0, clip_coef=0.02)])
+    (a,) = out
+    assert a["kind"] == "grad_spike" and "clipping scaled the update by 0.02" in a["message"]
+    assert "clip_grad_norm_" not in a["hint"] and "already bounded" in a["hint"]
+
+
 def test_grad_and_loss_spike_fire_once_then_rearm_after_cooldown():
     e = AlertEngine(Thresholds(cooldown=10), ["blocks.0", "blocks.1"])
     base = [rec(i, gn=noisy(i), loss=2 * noisy(i)) for i in range(20)]
@@ -97,6 +105,9 @@ def test_rank_collapse_and_nonfinite_silence_the_rest():
     # the last block alone converging (a pooled classifier's answer) is not a collapse
     last_only = {"blocks.0": {"token_cos": 0.5}, "blocks.1": {"token_cos": 0.5}, "blocks.2": {"token_cos": 0.99}}
     assert feed(AlertEngine(Thresholds(rank_patience=2), list(last_only)), [rec(i, layers=last_only) for i in range(4)]) == []
+    # what the demo's healthy 2-layer classifiers hold in their first block (0.975) is not a collapse either
+    healthy = {"blocks.0": {"token_cos": 0.975}, "blocks.1": {"token_cos": 0.99}}
+    assert feed(AlertEngine(Thresholds(), list(healthy)), [rec(i, layers=healthy) for i in range(10)]) == []
     nan_layers = {"blocks.0": {"act_mean": 0.1, "token_cos": 0.1}, "blocks.1": {"act_mean": float("nan")}}
     out = feed(e, [rec(3, loss=float("nan"), gn=float("nan"), layers=nan_layers)] * 3)
     assert [(a["kind"], a["step"], a["where"]) for a in out] == [("nonfinite", 3, "blocks.1")]
