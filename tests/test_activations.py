@@ -39,3 +39,31 @@ def test_one_pass_variance_holds_with_a_large_mean():
     got = hidden_stats(x, mask)
     real = x[mask.bool()]
     assert torch.allclose(got[1], real.var(unbiased=False), rtol=1e-2)
+
+
+def test_an_all_zero_row_adds_zero_to_every_cosine():
+    x = torch.randn(1, 4, 8)
+    x[0, 2] = 0.0  # e.g. a position a ReLU stack zeroed out: no direction
+    u = torch.nn.functional.normalize(x[0], dim=-1)
+    sim = u @ u.T
+    expected = (sim.sum() - sim.diagonal().sum()) / (4 * 3)
+    assert torch.allclose(hidden_stats(x)[3], expected, atol=1e-6)
+
+
+def test_large_tensor_with_padding_matches_direct_computation():
+    torch.manual_seed(1)
+    x = torch.randn(4, 64, 96) * 2 + 0.3
+    mask = torch.ones(4, 64)
+    mask[1, 40:] = 0
+    mask[3, 1:] = 0  # one real position: no pairs, left out of token_cos
+    got = hidden_stats(x, mask)
+    real = x[mask.bool()].double()
+    assert torch.allclose(got[:3].double(), torch.stack([real.mean(), real.var(unbiased=False), real.abs().max()]),
+                          rtol=1e-5, atol=1e-5)
+    cos = []
+    for b in range(3):
+        xb = torch.nn.functional.normalize(x[b][mask[b].bool()].double(), dim=-1)
+        sim = xb @ xb.T
+        k = sim.shape[0]
+        cos.append((sim.sum() - sim.diagonal().sum()) / (k * (k - 1)))
+    assert torch.allclose(got[3].double(), torch.stack(cos).mean(), atol=1e-5)
