@@ -12,7 +12,7 @@ import torch.nn as nn
 from diagnose.ablation import ablate_heads
 from diagnose.zoo import ModelConfig, Transformer
 
-from ..adapters.test_generic import NanoGPT  # the nanoGPT-style module (explicit softmax or SDPA)
+from ..nano import nanogpt  # the nanoGPT-style module (explicit softmax or SDPA is_causal)
 from .helpers import assert_untouched, evaluate, snapshot, with_head_weights_zeroed
 
 transformers = pytest.importorskip("transformers")
@@ -115,9 +115,9 @@ FAMILIES = {
                     _linear(lambda m, l: m.model.layers[l].self_attn.o_proj), 8),
     "llama-sdpa": (lambda _: _llama("sdpa"), _lm_data, "lm",
                    _linear(lambda m, l: m.model.layers[l].self_attn.o_proj), 8),
-    "nanogpt-softmax": (lambda _: (torch.manual_seed(0), NanoGPT(False).eval())[1], lambda: _lm_data(False), "lm",
+    "nanogpt-softmax": (lambda _: (torch.manual_seed(0), nanogpt(False).eval())[1], lambda: _lm_data(False), "lm",
                         _linear(lambda m, l: m.h[l].attn.c_proj), 8),
-    "nanogpt-sdpa": (lambda _: (torch.manual_seed(0), NanoGPT(True).eval())[1], lambda: _lm_data(False), "lm",
+    "nanogpt-sdpa": (lambda _: (torch.manual_seed(0), nanogpt(True).eval())[1], lambda: _lm_data(False), "lm",
                      _linear(lambda m, l: m.h[l].attn.c_proj), 8),
     "tl-bridge": (_bridge, lambda: _lm_data(False), "lm",
                   lambda m, l: (m.blocks[l].attn.o.original_component.weight, 0), 8),

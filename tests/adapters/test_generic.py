@@ -1,15 +1,12 @@
-"""Hand-written nanoGPT-style attention (explicit softmax, and F.scaled_dot_product_attention
-with is_causal=True) is found by the generic probe; user-named modules and registered
-adapters; the error when nothing is found says how to name the layers."""
+"""Hand-written nanoGPT-style attention (tests/nano.py: explicit softmax, and
+F.scaled_dot_product_attention with is_causal=True) is found by the generic probe; user-named
+modules and registered adapters; the error when nothing is found says how to name the layers."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import diagnose
 from diagnose.adapters.generic import GenericAdapter
@@ -17,64 +14,12 @@ from diagnose.adapters.registry import unregister_adapter
 from diagnose.adapters._hooks import hook_snapshot
 from diagnose.errors import NoAttentionFoundError
 
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, C: int, H: int, fused: bool):
-        super().__init__()
-        self.c_attn, self.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
-        self.n_head, self.fused = H, fused
-
-    def scores(self, x):
-        """Independent probabilities for the test.  # [B, H, T, T]"""
-        q, k, _ = self._qkv(x)
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(k.shape[-1])
-        T = x.shape[1]
-        att = att.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf"))
-        return F.softmax(att, dim=-1)
-
-    def _qkv(self, x):
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        return [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)]  # [B, H, T, D]
-
-    def forward(self, x):
-        B, T, C = x.size()
-        q, k, v = self._qkv(x)
-        if self.fused:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            y = self.scores(x) @ v  # explicit softmax
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-
-
-class Block(nn.Module):
-    def __init__(self, C, H, fused):
-        super().__init__()
-        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(C), CausalSelfAttention(C, H, fused), nn.LayerNorm(C)
-        self.mlp = nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(), nn.Linear(4 * C, C))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class NanoGPT(nn.Module):
-    def __init__(self, fused: bool, V=40, C=24, H=3, L=2):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(16, C)
-        self.h = nn.ModuleList(Block(C, H, fused) for _ in range(L))
-        self.lm_head = nn.Linear(C, V)
-
-    def forward(self, idx):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-        for b in self.h:
-            x = b(x)
-        return self.lm_head(x)
+from ..nano import nanogpt
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_nanogpt(fused, gate_check):
-    model = NanoGPT(fused).eval()
+    model = nanogpt(fused).eval()
     idx = torch.randint(0, 40, (2, 9))  # [B, T]
     sites = diagnose.find_heads(model)
     assert [(s.name, s.n_heads, s.head_dim, s.adapter.family) for s in sites] == [
@@ -158,7 +103,7 @@ def test_named_modules_and_gate(gate_check):
 
 
 def test_registered_adapter_goes_first():
-    model = NanoGPT(False)
+    model = nanogpt(False)
 
     class Mine(GenericAdapter):
         family = "mine"
@@ -174,7 +119,7 @@ def test_registered_adapter_goes_first():
 
 
 def test_watch_unwinds_when_forward_raises():
-    model = NanoGPT(True).eval()
+    model = nanogpt(True).eval()
     site = diagnose.find_heads(model)[0]
     before = hook_snapshot(model)
     with pytest.raises(IndexError):

@@ -9,7 +9,7 @@ from diagnose.checks import check_model
 from diagnose.checks.causal import declared_causal
 from diagnose.zoo import ModelConfig, Transformer
 
-from .nano import NanoGPT
+from ..nano import NanoGPT
 
 
 def _causal(model, **kw):

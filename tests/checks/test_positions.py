@@ -8,7 +8,7 @@ import torch
 from diagnose.checks import check_model
 from diagnose.zoo import ModelConfig, Transformer
 
-from .nano import NanoGPT
+from ..nano import NanoGPT
 
 
 def _positions(model):

@@ -14,7 +14,7 @@ from diagnose.errors import ConfigError, DataError, DiagnoseError
 from diagnose.io import DataSet
 from diagnose.zoo import ModelConfig, Transformer, padded_majority
 
-from .nano import NanoGPT
+from ..nano import NanoGPT
 
 
 @pytest.mark.parametrize("cfg", [dict(kind="lm"), dict(kind="classifier"),
@@ -97,7 +97,7 @@ def test_model_that_fails_on_the_probe_is_one_clear_error():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_torch_transformer_encoder_passes(causal):
-    from .nano import TorchEncoderLM
+    from ..nano import TorchEncoderLM
 
     result = check_model(TorchEncoderLM(causal=causal), causal=True if causal else None)
     assert result.problems == [] and result.passed == ["causal", "padding", "scaling", "positions"]

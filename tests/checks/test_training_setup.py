@@ -9,7 +9,7 @@ from diagnose import TrainingMonitor
 from diagnose.checks import check_training_setup
 from diagnose.zoo import ModelConfig, TrainConfig, Transformer, make_optimizer
 
-from .nano import NanoGPT
+from ..nano import NanoGPT
 
 
 def _checks(result):

@@ -1,10 +1,13 @@
-"""A hand-written nanoGPT-style model whose mask can be broken on purpose (test helper).
+"""The hand-written nanoGPT-style model of the tests: what diagnose must handle without an
+adapter (the generic probe), and whose mask and scaling can be broken on purpose.
 
 mask_offset is the diagonal of the future mask: 1 is correct (triu(1) hides future keys),
 2 lets each position see the next token, 0 also hides the token itself (the first query has
 no key left and, filled with a large negative number, attends to everything), None is no mask.
 scale: "sqrt" (q.k / sqrt(D)), "none" (the bug), "folded" (q * D**-0.5 before the product, as
-BART does), "inverse_d" (q.k / D, muP) or "sdpa" (F.scaled_dot_product_attention, default scale).
+BART does), "inverse_d" (q.k / D, muP), "sdpa" (F.scaled_dot_product_attention with a boolean
+mask, default scale) or "sdpa_causal" (SDPA with is_causal=True and no mask tensor, as nanoGPT
+itself does; it ignores mask_offset and padding). NanoNoMask has nanoGPT's own forward(idx).
 """
 
 from __future__ import annotations
@@ -23,29 +26,44 @@ class NanoAttention(nn.Module):
         self.c_attn = nn.Linear(d, 3 * d)
         self.c_proj = nn.Linear(d, d)
 
-    def forward(self, x: torch.Tensor, pad: torch.Tensor | None) -> torch.Tensor:
+    def _qkv(self, x: torch.Tensor) -> list[torch.Tensor]:
         B, T, C = x.size()  # batch, sequence, embedding
         q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        D = k.size(-1)
+        return [t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v)]  # (B, nh, T, hs)
+
+    def _masked(self, T: int, pad: torch.Tensor | None) -> torch.Tensor:
         masked = torch.zeros(T, T, dtype=torch.bool)
         if self.mask_offset is not None:
             masked = torch.ones(T, T, dtype=torch.bool).triu(self.mask_offset)
         masked = masked[None, None]  # (1, 1, T, T)
         if pad is not None and self.use_padding:
             masked = masked | pad[:, None, None, :]  # (B, 1, T, T)
+        return masked
+
+    def scores(self, x: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
+        """The probabilities the explicit-softmax path computes, for tests to compare with.  # (B, nh, T, T)"""
+        q, k, _ = self._qkv(x)
+        D = k.size(-1)
+        if self.scale == "folded":
+            q = q * D ** -0.5
+        att = q @ k.transpose(-2, -1)  # (B, nh, T, T)
+        if self.scale in ("sqrt", "sdpa", "sdpa_causal"):
+            att = att / math.sqrt(D)
+        elif self.scale == "inverse_d":
+            att = att / D
+        masked = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(1) if self.scale == "sdpa_causal" \
+            else self._masked(x.shape[1], pad)
+        return F.softmax(att.masked_fill(masked, torch.finfo(att.dtype).min), dim=-1)
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
+        B, T, C = x.size()
+        q, k, v = self._qkv(x)
         if self.scale == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=~masked)  # (B, nh, T, hs)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=~self._masked(T, pad))  # (B, nh, T, hs)
+        elif self.scale == "sdpa_causal":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            if self.scale == "folded":
-                q = q * D ** -0.5
-            att = q @ k.transpose(-2, -1)  # (B, nh, T, T)
-            if self.scale == "sqrt":
-                att = att / math.sqrt(D)
-            elif self.scale == "inverse_d":
-                att = att / D
-            att = F.softmax(att.masked_fill(masked, torch.finfo(att.dtype).min), dim=-1)
-            y = att @ v  # (B, nh, T, hs)
+            y = self.scores(x, pad) @ v  # explicit softmax
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.c_proj(y)
 
@@ -90,15 +108,11 @@ class NanoGPT(nn.Module):
         return self.lm_head((x * w[..., None]).sum(1) / w.sum(1, keepdim=True))
 
 
-class NanoNoMask(nn.Module):
+class NanoNoMask(NanoGPT):
     """nanoGPT's own signature: forward(idx) only, no attention_mask argument."""
 
-    def __init__(self, **kw):
-        super().__init__()
-        self.inner = NanoGPT(**kw)
-
     def forward(self, idx):
-        return self.inner(idx)
+        return super().forward(idx)
 
 
 class TorchEncoderLM(nn.Module):
@@ -120,3 +134,10 @@ class TorchEncoderLM(nn.Module):
         if attention_mask is not None:  # float like the causal mask (torch warns on mixed mask types)
             pad = torch.zeros(attention_mask.shape).masked_fill(attention_mask == 0, float("-inf"))
         return self.head(self.enc(x, mask=mask, src_key_padding_mask=pad, is_causal=self.causal))
+
+
+def nanogpt(fused: bool, **kw) -> NanoNoMask:
+    """nanoGPT as its users write it: forward(idx), a causal mask from explicit softmax, or
+    F.scaled_dot_product_attention(is_causal=True) when fused; 2 layers of 3 heads of width 8."""
+    return NanoNoMask(**{"vocab": 40, "d": 24, "n_heads": 3, "max_len": 16,
+                         "scale": "sdpa_causal" if fused else "sqrt", **kw})
