@@ -37,6 +37,18 @@ class Flag:
 
 
 @dataclass
+class Group:
+    """Heads closed at once (`diagnose heads --together`), next to the sum of their single effects."""
+
+    label: str
+    accuracy: float
+    delta_accuracy: float
+    delta_loss: float
+    sum_single_accuracy: float  # what closing them would cost if their effects simply added up
+    sum_single_loss: float
+
+
+@dataclass
 class Correlation:
     statistic: str
     effect: str
@@ -64,6 +76,7 @@ class HeadsView:
     examples: list[dict[str, Any]] = field(default_factory=list)  # packed for the page
     example_texts: list[str] = field(default_factory=list)
     examples_note: str = ""
+    together: list[Group] = field(default_factory=list)
 
     @property
     def n_significant(self) -> int:
@@ -194,6 +207,22 @@ def _pack_examples(raw: Any, n_layers: int, n_heads: int, where: str,
     return packed, texts, "; ".join(notes)
 
 
+def _groups(raw: Any, heads: list[dict[str, Any]]) -> list[Group]:
+    by_head = {(h.get("layer"), h.get("head")): h for h in heads}
+    out = []
+    for g in raw if isinstance(raw, list) else []:
+        members = [tuple(m) for m in g.get("heads") or [] if isinstance(m, (list, tuple)) and len(m) == 2] \
+            if isinstance(g, dict) else []
+        if not members:
+            continue
+        singles = [by_head.get(m, {}) for m in members]
+        out.append(Group(" + ".join(f"L{layer}H{head}" for layer, head in members), _num(g.get("accuracy")),
+                         _num(g.get("delta_accuracy")), _num(g.get("delta_loss")),
+                         sum(_num(h.get("delta_accuracy")) for h in singles),
+                         sum(_num(h.get("delta_loss")) for h in singles)))
+    return out
+
+
 def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -> HeadsView:
     """Build the view of one heads document (already checked by sources.load_sources)."""
     model = data["model"]
@@ -221,4 +250,4 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
         baseline=data.get("baseline") or {}, seconds=_num(timing.get("seconds")) if timing else None,
         grids=grids, significant=significant, ranked=ranked, flags=_flags(data.get("flags")),
         correlations=_correlations(grids, data.get("correlations")), examples=examples, example_texts=texts,
-        examples_note=note)
+        examples_note=note, together=_groups(data.get("together"), data["heads"]))

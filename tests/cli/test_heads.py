@@ -76,13 +76,15 @@ def test_classifier_default_task_mean_and_fast(files):
 
 def test_together_closes_groups_and_matches_the_library(files):
     result = _run("lm.pt", "--data", "lm_data.pt", "--together", "L0.H1,L1.H0", "--together", "1.1",
-                  "--json", "t.json")
+                  "--json", "t.json", "--html", "t.html")
     assert result.exit_code == 0, result.output
     data = json.loads((files / "t.json").read_text())
     assert [g["heads"] for g in data["together"]] == [[[0, 1], [1, 0]], [[1, 1]]]
     single = next(h for h in data["heads"] if (h["layer"], h["head"]) == (1, 1))
     assert data["together"][1]["delta_loss"] == pytest.approx(single["delta_loss"], abs=1e-6)  # float32 sums
     assert "Closed together L0.H1 + L1.H0: accuracy" in result.stdout
+    html = (files / "t.html").read_text()
+    assert "Heads closed together" in html and "L0H1 + L1H0" in html
     for bad, says in (("L0.H9", "no head 9 in layer 0"), ("cat", "L<layer>.H<head>"), (",", "names no head")):
         _assert_clean_error(_run("lm.pt", "--data", "lm_data.pt", "--together", bad, "--json", "x.json"), says)
     assert not (files / "x.json").exists()
