@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -19,7 +19,7 @@ from .ablation import ablate_heads
 from .checks import check_model
 from .io.checkpoint import save_checkpoint
 from .io.data import save_tensors
-from .lessons import Variant, markdown_table, run_lessons, train_variant
+from .lessons import Trained, Variant, markdown_table, run_lessons, train_variant, variants
 from .zoo import ModelConfig, TaskData, TrainConfig
 
 
@@ -55,10 +55,8 @@ def demo_variants(quick: bool = False) -> list[Variant]:
         Variant("induction", "induction",
                 ModelConfig(kind="lm", vocab_size=24, max_len=32, n_layers=2, n_heads=2, d_model=64),
                 TrainConfig(steps=int(600 * k), lr=3e-3, batch_size=64, warmup=50)),
-        # the recipe of the positions lesson's model (a), whose heads the attention-map lesson contrasts
-        Variant("order", "order",
-                ModelConfig(kind="classifier", vocab_size=16, max_len=8, n_layers=2, n_heads=4, d_model=64),
-                TrainConfig(steps=int(300 * k), lr=3e-3, batch_size=64, warmup=50)),
+        # the positions lesson's model (a), whose heads the attention-map lesson contrasts: the lessons reuse it
+        replace(variants(quick)["positions"], name="order"),
         Variant("padding", "padding",
                 ModelConfig(kind="classifier", vocab_size=8, max_len=16, n_layers=2, n_heads=4, d_model=64),
                 TrainConfig(steps=int(400 * k), lr=3e-3, batch_size=64, warmup=50)),
@@ -95,9 +93,12 @@ def _run(out: Path, quick: bool, lessons: bool, report: bool, log: Callable[[str
     result = DemoResult(out)
     cache: dict[str, TaskData] = {}
     log("Training the demo models (reference Transformer on synthetic tasks) ...")
+    reusable: dict[str, Trained] = {}  # main models the lessons use as they are
     for v in demo_variants(quick):
         t0 = time.perf_counter()
         t = train_variant(v, out / "runs", cache)
+        if v.name == "order":
+            reusable["positions"] = t
         folder = out / v.name
         data = cache[v.task]
         ckpt = save_checkpoint(t.model, folder / "model.pt",
@@ -112,7 +113,7 @@ def _run(out: Path, quick: bool, lessons: bool, report: bool, log: Callable[[str
         log(f"  {v.name:10s} accuracy {item.accuracy:.3f}  loss {item.loss:.3f}  ({item.seconds:.0f} s)")
     if lessons:
         log("Training the lesson pairs (one switch changed per pair) ...")
-        result.lessons = run_lessons(out, quick=quick, log=log)
+        result.lessons = run_lessons(out, quick=quick, log=log, trained=reusable)
         log(markdown_table(json.loads(result.lessons.read_text())))
     if report:
         sources = [m.heads for m in result.models] + [m.checks for m in result.models]

@@ -5,8 +5,8 @@ puts the most weight on the first token among those whose removal changes nothin
 and (a) the head that puts the most weight on the first token among those whose removal does
 change the answer: two maps that read alike, two opposite effects. Then it closes both together,
 to tell an idle head from a backup: if removing b after a costs more than nothing, b was
-covering for a. The claim is written from the numbers
-of the run, so it says what this run found, whatever the seed.
+covering for a. The claim is written from the run's numbers, so it says what this run found,
+whatever the seed.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def name(h: HeadEffect) -> str:
 
 
 def pick(result: HeadsResult) -> tuple[HeadEffect | None, HeadEffect | None]:
-    """(a) the significant head, (b) the non-significant head with the most weight on the first
-    token (ties: the larger delta loss); either is None when no head qualifies."""
+    """(a) among the heads whose removal is significant and (b) among the others, the head with the
+    most weight on the first token (ties: the larger delta loss); None where no head qualifies."""
     known = [h for h in result.heads if h.verified and h.attention.get("first_token") is not None]
 
     def most_first(heads: list[HeadEffect]) -> HeadEffect | None:

@@ -211,17 +211,20 @@ LESSONS = [
 
 
 def run_lessons(out_dir: str | Path, *, quick: bool = False, only: list[str] | None = None,
-                log: Callable[[str], None] = print) -> Path:
+                log: Callable[[str], None] = print, trained: dict[str, Trained] | None = None) -> Path:
     """Train the variants, measure the lessons (all, or the keys in `only`), write
-    out_dir/lessons.json; returns its path."""
+    out_dir/lessons.json; returns its path. trained: variants already trained (by name), reused."""
     out = Path(out_dir)
     runs_dir = out / "runs"
     lessons = [les for les in LESSONS if only is None or les.key in only]
     vs = variants(quick)
     needed = [name for name in vs if any(name in (les.a, les.b) for les in lessons)]
     cache: dict[str, TaskData] = {}
-    trained: dict[str, Trained] = {}
+    trained = dict(trained or {})
     for name in needed:
+        if name in trained:
+            log(f"  reused  {name:22s} accuracy {trained[name].accuracy:.3f} ({trained[name].run_dir.name})")
+            continue
         trained[name] = t = train_variant(vs[name], runs_dir, cache)
         log(f"  trained {name:22s} accuracy {t.accuracy:.3f}")
     results = []
@@ -234,6 +237,7 @@ def run_lessons(out_dir: str | Path, *, quick: bool = False, only: list[str] | N
         res = LessonResult(lesson.key, lesson.title, measured.get("claim", lesson.claim),
                            measured.get("a", lesson.a), measured.get("b", lesson.b), measured["rows"], runs)
         results.append(res)
+    out.mkdir(parents=True, exist_ok=True)  # nothing may have been trained here (all reused)
     path = out / "lessons.json"
     tmp = path.with_name(path.name + ".partial")
     tmp.write_text(json.dumps({"schema": SCHEMA, "lessons": [r.to_json() for r in results]}, indent=1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from diagnose import ablate_heads, ablate_together
 from diagnose.ablation.result import HeadsResult
 from diagnose.head_lesson import measure, name, pick
-from diagnose.lessons import train_variant, variants
+from diagnose.lessons import run_lessons, train_variant, variants
 
 from .ablation.test_contrast import head
 
@@ -49,3 +50,9 @@ def test_the_lesson_on_the_demo_order_model(tmp_path: Path):
     # what the lesson is about: (a) matters, (b) does not, and the claim says so in numbers
     assert a.significant and a.delta_accuracy < -0.02 and not b.significant and abs(b.delta_accuracy) < 0.01
     assert f"{b.attention['first_token']:.0%}" in out["claim"] and name(a) in out["claim"]
+    # the demo hands its order model to the lessons: reused as it is, not trained again
+    logs: list[str] = []
+    path = run_lessons(tmp_path / "out", only=["heads"], trained={"positions": t}, log=logs.append)
+    (lesson,) = json.loads(path.read_text())["lessons"]
+    assert logs and all(line.lstrip().startswith("reused") for line in logs)
+    assert lesson["runs"] == [str(t.run_dir)] and lesson["rows"] == out["rows"] and lesson["claim"] == out["claim"]
