@@ -63,8 +63,8 @@ class Thresholds:
         first sample (learned sharp heads keep ~20 % of it; collapsed ones drop under 5 %).
     rank_cos / rank_patience: a block's mean cosine similarity between positions at least
         rank_cos for `patience` consecutive logged steps, in any block but the last. Measured: true
-        collapse (no residuals, Post-LN diverging without warmup) sits at 0.99-1.00 and stays; healthy
-        runs stay below: a Post-LN run with warmup at lr 1e-2 peaked at 0.93, and the first block of the
+        collapse (a stack without residuals, lr 0.1) reaches 0.99-1.00 and stays; healthy runs stay
+        below: a Post-LN run with warmup at lr 1e-2 peaked at 0.93, and the first block of the
         demo's 2-layer order and padding classifiers, which broadcast one token to every position,
         held 0.975 and 0.953 while reaching 100 % accuracy.
     warmup_check: no_warmup fires when the lr of the second logged step (within this many
