@@ -41,8 +41,8 @@ HINTS = {
 }
 
 # grad_spike when the loop clips (the monitor knows its max norm): telling the user to clip would be wrong
-CLIPPED_SPIKE_HINT = ("gradient clipping already bounded this update; if spikes recur, lower the lr or lengthen "
-                      "the warmup, look for bad batches, and for attention logits growing (qk-norm)")
+CLIPPING_SPIKE_HINT = ("the loop already clips gradients; if spikes recur, lower the lr or lengthen the warmup, "
+                       "look for bad batches, and for attention logits growing (qk-norm)")
 
 
 @dataclass
@@ -57,6 +57,8 @@ class Thresholds:
         for `patience` consecutive logged steps.
     loss_spike_floor: a loss spike must also rise by this fraction of the first logged loss
         (late in a run, 0.004 -> 0.04 is 10x but means nothing).
+    grad_spike_floor: likewise, a gradient spike must reach this fraction of the first logged
+        grad norm (a converged demo classifier went 0.0012 -> 0.0100: 8x, and nothing to act on).
     growth_ratio: a block's activation variance above growth_ratio x its median over the window.
     collapse_entropy_frac / collapse_head_frac: a site where at least collapse_head_frac of the
         heads have an attention entropy below collapse_entropy_frac x their entropy at the
@@ -85,6 +87,7 @@ class Thresholds:
     collapse_entropy_frac: float = 0.1
     collapse_head_frac: float = 0.75
     loss_spike_floor: float = 0.05
+    grad_spike_floor: float = 0.05
     rank_cos: float = 0.99
     rank_patience: int = 5
     warmup_check: int | bool = 100
@@ -131,6 +134,7 @@ class AlertEngine:
         self.hist: dict[str, deque] = {}
         self.streak: dict[str, int] = {}
         self.first_loss: float | None = None  # the scale a loss spike is measured against
+        self.first_grad_norm: float | None = None  # ... and a gradient spike
         self.first_lr: tuple[int, float] | None = None
         self.first_attention: dict[str, float] = {}
         self.lr_checked = False
@@ -178,14 +182,18 @@ class AlertEngine:
             return out  # everything downstream of a NaN is NaN: other detectors would only echo it
 
         loss, gn = rec.get("loss"), rec.get("grad_norm")
+        if self.first_grad_norm is None and _finite(gn):
+            self.first_grad_norm = gn
         r = self._spike("grad_norm", gn, self.t.grad_spike_ratio, self.t.grad_spike_mads)
+        if r is not None and gn < self.t.grad_spike_floor * (self.first_grad_norm or 0.0):
+            r = None  # a spike of a converged run's tiny gradients is noise on the run's scale
         where = self._spiking_block(layers) if r is not None else ""
-        coef = rec.get("clip_coef")
-        clipped = _finite(coef) and coef < 1.0
+        coef = rec.get("clip_coef")  # present when the loop told the monitor it clips
+        clipping = ("" if not _finite(coef) else f"; clipping scaled the update by {coef:.2g}" if coef < 1.0
+                    else "; under the clipping threshold, the update was not scaled")
         emit("grad_spike", r is not None, "warning", where,
-             (f"gradient norm {gn:.3g} is {r:.1f}x its recent median"
-              + (f"; clipping scaled the update by {coef:.2g}" if clipped else "")) if r else "",
-             CLIPPED_SPIKE_HINT if clipped else None)
+             f"gradient norm {gn:.3g} is {r:.1f}x its recent median{clipping}" if r else "",
+             CLIPPING_SPIKE_HINT if clipping else None)
         if self.first_loss is None and _finite(loss):
             self.first_loss = loss
         r = self._spike("loss", loss, self.t.loss_spike_ratio, self.t.loss_spike_mads)

@@ -34,12 +34,23 @@ def test_every_kind_has_a_hint_and_alert_fields():
     assert a["severity"] in ("warning", "error") and "clip" in a["hint"] and "step 20" in format_alert(a)
 
 
-def test_a_clipped_spike_does_not_tell_the_user_to_clip():
+def test_a_spike_in_a_loop_that_clips_does_not_tell_the_user_to_clip():
     e = AlertEngine(Thresholds(), ["blocks.0", "blocks.1"])
     out = feed(e, [rec(i, gn=noisy(i), clip_coef=1.0) for i in range(20)] + [rec(20, gn=50.0, clip_coef=0.02)])
     (a,) = out
     assert a["kind"] == "grad_spike" and "clipping scaled the update by 0.02" in a["message"]
-    assert "clip_grad_norm_" not in a["hint"] and "already bounded" in a["hint"]
+    assert "clip_grad_norm_" not in a["hint"] and "already clips" in a["hint"]
+    e = AlertEngine(Thresholds(), ["blocks.0", "blocks.1"])  # clipping at 100: this spike is under it
+    (a,) = feed(e, [rec(i, gn=noisy(i), clip_coef=1.0) for i in range(20)] + [rec(20, gn=50.0, clip_coef=1.0)])
+    assert "under the clipping threshold" in a["message"] and "already clips" in a["hint"]
+
+
+def test_a_spike_of_tiny_late_gradients_is_not_an_alert():
+    e = AlertEngine(Thresholds(), ["blocks.0", "blocks.1"])
+    early = [rec(0, gn=2.0)]
+    late = [rec(i, gn=0.001 * noisy(i)) for i in range(1, 30)]
+    assert feed(e, early + late + [rec(30, gn=0.01)]) == []  # 10x, but 0.5 % of where the run started
+    assert [a["kind"] for a in feed(e, [rec(31, gn=0.5)])] == ["grad_spike"]  # 25 % of it: an alert
 
 
 def test_grad_and_loss_spike_fire_once_then_rearm_after_cooldown():
