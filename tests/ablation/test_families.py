@@ -13,6 +13,7 @@ from diagnose.ablation import ablate_heads
 from diagnose.zoo import ModelConfig, Transformer
 
 from ..nano import nanogpt  # the nanoGPT-style module (explicit softmax or SDPA is_causal)
+from ..wordlevel import make_tokenizer
 from .helpers import assert_untouched, evaluate, snapshot, with_head_weights_zeroed
 
 transformers = pytest.importorskip("transformers")
@@ -88,11 +89,12 @@ def _reference():
     return Transformer(ModelConfig(kind="lm", vocab_size=V, max_len=16, n_layers=2, n_heads=4, d_model=32)).eval()
 
 
-def _bridge(tmp_path_factory):
+def _bridge(tmp_path_factory, over: str = "gpt2"):
     from transformer_lens.model_bridge import TransformerBridge
 
-    folder = tmp_path_factory.mktemp("tl") / "gpt2"
-    _gpt2("eager").save_pretrained(folder)
+    folder = tmp_path_factory.mktemp("tl") / over
+    {"gpt2": _gpt2, "llama": _llama}[over]("eager").save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)  # the bridge loads one; nothing may come from the hub
     return TransformerBridge.boot_transformers(str(folder), device="cpu").eval()
 
 
@@ -121,13 +123,15 @@ FAMILIES = {
                      _linear(lambda m, l: m.h[l].attn.c_proj), 8),
     "tl-bridge": (_bridge, lambda: _lm_data(False), "lm",
                   lambda m, l: (m.blocks[l].attn.o.original_component.weight, 0), 8),
+    "tl-bridge-llama": (lambda f: _bridge(f, "llama"), lambda: _lm_data(False), "lm",
+                        lambda m, l: (m.blocks[l].attn.o.original_component.weight, 1), 8),
 }
 
 
 @pytest.mark.parametrize("reuse", [True, False])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_delta_equals_weight_zeroing(family, reuse, tmp_path_factory):
-    if family == "tl-bridge":
+    if family.startswith("tl-bridge"):
         pytest.importorskip("transformer_lens")
     build, make_data, task, weight_of, head_dim = FAMILIES[family]
     model, data = build(tmp_path_factory), make_data()

@@ -1,5 +1,6 @@
-"""TransformerLens 4 TransformerBridge: captured maps equal its own hook_pattern cache; the
-gate on the `o` bridge matches zeroing the head's weights; no hook is left."""
+"""TransformerLens 4 TransformerBridge over GPT-2 and over LLaMA (GQA, rotary): captured maps
+equal its own hook_pattern cache; the gate on the `o` bridge matches zeroing the head's weights;
+no hook is left."""
 
 from __future__ import annotations
 
@@ -9,19 +10,31 @@ import torch
 import diagnose
 from diagnose.adapters._hooks import hook_snapshot
 
+from ..wordlevel import make_tokenizer
+
 pytest.importorskip("transformer_lens")
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def bridge(tmp_path_factory):
+def _gpt2():
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_head=4, n_embd=32, vocab_size=50, n_positions=32, bos_token_id=0, eos_token_id=0))
+
+
+def _llama():  # grouped-query attention (2 key/value heads for 4 query heads) and rotary positions
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=50, max_position_embeddings=32, bos_token_id=0, eos_token_id=0))
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def bridge(request, tmp_path_factory):
     from transformer_lens.model_bridge import TransformerBridge
 
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=50, n_positions=32,
-                                  bos_token_id=0, eos_token_id=0)
-    folder = tmp_path_factory.mktemp("tl") / "gpt2"
-    transformers.GPT2LMHeadModel(cfg).save_pretrained(folder)
+    folder = tmp_path_factory.mktemp("tl") / request.param
+    {"gpt2": _gpt2, "llama": _llama}[request.param]().save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)  # the bridge loads one; nothing may come from the hub
     return TransformerBridge.boot_transformers(str(folder), device="cpu").eval()
 
 
