@@ -1,6 +1,6 @@
-"""Hugging Face GPT-2, BERT (padding) and LLaMA-style (GQA + RoPE), each under eager and sdpa:
-captured maps equal the eager model's own output_attentions, outputs are untouched, the gate
-matches weight zeroing, and no hook is left."""
+"""Hugging Face GPT-2 (also with cross-attention), BERT (padding) and LLaMA-style (GQA + RoPE),
+each under eager and sdpa: captured maps equal the eager model's own output_attentions, outputs
+are untouched, the gate matches weight zeroing, and no hook is left."""
 
 from __future__ import annotations
 
@@ -85,3 +85,32 @@ def test_llama_gqa_recorded(batch):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_gate(family, impl, batch, gate_check):
     gate_check(build(family, impl), batch, valid=batch["attention_mask"])
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_gpt2_cross_attention(impl, gate_check):
+    """A GPT-2 decoder with cross-attention (add_cross_attention=True): each block's self- and
+    cross-attention are two sites, in forward order, and both equal the eager model's maps."""
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=50, n_positions=32,
+                                  bos_token_id=0, eos_token_id=0, add_cross_attention=True)
+    cfg._attn_implementation = impl
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    inputs = {"input_ids": torch.randint(1, 50, (2, 7)), "encoder_hidden_states": torch.randn(2, 5, 32)}
+    sites = diagnose.find_heads(model)
+    assert [s.name for s in sites] == ["transformer.h.0.attn", "transformer.h.0.crossattention",
+                                       "transformer.h.1.attn", "transformer.h.1.crossattention"]
+    eager_cfg = transformers.GPT2Config.from_dict(cfg.to_dict())
+    eager_cfg._attn_implementation = "eager"
+    eager = transformers.GPT2LMHeadModel(eager_cfg).eval()
+    eager.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        want = eager(**inputs, output_attentions=True)
+    before = hook_snapshot(model)
+    cap = diagnose.capture(model, inputs)
+    assert hook_snapshot(model) == before
+    expected = [m for pair in zip(want.attentions, want.cross_attentions) for m in pair]
+    for got, ref in zip(cap.attention, expected, strict=True):
+        assert got.shape == ref.shape and (got - ref).abs().max() <= 1e-5  # [B, H, 7, 7] and [B, H, 7, 5]
+    assert (cap.output.logits - want.logits).abs().max() <= 1e-5
+    gate_check(model, inputs)
