@@ -26,6 +26,7 @@ TINY_ACCURACY = 0.01  # |delta accuracy| below 1 point is tiny ...
 TINY_LOSS = 0.02  # ... and so is |delta loss| below 2 % of the baseline loss (+ 0.001 nats)
 VITAL_ACCURACY = 0.02  # vital: significant and at least 2 points of accuracy ...
 VITAL_LOSS = 0.10  # ... or 10 % of the baseline loss
+ROLE_SLACK = 0.05  # a named role's share this close to the max weight means the peak is on that role's key
 _ROLES = {"max_weight": "on a single key", "first_token": "on the first token", "self": "on itself",
           "prev_token": "on the previous token"}
 
@@ -83,10 +84,16 @@ def flags(heads: Sequence[HeadEffect], baseline_loss: float) -> list[dict[str, A
 
 
 def _dominant(att: dict[str, float | None]) -> tuple[str | None, float | None]:
+    """The head's most striking pattern: a named role (first token, itself, previous token) when
+    its key is where the peak weight goes (within ROLE_SLACK of max weight), else "a single key"."""
     known = {k: att.get(k) for k in _ROLES if _known(att.get(k))}
     if not known:
         return None, None
-    role = max(known, key=lambda k: known[k])
+    named = {k: v for k, v in known.items() if k != "max_weight"}
+    role = max(named, key=lambda k: named[k]) if named else None
+    peak = known.get("max_weight")
+    if role is None or (peak is not None and named[role] < peak - ROLE_SLACK):
+        role = max(known, key=lambda k: known[k])
     return role, float(known[role])
 
 

@@ -43,8 +43,15 @@ def test_flags_with_reasons():
     out = flags([inert, vital, decisive_and_vital, diffuse_inert], baseline_loss=0.5)
     assert [(f["kind"], f["layer"], f["head"]) for f in out] == [("striking_but_inert", 0, 0),
                                                                  ("diffuse_but_vital", 0, 1)]
-    assert "95%" in out[0]["reason"] and "on a single key" in out[0]["reason"]
+    # its peak (0.95) is on the first token (0.93): the reason names the role, not just "a key"
+    assert "93%" in out[0]["reason"] and "on the first token" in out[0]["reason"]
     assert "spread out" in out[1]["reason"] and "-30.0%" in out[1]["reason"]
+
+
+def test_a_peak_on_no_named_role_is_a_single_key():
+    h = head(0, 0, dacc=0.0, dloss=0.0, p=1.0, att={"first_token": 0.3, "prev_token": 0.2, "max_weight": 0.9})
+    (f,) = flags([h], baseline_loss=0.5)
+    assert "90% of its attention goes on a single key" in f["reason"]
 
 
 def test_inert_twins_are_called_redundant():
