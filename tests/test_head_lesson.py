@@ -50,6 +50,13 @@ def test_the_lesson_on_the_demo_order_model(tmp_path: Path):
     # what the lesson is about: (a) matters, (b) does not, and the claim says so in numbers
     assert a.significant and a.delta_accuracy < -0.02 and not b.significant and abs(b.delta_accuracy) < 0.01
     assert f"{b.attention['first_token']:.0%}" in out["claim"] and name(a) in out["claim"]
+    # the sweep itself tests the flag's suspicion: (b) closed with the heads that look the same
+    flag = next(f for f in result.flags if (f["layer"], f["head"]) == (b.layer, b.head))
+    group = [(b.layer, b.head), *(tuple(t) for t in flag["twins"])]
+    assert (a.layer, a.head) in group  # here the head that matters is among its look-alikes
+    closed = ablate_together(t.model, data, group, task=task)
+    assert flag["together"]["delta_accuracy"] == pytest.approx(closed.delta_accuracy)
+    assert "closed together with" in flag["reason"] and "may cover" not in flag["reason"]
     # the demo hands its order model to the lessons: reused as it is, not trained again
     logs: list[str] = []
     path = run_lessons(tmp_path / "out", only=["heads"], trained={"positions": t}, log=logs.append)

@@ -68,13 +68,13 @@ def flags(heads: Sequence[HeadEffect], baseline_loss: float) -> list[dict[str, A
             continue
         role, share = dominant[(h.layer, h.head)]
         if role is not None and share >= DECISIVE and _tiny(h, baseline_loss) and not h.significant:
-            twins = sum(1 for (l, k), (r, sh) in dominant.items()
-                        if l == h.layer and k != h.head and r == role and sh is not None and sh >= DECISIVE)
-            cover = (f"; {twins} other head(s) of layer {h.layer} look the same and may cover for it "
+            twins = [[k_layer, k] for (k_layer, k), (r, sh) in dominant.items()
+                     if k_layer == h.layer and k != h.head and r == role and sh is not None and sh >= DECISIVE]
+            cover = (f"; {len(twins)} other head(s) of layer {h.layer} look the same and may cover for it "
                      "(single-head ablation misses redundancy)") if twins else ""
-            out.append(_flag("striking_but_inert", h,
-                             f"{share:.0%} of its attention goes {_ROLES[role]}, yet removing it changes "
-                             f"accuracy by {_effect(h)} and loss by {h.delta_loss:+.4f}{cover}"))
+            flag = _flag("striking_but_inert", h, f"{share:.0%} of its attention goes {_ROLES[role]}, yet removing "
+                         f"it changes accuracy by {_effect(h)} and loss by {h.delta_loss:+.4f}{cover}")
+            out.append({**flag, "twins": twins} if twins else flag)
         elif share is not None and share < DIFFUSE and h.significant and _vital(h, baseline_loss):
             out.append(_flag("diffuse_but_vital", h,
                              f"its attention is spread out (at most {share:.0%} on any key or role, "
@@ -108,6 +108,16 @@ def _vital(h: HeadEffect, baseline_loss: float) -> bool:
 def _effect(h: HeadEffect) -> str:
     lo, hi = h.delta_accuracy_ci or (float("nan"), float("nan"))
     return f"{h.delta_accuracy:+.1%} (95 % CI [{lo:+.1%}, {hi:+.1%}], p = {h.p_value:.2g})"
+
+
+def backup_test(flag: dict[str, Any], together: dict[str, Any]) -> dict[str, Any]:
+    """The flag with the redundancy it suspected measured: `together` is the GroupEffect (JSON) of
+    the head closed with its twins; the reason then says what that cost instead of "may"."""
+    names = ", ".join(f"L{layer}.H{head}" for layer, head in flag["twins"])
+    reason = flag["reason"].split("; ")[0]
+    reason += (f"; closed together with its look-alike(s) {names}, accuracy moves "
+               f"{together['delta_accuracy']:+.1%} and loss {together['delta_loss']:+.4f}")
+    return {**flag, "reason": reason, "together": together}
 
 
 def _flag(kind: str, h: HeadEffect, reason: str) -> dict[str, Any]:

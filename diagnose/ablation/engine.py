@@ -24,12 +24,12 @@ from ..objectives import TASKS
 from ..sites import find_heads
 from . import contrast, significance
 from .batches import as_batches
-from .gate import gated
+from .gate import METHODS, gated
+from .together import ablate_together
 from .attention import summarise
 from .result import ATTENTION_STATS, HeadEffect, HeadsResult
 from .sweep import Sweep
 
-METHODS = ("zero", "mean")
 DEFAULT_TOP = 5
 KEEP_BYTES = 512 * 2 ** 20  # --fast keeps clean batches (logits, block outputs) up to this for verification
 
@@ -108,13 +108,15 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
     correlations = contrast.correlations([h for h in heads if h.verified])
     correlations["fast_vs_exact"] = contrast.spearman(
         [h.grad_importance_raw for h in heads if h.verified], [h.delta_loss for h in heads if h.verified])
+    flags = [_backup_test(f, model, batches, task, method, sites, baseline) if f.get("twins") else f
+             for f in contrast.flags(heads, baseline["loss"])]
     family = sites[0].adapter.family if sites else "unknown"
     n_heads = sorted({s.n_heads for s in sites})
     return HeadsResult(
         model={"family": family, "n_layers": len(sites), "n_heads": n_heads[0] if len(n_heads) == 1 else
                [s.n_heads for s in sites], "class": type(model).__name__},
         task=task, method=method, n_examples=acc.n_examples, n_units=int(acc.units()), baseline=baseline,
-        heads=heads, correlations=correlations, flags=contrast.flags(heads, baseline["loss"]),
+        heads=heads, correlations=correlations, flags=flags,
         timing={"seconds": time.perf_counter() - started, "ablation_seconds": ablation_seconds,
                 "forward_passes": sweep.forwards, "examples_forwarded": sweep.examples_forwarded,
                 "prefix_reuse": sweep.reuse, "batches": len(batches)},
@@ -223,6 +225,15 @@ def _heads(acc: _Accumulator, sweep: Sweep, chosen: list[int], alpha: float, n_b
             heads.append(HeadEffect(s, h, None, None, None, None, None, None, None, None, None, float(norm[m]),
                                     float(raw[m]), float(est[m]), False, stats))
     return heads
+
+
+def _backup_test(flag: dict, model: torch.nn.Module, batches: list, task: str, method: str,
+                 sites: Sequence[AttentionSite], baseline: dict[str, float]) -> dict:
+    """Close a striking-but-inert head with the twins that may cover for it: one forward per batch."""
+    group = [(flag["layer"], flag["head"]), *(tuple(t) for t in flag["twins"])]
+    effect = ablate_together(model, batches, group, task=task, method=method, sites=sites,
+                             baseline=(baseline["accuracy"], baseline["loss"]))
+    return contrast.backup_test(flag, effect.to_json())
 
 
 def _stats_for(summary: dict | None, s: int, h: int) -> dict[str, float | None]:

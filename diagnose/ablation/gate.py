@@ -21,6 +21,8 @@ import torch
 
 from ..adapters.base import AttentionSite
 
+METHODS = ("zero", "mean")  # what a closed head's output becomes: 0, or its mean over the data set
+
 # observer(head_out) with head_out [B, T, H, D], called on every forward of the site
 Observer = Callable[[torch.Tensor], None]
 

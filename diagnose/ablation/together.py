@@ -18,8 +18,7 @@ from ..modes import eval_mode
 from ..objectives import TASKS, call_model, logits_of, score, targets_for
 from ..sites import find_heads
 from .batches import as_batches, batch_size_of
-from .engine import METHODS
-from .gate import gated
+from .gate import METHODS, gated
 from .sweep import Sweep
 
 
@@ -51,11 +50,13 @@ class GroupEffect:
 
 def ablate_together(model: torch.nn.Module, data: Any, heads: Iterable[tuple[int, int]], *,
                     task: str = "classification", method: str = "zero", batch_size: int | None = None,
-                    sites: Sequence[AttentionSite] | None = None) -> GroupEffect:
+                    sites: Sequence[AttentionSite] | None = None,
+                    baseline: tuple[float, float] | None = None) -> GroupEffect:
     """Close every (layer, head) in `heads` at once and score the model on `data`.
 
     data, task, method and batch_size as for ablate_heads; method "mean" replaces each closed
-    head's output by its mean over the data set's real tokens.
+    head's output by its mean over the data set's real tokens. baseline: the clean (accuracy,
+    loss) when already known (the sweep's), which saves the clean passes.
     """
     if task not in TASKS:
         raise ConfigError(f"task {task!r} is not one of {', '.join(TASKS)}")
@@ -80,7 +81,7 @@ def ablate_together(model: torch.nn.Module, data: Any, heads: Iterable[tuple[int
         for inputs, labels in batches:
             targets = targets_for(task, inputs, labels)
             B = batch_size_of(inputs)
-            for key, shut in (("clean", []), ("closed", closed)):
+            for key, shut in (("clean", []), ("closed", closed))[1 if baseline else 0:]:
                 for gate in gates:
                     scale = torch.ones(B, gate.site.n_heads, device=targets.device)  # [B, H]
                     for layer, head in shut:
@@ -92,5 +93,5 @@ def ablate_together(model: torch.nn.Module, data: Any, heads: Iterable[tuple[int
                 sums[key][1] += float(sc.correct.sum())
             units += float(sc.count.sum())
     n = max(units, 1.0)
-    return GroupEffect(closed, method, sums["closed"][1] / n, sums["closed"][0] / n,
-                       sums["clean"][1] / n, sums["clean"][0] / n)
+    clean_acc, clean_loss = baseline if baseline else (sums["clean"][1] / n, sums["clean"][0] / n)
+    return GroupEffect(closed, method, sums["closed"][1] / n, sums["closed"][0] / n, clean_acc, clean_loss)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from diagnose.ablation.contrast import correlations, flags, spearman
+from diagnose.ablation.contrast import backup_test, correlations, flags, spearman
 from diagnose.ablation.result import ATTENTION_STATS, HeadEffect
 
 
@@ -60,5 +60,10 @@ def test_inert_twins_are_called_redundant():
     c = head(1, 0, dacc=0.0, dloss=0.0, p=1.0, att={"prev_token": 0.8})
     out = flags([a, b, c], baseline_loss=0.5)
     assert len(out) == 3
-    assert "1 other head(s) of layer 0 look the same" in out[0]["reason"]
+    assert "1 other head(s) of layer 0 look the same" in out[0]["reason"] and out[0]["twins"] == [[0, 1]]
+    assert "twins" not in out[2]
+    tested = backup_test(out[0], {"delta_accuracy": -0.25, "delta_loss": 0.7})
+    assert tested["reason"].endswith("closed together with its look-alike(s) L0.H1, accuracy moves -25.0% "
+                                     "and loss +0.7000")
+    assert "may cover" not in tested["reason"] and tested["together"]["delta_loss"] == 0.7
     assert "other head" not in out[2]["reason"]
