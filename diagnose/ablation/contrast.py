@@ -110,13 +110,19 @@ def _effect(h: HeadEffect) -> str:
     return f"{h.delta_accuracy:+.1%} (95 % CI [{lo:+.1%}, {hi:+.1%}], p = {h.p_value:.2g})"
 
 
-def backup_test(flag: dict[str, Any], together: dict[str, Any]) -> dict[str, Any]:
+def backup_test(flag: dict[str, Any], together: dict[str, Any], singles: float | None = None) -> dict[str, Any]:
     """The flag with the redundancy it suspected measured: `together` is the GroupEffect (JSON) of
-    the head closed with its twins; the reason then says what that cost instead of "may"."""
+    the head closed with its twins, `singles` the sum of the group's single-head delta accuracies
+    (None if some were not measured); the reason then says what that cost instead of "may"."""
     names = ", ".join(f"L{layer}.H{head}" for layer, head in flag["twins"])
     reason = flag["reason"].split("; ")[0]
     reason += (f"; closed together with its look-alike(s) {names}, accuracy moves "
                f"{together['delta_accuracy']:+.1%} and loss {together['delta_loss']:+.4f}")
+    if singles is not None:
+        extra = together["delta_accuracy"] - singles
+        verdict = ("so it backs them up" if extra <= -TINY_ACCURACY else
+                   "so it is not their backup" if abs(extra) < TINY_ACCURACY else "so they interfere")
+        reason += f", against {singles:+.1%} for each removed alone, added up: {verdict}"
     return {**flag, "reason": reason, "together": together}
 
 

@@ -108,7 +108,8 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
     correlations = contrast.correlations([h for h in heads if h.verified])
     correlations["fast_vs_exact"] = contrast.spearman(
         [h.grad_importance_raw for h in heads if h.verified], [h.delta_loss for h in heads if h.verified])
-    flags = [_backup_test(f, model, batches, task, method, sites, baseline) if f.get("twins") else f
+    by_head = {(h.layer, h.head): h for h in heads}
+    flags = [_backup_test(f, model, batches, task, method, sites, baseline, by_head) if f.get("twins") else f
              for f in contrast.flags(heads, baseline["loss"])]
     family = sites[0].adapter.family if sites else "unknown"
     n_heads = sorted({s.n_heads for s in sites})
@@ -228,12 +229,13 @@ def _heads(acc: _Accumulator, sweep: Sweep, chosen: list[int], alpha: float, n_b
 
 
 def _backup_test(flag: dict, model: torch.nn.Module, batches: list, task: str, method: str,
-                 sites: Sequence[AttentionSite], baseline: dict[str, float]) -> dict:
+                 sites: Sequence[AttentionSite], baseline: dict[str, float], by_head: dict) -> dict:
     """Close a striking-but-inert head with the twins that may cover for it: one forward per batch."""
     group = [(flag["layer"], flag["head"]), *(tuple(t) for t in flag["twins"])]
     effect = ablate_together(model, batches, group, task=task, method=method, sites=sites,
                              baseline=(baseline["accuracy"], baseline["loss"]))
-    return contrast.backup_test(flag, effect.to_json())
+    singles = [by_head[g].delta_accuracy for g in group]
+    return contrast.backup_test(flag, effect.to_json(), None if None in singles else sum(singles))
 
 
 def _stats_for(summary: dict | None, s: int, h: int) -> dict[str, float | None]:

@@ -66,4 +66,8 @@ def test_inert_twins_are_called_redundant():
     assert tested["reason"].endswith("closed together with its look-alike(s) L0.H1, accuracy moves -25.0% "
                                      "and loss +0.7000")
     assert "may cover" not in tested["reason"] and tested["together"]["delta_loss"] == 0.7
+    together = {"delta_accuracy": -0.25, "delta_loss": 0.7}
+    assert backup_test(out[0], together, singles=-0.002)["reason"].endswith(
+        "against -0.2% for each removed alone, added up: so it backs them up")
+    assert backup_test(out[0], together, singles=-0.248)["reason"].endswith("so it is not their backup")
     assert "other head" not in out[2]["reason"]
