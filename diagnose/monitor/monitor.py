@@ -4,8 +4,8 @@ Per logged step it records loss, lr, the global gradient norm (pre-clip, AMP-uns
 clip coefficient, per-block gradient norm and activation statistics, and on every
 `attention_every`-th step per-head attention entropy and max weight. Everything is reduced
 on the device and brought to the host with ONE `.tolist()` per logged step; under
-torch.distributed the same vector is gathered across ranks in one collective and only rank
-0 writes. Records are appended and flushed to the run folder as they are made.
+torch.distributed the same vector is gathered across ranks in one collective (FSDP2's sharded
+gradient norms in one more) and only rank 0 writes. Records are appended and flushed to the run folder as they are made.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class TrainingMonitor:
         sampled = self._attn.armed
         acts, act_present = self._acts.collect()  # [L_present, 4]
         attn = self._attn.collect() if sampled else []  # per site [2, H] or None
-        norms, grad_idx = self._grads.norms()  # [P]
+        norms, grad_idx, sharded = self._grads.norms()  # [P]
         dev = next((t.device for t in (norms, acts) if t is not None), None)
         if dev is None:
             dev = loss.device if isinstance(loss, torch.Tensor) else torch.device("cpu")
@@ -144,6 +144,8 @@ class TrainingMonitor:
         if self.world > 1:
             shared_v = self._reduce(shared_v, 0 if acts is None else acts.shape[0])
         if norms is not None:
+            if any(sharded) and self.world > 1:
+                norms = self._gather_shards(norms, sharded)
             div = scaler_divisor(scaler, optimizer)
             if div is not None:
                 norms = norms / div.to(dev)
@@ -152,6 +154,16 @@ class TrainingMonitor:
         if loss is None:
             values[0] = None  # not given: null in the log, not a NaN alert
         return self._record(s, lr, values, act_present, attn, grad_idx)
+
+    @staticmethod
+    def _gather_shards(norms: torch.Tensor, sharded: list[bool]) -> torch.Tensor:
+        """FSDP2: the norm of a sharded gradient from its shards' norms (sum of squares over ranks)."""
+        mask = torch.tensor(sharded, device=norms.device)
+        sq = norms[mask].square()
+        dist.all_reduce(sq)  # SUM
+        out = norms.clone()
+        out[mask] = sq.sqrt()
+        return out
 
     def _reduce(self, v: torch.Tensor, n_layers: int) -> torch.Tensor:
         """Average across ranks (max for max |x|), in one all_gather."""

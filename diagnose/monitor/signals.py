@@ -190,8 +190,23 @@ class AttentionProbe:
         self._seen = [[] for _ in self.sites]
 
 
+def _dtensor_type() -> type | None:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch < 2.5 keeps it private
+        try:
+            from torch.distributed._tensor import DTensor
+        except ImportError:
+            return None
+    return DTensor
+
+
 class GradNorms:
-    """Per-parameter gradient norms on the device, and the block each parameter belongs to."""
+    """Per-parameter gradient norms on the device, and the block each parameter belongs to.
+
+    Under FSDP2 (`fully_shard`) a gradient is a DTensor sharded across ranks: its local shard's
+    norm is taken here, and `sharded` marks it, so that the monitor sums the squares across ranks
+    (one all_reduce with everything else of the step)."""
 
     def __init__(self, model: nn.Module, block_names: list[str]):
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -200,17 +215,24 @@ class GradNorms:
         self.owner = [next((i for i, pre in enumerate(prefixes) if n.startswith(pre)), -1)
                       for n, _ in self.params]
 
-    def norms(self) -> tuple[torch.Tensor | None, list[int]]:
-        """(norms [P_with_grad], their indices into self.params); no sync."""
+    def norms(self) -> tuple[torch.Tensor | None, list[int], list[bool]]:
+        """(norms [P_with_grad], their indices into self.params, which are local shards); no sync."""
         idx = [i for i, (_, p) in enumerate(self.params) if p.grad is not None and not p.grad.is_sparse]
         if not idx:
-            return None, idx
+            return None, idx, []
         grads = [self.params[i][1].grad for i in idx]
+        dtensor = _dtensor_type()
+        sharded = [False] * len(grads)
+        if dtensor is not None and any(isinstance(g, dtensor) for g in grads):
+            for j, g in enumerate(grads):
+                if isinstance(g, dtensor):
+                    sharded[j] = any(pl.is_shard() for pl in g.placements)
+                    grads[j] = g.to_local()
         dev = grads[0].device
         norms = torch._foreach_norm(grads)  # one kernel per dtype/device group, no sync
         if all(n.device == dev and n.dtype == norms[0].dtype for n in norms):
-            return torch.stack(norms).double(), idx  # [P]
-        return torch.stack([n.to(dev, torch.float64) for n in norms]), idx  # [P]
+            return torch.stack(norms).double(), idx, sharded  # [P]
+        return torch.stack([n.to(dev, torch.float64) for n in norms]), idx, sharded  # [P]
 
 
 def scaler_divisor(scaler: Any, optimizer: Any) -> torch.Tensor | None:

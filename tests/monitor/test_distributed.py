@@ -1,5 +1,5 @@
-"""Under DDP (gloo, 2 processes) the logged statistics equal one process on the global batch,
-and only rank 0 writes."""
+"""Under DDP and under FSDP2 (`fully_shard`, gradients sharded across ranks), with gloo and 2
+processes, the logged statistics equal one process on the global batch, and only rank 0 writes."""
 
 from __future__ import annotations
 
@@ -25,9 +25,17 @@ WORKER = textwrap.dedent("""
     from diagnose.monitor import TrainingMonitor
     from diagnose.zoo import ModelConfig, Transformer
     rank, init, run_dir, cfg, steps = int(sys.argv[1]), sys.argv[2], sys.argv[3], eval(sys.argv[4]), int(sys.argv[5])
+    wrap = sys.argv[6]
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     torch.manual_seed(0)
-    model = DDP(Transformer(ModelConfig(**cfg)))
+    model = Transformer(ModelConfig(**cfg))
+    if wrap == "ddp":
+        model = DDP(model)
+    else:  # FSDP2: every block, then the root, sharded across the two ranks
+        from torch.distributed.fsdp import fully_shard
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mon = TrainingMonitor(model, run_dir if rank == 0 else run_dir + "-rank1", attention_every=1, echo=False)
     for s in range(steps):
@@ -57,11 +65,12 @@ def _single(run_dir):
 
 
 @pytest.mark.slow
-def test_ddp_two_ranks_match_single_process(tmp_path):
-    run_dir = str(tmp_path / "ddp")
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
+def test_two_ranks_match_single_process(tmp_path, wrap):
+    run_dir = str(tmp_path / wrap)
     init = f"file://{tmp_path / 'init'}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), init, run_dir, repr(CFG), str(STEPS)],
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), init, run_dir, repr(CFG), str(STEPS), wrap],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
     outs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
