@@ -107,7 +107,8 @@ def _print(result, json_path: str | None) -> None:
         out.print(f"--fast: ranked {len(result.heads)} heads by gradient importance, verified the top "
                   f"{result.fast['top']}" + ("" if rho is None else f" (Spearman to exact {rho:+.2f})"))
     for f in result.flags:
-        out.print(f"[bold]{f['kind']}[/bold] L{f['layer']}.H{f['head']}: {f['reason']}")
+        names = " + ".join(f"L{layer}.H{head}" for layer, head in f.get("heads") or [(f["layer"], f["head"])])
+        out.print(f"[bold]{f['kind']}[/bold] {names}: {f['reason']}")
     if not result.flags:
         out.print("No head's heatmap contradicts its ablation effect.")
     for g in result.together:

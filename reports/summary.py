@@ -63,7 +63,8 @@ def heads_verdict(v: HeadsView) -> Verdict:
                                           f"(Holm-corrected p < 0.05); the largest effects: {top}."))
     inert = [f for f in v.flags if f.kind == "striking_but_inert"]
     vital = [f for f in v.flags if f.kind == "diffuse_but_vital"]
-    other = [f for f in v.flags if f.kind not in ("striking_but_inert", "diffuse_but_vital")]
+    together = [f for f in v.flags if f.kind == "redundant_group"]
+    other = [f for f in v.flags if f.kind not in ("striking_but_inert", "diffuse_but_vital", "redundant_group")]
     if inert:
         out.lines.append(("Looks important but is not", "; ".join(
             f"{f.label}: {f.reason}" if f.reason else f.label for f in inert[:4])
@@ -74,6 +75,8 @@ def heads_verdict(v: HeadsView) -> Verdict:
     if vital:
         out.lines.append(("Matters though its map looks diffuse", "; ".join(
             f"{f.label}: {f.reason}" if f.reason else f.label for f in vital[:4]) + "."))
+    if together:
+        out.lines.append(("Matter only together", "; ".join(f.reason for f in together[:4]) + "."))
     if other:
         out.lines.append(("Other flags", "; ".join(f"{f.label} ({f.kind})" for f in other[:4]) + "."))
     corr = {(c.statistic, c.effect): c for c in v.correlations}

@@ -30,10 +30,11 @@ class Flag:
     head: int
     kind: str
     reason: str
+    group: list[tuple[int, int]] = field(default_factory=list)  # a flag on several heads (redundant_group)
 
     @property
     def label(self) -> str:
-        return f"L{self.layer}H{self.head}"
+        return " + ".join(f"L{layer}H{head}" for layer, head in self.group) or f"L{self.layer}H{self.head}"
 
 
 @dataclass
@@ -129,7 +130,9 @@ def _flags(raw: Any) -> list[Flag]:
         if not isinstance(f, dict) or not isinstance(f.get("layer"), int) or not isinstance(f.get("head"), int):
             continue
         reason = f.get("reason") or f.get("why") or f.get("message") or ""
-        out.append(Flag(f["layer"], f["head"], str(f.get("kind") or kind or "flagged"), str(reason)))
+        group = [(int(m[0]), int(m[1])) for m in f.get("heads") or []
+                 if isinstance(m, (list, tuple)) and len(m) == 2 and all(isinstance(x, int) for x in m)]
+        out.append(Flag(f["layer"], f["head"], str(f.get("kind") or kind or "flagged"), str(reason), group))
     return out
 
 

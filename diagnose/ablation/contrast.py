@@ -5,7 +5,9 @@ it); it is finer-grained than delta accuracy, which saturates. A head is flagged
 `striking_but_inert` when its attention looks decisive (most weight on one key, on the
 first token, itself or the previous token) yet removing it changes nothing significant
 and nothing sizeable; `diffuse_but_vital` is the reverse: spread-out attention, and a
-significant, sizeable effect.
+significant, sizeable effect. Look-alike heads (one layer, the same decisive pattern) are
+also closed together: `redundant_group` flags a set that each barely matters alone and
+takes the answer with it together.
 """
 
 from __future__ import annotations
@@ -81,6 +83,37 @@ def flags(heads: Sequence[HeadEffect], baseline_loss: float) -> list[dict[str, A
                              f"entropy {h.attention.get('entropy', float('nan')):.2f} nats), yet removing it "
                              f"changes accuracy by {_effect(h)} and loss by {h.delta_loss:+.4f}"))
     return out
+
+
+def look_alikes(heads: Sequence[HeadEffect]) -> list[tuple[str, list[tuple[int, int]]]]:
+    """(role, heads) for each set of two or more heads of one layer whose most striking pattern is
+    the same role (first token, itself, previous token, or one key), each decisive; sorted heads."""
+    groups: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for h in heads:
+        role, share = _dominant(h.attention)
+        if role is not None and share >= DECISIVE:
+            groups.setdefault((h.layer, role), []).append((h.layer, h.head))
+    return [(role, sorted(members)) for (_, role), members in groups.items() if len(members) >= 2]
+
+
+def redundant_flag(role: str, members: list[tuple[int, int]], heads: dict[tuple[int, int], HeadEffect],
+                   together: dict[str, Any]) -> dict[str, Any] | None:
+    """A `redundant_group` flag when look-alike heads that each barely matter alone take the answer
+    with them when closed together; None when a member matters alone or the group costs no more."""
+    hs = [heads[m] for m in members]
+    if any(h.delta_accuracy is None or abs(h.delta_accuracy) >= VITAL_ACCURACY for h in hs):
+        return None
+    singles = sum(h.delta_accuracy for h in hs)
+    if together["delta_accuracy"] - singles > -VITAL_ACCURACY:
+        return None
+    shares = [_dominant(h.attention)[1] for h in hs]
+    names = ", ".join(f"L{h.layer}.H{h.head}" for h in hs)
+    reason = (f"{names} each put {min(shares):.0%} or more of their attention {_ROLES[role]}, and each alone "
+              f"moves accuracy by under {VITAL_ACCURACY:.0%} ({', '.join(f'{h.delta_accuracy:+.1%}' for h in hs)}); "
+              f"closed together, accuracy moves {together['delta_accuracy']:+.1%} and loss "
+              f"{together['delta_loss']:+.4f}: they back each other up, which single-head ablation cannot see")
+    return {"kind": "redundant_group", "layer": hs[0].layer, "head": hs[0].head,
+            "heads": [list(m) for m in members], "reason": reason, "together": together}
 
 
 def _dominant(att: dict[str, float | None]) -> tuple[str | None, float | None]:

@@ -108,9 +108,7 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
     correlations = contrast.correlations([h for h in heads if h.verified])
     correlations["fast_vs_exact"] = contrast.spearman(
         [h.grad_importance_raw for h in heads if h.verified], [h.delta_loss for h in heads if h.verified])
-    by_head = {(h.layer, h.head): h for h in heads}
-    flags = [_backup_test(f, model, batches, task, method, sites, baseline, by_head) if f.get("twins") else f
-             for f in contrast.flags(heads, baseline["loss"])]
+    flags = _flags_with_groups(heads, model, batches, task, method, sites, baseline)
     family = sites[0].adapter.family if sites else "unknown"
     n_heads = sorted({s.n_heads for s in sites})
     return HeadsResult(
@@ -228,14 +226,37 @@ def _heads(acc: _Accumulator, sweep: Sweep, chosen: list[int], alpha: float, n_b
     return heads
 
 
-def _backup_test(flag: dict, model: torch.nn.Module, batches: list, task: str, method: str,
-                 sites: Sequence[AttentionSite], baseline: dict[str, float], by_head: dict) -> dict:
-    """Close a striking-but-inert head with the twins that may cover for it: one forward per batch."""
-    group = [(flag["layer"], flag["head"]), *(tuple(t) for t in flag["twins"])]
-    effect = ablate_together(model, batches, group, task=task, method=method, sites=sites,
-                             baseline=(baseline["accuracy"], baseline["loss"]))
-    singles = [by_head[g].delta_accuracy for g in group]
-    return contrast.backup_test(flag, effect.to_json(), None if None in singles else sum(singles))
+def _flags_with_groups(heads: list[HeadEffect], model: torch.nn.Module, batches: list, task: str, method: str,
+                       sites: Sequence[AttentionSite], baseline: dict[str, float]) -> list[dict]:
+    """The contrast flags, with look-alike heads closed together (one forward per batch and group)
+    where that can change the story: a striking-but-inert member may be a backup, and heads that each
+    barely matter alone may carry the answer together."""
+    by_head = {(h.layer, h.head): h for h in heads}
+    flags = contrast.flags(heads, baseline["loss"])
+    inert = {(f["layer"], f["head"]) for f in flags if f["kind"] == "striking_but_inert"}
+    effects: dict[tuple, dict] = {}
+
+    def closed_together(members: tuple) -> dict:
+        if members not in effects:
+            effects[members] = ablate_together(model, batches, list(members), task=task, method=method, sites=sites,
+                                               baseline=(baseline["accuracy"], baseline["loss"])).to_json()
+        return effects[members]
+
+    out = []
+    for f in flags:
+        if f.get("twins"):
+            members = tuple(sorted([(f["layer"], f["head"]), *(tuple(t) for t in f["twins"])]))
+            singles = [by_head[m].delta_accuracy for m in members]
+            f = contrast.backup_test(f, closed_together(members), None if None in singles else sum(singles))
+        out.append(f)
+    for role, members in contrast.look_alikes(heads):
+        small = all(by_head[m].verified and abs(by_head[m].delta_accuracy) < contrast.VITAL_ACCURACY
+                    for m in members)
+        if small and not inert & set(members):  # inert members' flags already carry the group's effect
+            group_flag = contrast.redundant_flag(role, members, by_head, closed_together(tuple(members)))
+            if group_flag is not None:
+                out.append(group_flag)
+    return out
 
 
 def _stats_for(summary: dict | None, s: int, h: int) -> dict[str, float | None]:

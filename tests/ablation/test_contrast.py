@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from diagnose.ablation.contrast import backup_test, correlations, flags, spearman
+from diagnose.ablation.contrast import backup_test, correlations, flags, look_alikes, redundant_flag, spearman
 from diagnose.ablation.result import ATTENTION_STATS, HeadEffect
 
 
@@ -71,3 +71,20 @@ def test_inert_twins_are_called_redundant():
         "against -0.2% for each removed alone, added up: so it backs them up")
     assert backup_test(out[0], together, singles=-0.248)["reason"].endswith("so it is not their backup")
     assert "other head" not in out[2]["reason"]
+
+
+def test_look_alike_groups_and_the_redundant_flag():
+    a = head(1, 0, dacc=-0.007, dloss=0.02, p=1e-10, att={"max_weight": 0.86})
+    b = head(1, 1, dacc=-0.002, dloss=0.01, p=1e-4, att={"max_weight": 0.85})
+    c = head(1, 2, dacc=0.0, dloss=0.0, p=1.0, att={"max_weight": 0.3})  # diffuse: not a look-alike
+    d = head(0, 0, dacc=-0.5, dloss=2.0, p=1e-30, att={"prev_token": 0.9})  # alone in its layer and role
+    assert look_alikes([a, b, c, d]) == [("max_weight", [(1, 0), (1, 1)])]
+    by = {(h.layer, h.head): h for h in (a, b, c, d)}
+    flag = redundant_flag("max_weight", [(1, 0), (1, 1)], by, {"delta_accuracy": -0.7, "delta_loss": 5.0})
+    assert flag["kind"] == "redundant_group" and flag["heads"] == [[1, 0], [1, 1]]
+    assert flag["reason"].startswith("L1.H0, L1.H1 each put 85% or more of their attention on a single key")
+    assert "(-0.7%, -0.2%)" in flag["reason"] and "accuracy moves -70.0%" in flag["reason"]
+    # no flag when together costs what the singles add up to, or when a member matters alone
+    assert redundant_flag("max_weight", [(1, 0), (1, 1)], by, {"delta_accuracy": -0.01, "delta_loss": 0.0}) is None
+    by[(1, 1)] = head(1, 1, dacc=-0.05, dloss=0.3, p=1e-9, att={"max_weight": 0.85})
+    assert redundant_flag("max_weight", [(1, 0), (1, 1)], by, {"delta_accuracy": -0.7, "delta_loss": 5.0}) is None

@@ -60,6 +60,10 @@ def test_ablation_finds_the_planted_mechanism(trained):
     induction_heads = {(1, h) for h in range(answer.shape[1]) if answer[1, h] > 0.3}
     assert induction_heads == {(1, 0), (1, 1)}, answer
     assert _accuracy_with_closed(model, ev, induction_heads) < 0.5
+    # ... and the sweep finds that on its own: the look-alike pair is closed together and flagged
+    (group,) = [f for f in result.flags if f["kind"] == "redundant_group"]
+    assert {tuple(m) for m in group["heads"]} == induction_heads and "back each other up" in group["reason"]
+    assert group["together"]["accuracy"] == pytest.approx(_accuracy_with_closed(model, ev, induction_heads))
 
     # the head ablation ranks first is layer 0's previous-token head, the one the induction
     # heads read; removing it alone destroys accuracy

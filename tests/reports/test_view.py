@@ -47,6 +47,16 @@ def test_flags_as_mapping_and_given_significance():
     assert v.n_significant == 1 and v.significant[1, 1]
 
 
+def test_a_group_flag_is_labelled_by_its_heads_and_summarised():
+    doc = rf.make_heads(2, 2, vital=(), inert=())
+    doc["flags"] = [{"kind": "redundant_group", "layer": 1, "head": 0, "heads": [[1, 0], [1, 1]],
+                     "reason": "L1.H0, L1.H1 ... they back each other up"}]
+    v = heads_view("m", doc)
+    assert v.flags[0].label == "L1H0 + L1H1"
+    lines = dict(heads_verdict(v).lines)
+    assert lines["Matter only together"] == "L1.H0, L1.H1 ... they back each other up." and "Other flags" not in lines
+
+
 def test_examples_packed_and_decodable():
     doc = rf.make_heads(2, 3, seq_len=6, n_kept=2)
     v = heads_view("m", doc)
