@@ -5,7 +5,8 @@ clip coefficient, per-block gradient norm and activation statistics, and on ever
 `attention_every`-th step per-head attention entropy and max weight. Everything is reduced
 on the device and brought to the host with ONE `.tolist()` per logged step; under
 torch.distributed the same vector is gathered across ranks in one collective (FSDP2's sharded
-gradient norms in one more) and only rank 0 writes. Records are appended and flushed to the run folder as they are made.
+gradient norms in one more) and only rank 0 writes. Records are appended and flushed to the
+run folder as they are made.
 """
 
 from __future__ import annotations

@@ -206,7 +206,7 @@ class GradNorms:
 
     Under FSDP2 (`fully_shard`) a gradient is a DTensor sharded across ranks: its local shard's
     norm is taken here, and `sharded` marks it, so that the monitor sums the squares across ranks
-    (one all_reduce with everything else of the step)."""
+    (in one all_reduce for all of them)."""
 
     def __init__(self, model: nn.Module, block_names: list[str]):
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -214,6 +214,7 @@ class GradNorms:
         # index of the block that owns each parameter, -1 for embeddings, final norm, head
         self.owner = [next((i for i, pre in enumerate(prefixes) if n.startswith(pre)), -1)
                       for n, _ in self.params]
+        self.dtensor = _dtensor_type()  # looked up once: norms() runs at every logged step
 
     def norms(self) -> tuple[torch.Tensor | None, list[int], list[bool]]:
         """(norms [P_with_grad], their indices into self.params, which are local shards); no sync."""
@@ -221,7 +222,7 @@ class GradNorms:
         if not idx:
             return None, idx, []
         grads = [self.params[i][1].grad for i in idx]
-        dtensor = _dtensor_type()
+        dtensor = self.dtensor
         sharded = [False] * len(grads)
         if dtensor is not None and any(isinstance(g, dtensor) for g in grads):
             for j, g in enumerate(grads):
