@@ -45,6 +45,7 @@ WORKER = textwrap.dedent("""
         mon.step(loss, optimizer=opt)
         opt.step(); opt.zero_grad()
     mon.close()
+    dist.barrier()  # both ranks done before gloo tears down (else an occasional abort at exit)
     dist.destroy_process_group()
 """)
 
