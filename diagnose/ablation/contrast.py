@@ -64,14 +64,13 @@ def correlations(heads: Sequence[HeadEffect]) -> dict[str, Any]:
 def flags(heads: Sequence[HeadEffect], baseline_loss: float) -> list[dict[str, Any]]:
     """Heads whose heatmap and ablation disagree, each with the reason in words."""
     out = []
-    dominant = {(h.layer, h.head): _dominant(h.attention) for h in heads}
+    group_of = {m: members for _, members in look_alikes(heads) for m in members}
     for h in heads:
         if not h.verified:
             continue
-        role, share = dominant[(h.layer, h.head)]
+        role, share = _dominant(h.attention)
         if role is not None and share >= DECISIVE and _tiny(h, baseline_loss) and not h.significant:
-            twins = [[k_layer, k] for (k_layer, k), (r, sh) in dominant.items()
-                     if k_layer == h.layer and k != h.head and r == role and sh is not None and sh >= DECISIVE]
+            twins = [list(m) for m in group_of.get((h.layer, h.head), []) if m != (h.layer, h.head)]
             cover = (f"; {len(twins)} other head(s) of layer {h.layer} look the same and may cover for it "
                      "(single-head ablation misses redundancy)") if twins else ""
             flag = _flag("striking_but_inert", h, f"{share:.0%} of its attention goes {_ROLES[role]}, yet removing "
