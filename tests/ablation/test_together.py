@@ -11,7 +11,7 @@ from diagnose.ablation.batches import as_batches
 from diagnose.errors import ConfigError
 from diagnose.zoo import ModelConfig, Transformer, order
 
-from .helpers import assert_untouched, evaluate, snapshot
+from .helpers import assert_untouched, evaluate, snapshot, with_head_weights_zeroed
 
 
 @pytest.fixture(scope="module")
@@ -25,21 +25,13 @@ def model_and_data():
 
 
 def _zeroed(model, data, closed):
-    """Accuracy and loss with each closed head's input columns of attn.proj zeroed (no gate)."""
-    batches = as_batches(data, 32)
-    saved = {}
-    try:
-        with torch.no_grad():
-            for layer, head in closed:
-                w = model.blocks[layer].attn.proj.weight  # [C, H * D]: input columns are the heads side by side
-                saved.setdefault(layer, w.detach().clone())
-                d = model.cfg.head_dim
-                w[:, head * d:(head + 1) * d] = 0.0
-        return evaluate(model, batches, "classification")
-    finally:
-        with torch.no_grad():
-            for layer, w in saved.items():
-                model.blocks[layer].attn.proj.weight.copy_(w)
+    """Accuracy and loss with each closed head's input columns of attn.proj zeroed (no gate):
+    one weight-zeroing per head, nested, the model run innermost."""
+    if not closed:
+        return evaluate(model, as_batches(data, 32), "classification")
+    (layer, head), rest = closed[0], closed[1:]
+    return with_head_weights_zeroed(model.blocks[layer].attn.proj.weight, 1, head, model.cfg.head_dim,
+                                    lambda: _zeroed(model, data, rest))
 
 
 @pytest.mark.parametrize("closed", [[(0, 1)], [(0, 1), (1, 2)], [(0, 0), (0, 3), (1, 1)]])
