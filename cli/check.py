@@ -8,7 +8,9 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from ._options import attention_options, data_option, max_length_option, model_options
+from diagnose._terminal import plain
+
+from ._options import attention_options, check_outputs, data_option, max_length_option, model_options
 
 _STYLE = {"error": "bold red", "warning": "bold yellow", "info": "cyan"}
 
@@ -48,6 +50,7 @@ def check(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     from diagnose.checks import check_model, check_training_setup
     from diagnose.io import load_data_for, load_model
 
+    check_outputs({"--json": json_path}, inputs=[model, data, run_dir])
     net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
     ds = load_data_for(net, data, max_length=max_length) if data else None
     result = check_model(net, ds, causal=causal, attention_module=attention_module, n_heads=n_heads)
@@ -76,14 +79,14 @@ def _print(result, json_path: str | None) -> None:
     out = Console(highlight=False)
     m = result.model
     probe = m.get("probe", {})
-    out.print(Text(f"{m.get('family')} ({m.get('n_parameters', 0):,} parameters), probed with "
-                   f"{probe.get('examples')} x {probe.get('length')} tokens ({probe.get('data')})"))
+    out.print(Text(plain(f"{m.get('family')} ({m.get('n_parameters', 0):,} parameters), probed with "
+                   f"{probe.get('examples')} x {probe.get('length')} tokens ({probe.get('data')})")))
     for f in result:
-        out.print(Text.assemble("\n", (f"{f.severity.upper():7}", _STYLE[f.severity]), f" {f.check}: ",
-                                (f.title, "bold")))
+        out.print(Text.assemble("\n", (f"{f.severity.upper():7}", _STYLE[f.severity]), plain(f" {f.check}: "),
+                                (plain(f.title), "bold")))
         for key, value in f.evidence.items():
-            out.print(Text(f"    {key} = {_value(value)}"))
-        out.print(Text(f"    fix: {f.fix}"))
+            out.print(Text(plain(f"    {key} = {_value(value)}")))
+        out.print(Text(plain(f"    fix: {f.fix}")))
     out.print()
     problems = result.problems
     if problems:
@@ -91,8 +94,8 @@ def _print(result, json_path: str | None) -> None:
     else:
         out.print(Text("No wiring problem found.", style="bold green"))
     if result.passed:
-        out.print(Text(f"passed: {', '.join(result.passed)}"))
+        out.print(Text(plain(f"passed: {', '.join(result.passed)}")))
     for s in result.skipped:
-        out.print(Text(f"skipped: {s['check']} ({s['why']})"))
+        out.print(Text(plain(f"skipped: {s['check']} ({s['why']})")))
     if json_path:
-        out.print(Text(f"JSON written to {json_path}"))
+        out.print(Text(plain(f"JSON written to {json_path}")))

@@ -6,6 +6,7 @@ import click
 
 from ._options import (
     attention_options,
+    check_outputs,
     data_option,
     html_option,
     max_length_option,
@@ -56,8 +57,10 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     from diagnose.ablation import ablate_heads, ablate_together
     from diagnose.ablation.task import default_task
     from diagnose.io import load_data_for, load_model, probe
+    from diagnose._terminal import plain
     from diagnose.sites import find_heads
 
+    check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data])
     closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
     net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
     ds = load_data_for(net, data, max_length=max_length)
@@ -75,18 +78,21 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     if html_path:
         from diagnose.reports import write_report
 
-        click.echo(f"report: {write_report([result], html_path)}")
+        click.echo(f"report: {plain(write_report([result], html_path))}")
 
 
 def _print(result, json_path: str | None) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    from diagnose._terminal import plain, text
 
     out = Console(highlight=False, width=max(Console().width, 120))
     b = result.baseline
-    out.print(f"{result.model['family']} model, {result.model['n_layers']} layers; {result.task}, {result.method} "
+    out.print(text(f"{result.model['family']} model, {result.model['n_layers']} layers; {result.task}, {result.method} "
               f"ablation, {result.n_examples} examples ({result.n_units} scored units); baseline accuracy "
-              f"{b['accuracy']:.2%}, loss {b['loss']:.4f}")
+              f"{b['accuracy']:.2%}, loss {b['loss']:.4f}"))
     table = Table("rank", "head", "Δacc [95 % CI]", "p (Holm)", "Δloss", "KL", "grad", "entropy", "max w",
                   "first")
     for rank, h in enumerate(result.ranked(), 1):
@@ -96,28 +102,29 @@ def _print(result, json_path: str | None) -> None:
             effect = [f"{h.delta_accuracy:+.2%} [{lo:+.2%}, {hi:+.2%}]", _p(h), f"{h.delta_loss:+.4f}", f"{h.kl:.4f}"]
         else:
             effect = ["not verified", "", "", ""]
-        table.add_row(str(rank), f"L{h.layer}.H{h.head}", *effect, f"{h.grad_importance:.3f}",
-                      _f(a.get("entropy")), _f(a.get("max_weight")), _f(a.get("first_token")))
+        cells = [str(rank), f"L{h.layer}.H{h.head}", *effect, f"{h.grad_importance:.3f}",
+                 _f(a.get("entropy")), _f(a.get("max_weight")), _f(a.get("first_token"))]
+        table.add_row(*(Text(c) for c in cells))
     out.print(table)
     sig = result.significance
-    out.print(f"{sig['n_significant']} of {sig['n_tested']} heads tested change accuracy significantly after "
-              f"{sig['correction'].title()} correction (alpha {sig['alpha']}).")
+    out.print(Text(f"{sig['n_significant']} of {sig['n_tested']} heads tested change accuracy significantly after "
+              f"{sig['correction'].title()} correction (alpha {sig['alpha']})."))
     if result.fast:
         rho = result.fast["spearman_vs_exact"]["rho"]
-        out.print(f"--fast: ranked {len(result.heads)} heads by gradient importance, verified the top "
-                  f"{result.fast['top']}" + ("" if rho is None else f" (Spearman to exact {rho:+.2f})"))
+        out.print(Text(f"--fast: ranked {len(result.heads)} heads by gradient importance, verified the top "
+                  f"{result.fast['top']}" + ("" if rho is None else f" (Spearman to exact {rho:+.2f})")))
     for f in result.flags:
         names = " + ".join(f"L{layer}.H{head}" for layer, head in f.get("heads") or [(f["layer"], f["head"])])
-        out.print(f"[bold]{f['kind']}[/bold] {names}: {f['reason']}")
+        out.print(Text.assemble((plain(f["kind"]), "bold"), plain(f" {names}: {f['reason']}")))
     if not result.flags:
-        out.print("No head's heatmap contradicts its ablation effect.")
+        out.print(Text("No head's heatmap contradicts its ablation effect."))
     for g in result.together:
         names = " + ".join(f"L{layer}.H{head}" for layer, head in g["heads"])
-        out.print(f"Closed together {names}: accuracy {g['accuracy']:.2%} ({g['delta_accuracy']:+.2%}), "
-                  f"loss {g['loss']:.4f} ({g['delta_loss']:+.4f})")
+        out.print(Text(f"Closed together {names}: accuracy {g['accuracy']:.2%} ({g['delta_accuracy']:+.2%}), "
+                  f"loss {g['loss']:.4f} ({g['delta_loss']:+.4f})"))
     t = result.timing
     where = f"; JSON: {json_path}" if json_path else ""
-    out.print(f"{t['seconds']:.1f} s, {t['forward_passes']} forward passes{where}")
+    out.print(text(f"{t['seconds']:.1f} s, {t['forward_passes']} forward passes{where}"))
 
 
 def parse_heads(text: str) -> list[tuple[int, int]]:

@@ -30,31 +30,38 @@ def info(model: str, factory: str | None, trust_pickle: bool, attn_implementatio
 
     net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
     m = describe_model(net)
-    click.echo(f"model       {m['source']}  ({m['format']})")
-    click.echo(f"class       {m['class']}")
-    click.echo(f"parameters  {m['parameters']:,}" + ("" if m["trainable"] == m["parameters"]
+    _echo(f"model       {m['source']}  ({m['format']})")
+    _echo(f"class       {m['class']}")
+    _echo(f"parameters  {m['parameters']:,}" + ("" if m["trainable"] == m["parameters"]
                                                      else f" ({m['trainable']:,} trainable)"))
     if m["config"]:
-        click.echo(f"config      {_pairs(m['config'])}")
-    click.echo(f"tokenizer   {m['tokenizer'] or 'none'}")
+        _echo(f"config      {_pairs(m['config'])}")
+    _echo(f"tokenizer   {m['tokenizer'] or 'none'}")
     if data is None:
         return
     ds = load_data_for(net, data, max_length=max_length)
     fit = probe(net, ds)
     d = describe_data(ds)
-    click.echo(f"data        {d['source']}")
-    click.echo(f"examples    N={d['n_examples']}  T={d['seq_len']}  token ids {d['token_ids'][0]}..{d['token_ids'][1]}")
-    click.echo("padding     " + (f"{d['padding_share']:.1%} of positions" if d["has_attention_mask"]
+    _echo(f"data        {d['source']}")
+    _echo(f"examples    N={d['n_examples']}  T={d['seq_len']}  token ids {d['token_ids'][0]}..{d['token_ids'][1]}")
+    _echo("padding     " + (f"{d['padding_share']:.1%} of positions" if d["has_attention_mask"]
                                  else "no attention_mask"))
     lab = d["labels"]
     if lab is None:
-        click.echo("labels      none (language-model data: targets are the inputs shifted by one)")
+        _echo("labels      none (language-model data: targets are the inputs shifted by one)")
     else:
         extra = f", {lab['scored_share']:.1%} of positions scored" if lab["kind"] == "token" else ""
-        click.echo(f"labels      {lab['kind']} {lab['shape']}, {lab['min']}..{lab['max']} "
+        _echo(f"labels      {lab['kind']} {lab['shape']}, {lab['min']}..{lab['max']} "
                    f"({lab['distinct']} distinct{extra})")
     fits = "" if fit["labels_fit"] is None else "; labels fit"
-    click.echo(f"output      {fit['output_shape']} on the first {min(2, d['n_examples'])} examples{fits}")
+    _echo(f"output      {fit['output_shape']} on the first {min(2, d['n_examples'])} examples{fits}")
+
+
+def _echo(line: str) -> None:
+    """Model configs and file names are data: printed as text without control characters."""
+    from diagnose._terminal import plain
+
+    click.echo(plain(line))
 
 
 def _pairs(cfg: dict[str, Any]) -> str:

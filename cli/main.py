@@ -10,18 +10,24 @@ import sys
 import click
 
 from diagnose import __version__
+from diagnose._terminal import plain
 from diagnose.errors import DiagnoseError
 
 
 class _Group(click.Group):
-    """Turns the library's errors into one clean line and exit code 2."""
+    """Turns the library's errors into one clean line and exit code 2, and Ctrl-C into
+    "interrupted" and exit code 130 (click's own answer is "Aborted!" and 1)."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except DiagnoseError as exc:
-            click.echo(f"error: {exc}", err=True)
+            # messages quote file names and values from files: printed as text, no escapes
+            click.echo(f"error: {plain(exc)}", err=True)
             ctx.exit(2)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -57,6 +63,6 @@ _register()
 def main() -> None:
     try:
         cli.main(prog_name="diagnose", standalone_mode=True)
-    except KeyboardInterrupt:  # pragma: no cover - interactive
+    except KeyboardInterrupt:  # pragma: no cover - Ctrl-C between commands' own handling
         click.echo("interrupted", err=True)
         sys.exit(130)

@@ -19,7 +19,9 @@ def report(sources: tuple[str, ...], output: str, title: str | None) -> None:
 
     Example: diagnose report heads.json runs/exp1 -o report.html
     """
+    from diagnose._write import check_outputs
     from diagnose.reports import write_report
 
+    check_outputs({"-o": output}, inputs=sources)
     path = write_report(list(sources), output, title=title)
     click.echo(f"Report written to {path.resolve()}")

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from ._options import html_option
+from diagnose._terminal import plain
+
+from ._options import check_outputs, html_option
 
 
 def _step_line(rec: dict) -> str:
-    return f"step {rec.get('step')}  loss {rec.get('loss')!s:.8}  grad norm {rec.get('grad_norm')!s:.8}  lr {rec.get('lr')}"
+    return plain(f"step {rec.get('step')}  loss {rec.get('loss')!s:.8}  grad norm {rec.get('grad_norm')!s:.8}  "
+                 f"lr {rec.get('lr')}")
 
 
 @click.command()
 @click.argument("run_dir", type=click.Path())
-@click.option("--follow", "follow_", is_flag=True, help="Print steps and alerts live until the run closes (Ctrl-C stops).")
+@click.option("--follow", "follow_", is_flag=True,
+              help="Print steps and alerts live until the run closes or its writer process is gone "
+                   "(Ctrl-C stops).")
 @click.option("--tensorboard", "tb_dir", type=click.Path(file_okay=False), default=None,
               help="Also export the run's scalars to this TensorBoard log folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
@@ -28,20 +31,20 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, as_json: bool, html_p
              diagnose stats runs/exp1 --html run.html
     """
     from rich.console import Console
+    from rich.text import Text
 
+    from diagnose import _json
+    from diagnose._terminal import plain as clean
     from diagnose.monitor.follow import follow as follow_run
     from diagnose.monitor.runfolder import read_run
-    from diagnose.monitor.summary import render, summarize
+    from diagnose.monitor.summary import alert_line, render, summarize
 
-    console = Console()
+    console = Console(highlight=False)
+    outputs = {"--html": html_path}
+    check_outputs(outputs, inputs=[run_dir])
     if follow_:
-        def on_alert(a: dict) -> None:
-            console.print(f"[red]step {a.get('step')} {a.get('kind')}[/red] at {a.get('where')}: "
-                          f"{a.get('message')}\n    hint: {a.get('hint')}", highlight=False)
-        try:
-            follow_run(run_dir, lambda r: console.print(_step_line(r), highlight=False), on_alert)
-        except KeyboardInterrupt:
-            console.print("stopped following")
+        follow_run(run_dir, lambda r: console.print(Text(_step_line(r))), lambda a: console.print(alert_line(a)),
+                   on_note=lambda msg: click.echo(clean(msg), err=True))
     run = read_run(run_dir)
     summary = summarize(run)
     if tb_dir:
@@ -49,9 +52,9 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, as_json: bool, html_p
 
         n = export_tensorboard(run, tb_dir)
         if not as_json:
-            console.print(f"wrote {n} scalars to {tb_dir}")
+            console.print(Text(f"wrote {n} scalars to {clean(tb_dir)}"))
     if as_json:
-        click.echo(json.dumps(summary, indent=1))
+        click.echo(_json.dumps(summary, indent=1))
     else:
         render(summary, console)
     if html_path:
@@ -59,4 +62,4 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, as_json: bool, html_p
 
         path = write_report([run], html_path)
         if not as_json:
-            console.print(f"report: {path}")
+            console.print(Text(f"report: {clean(path)}"))

@@ -9,12 +9,13 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from . import _json
+from ._write import atomic_write
 from .ablation import ablate_heads
 from .checks import check_model
 from .io.checkpoint import save_checkpoint
@@ -64,10 +65,7 @@ def demo_variants(quick: bool = False) -> list[Variant]:
 
 
 def _write_json(obj: dict, path: Path) -> Path:
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(obj, indent=1))
-    tmp.replace(path)
-    return path
+    return atomic_write(path, _json.dumps(obj, indent=1), what="demo JSON")
 
 
 def run_demo(out_dir: str | Path = "demo-out", *, quick: bool = False, lessons: bool = True,
@@ -114,7 +112,7 @@ def _run(out: Path, quick: bool, lessons: bool, report: bool, log: Callable[[str
     if lessons:
         log("Training the lesson pairs (one switch changed per pair) ...")
         result.lessons = run_lessons(out, quick=quick, log=log, trained=reusable)
-        log(markdown_table(json.loads(result.lessons.read_text())))
+        log(markdown_table(_json.loads(result.lessons.read_text())))
     if report:
         sources = [m.heads for m in result.models] + [m.checks for m in result.models]
         sources += [m.run_dir for m in result.models]

@@ -29,3 +29,7 @@ class NoAttentionFoundError(DiagnoseError):
 
 class RunFolderError(DiagnoseError):
     """A folder is not a diagnose run folder, or holds no records yet."""
+
+
+class OutputError(DiagnoseError):
+    """An output path cannot or must not be written (an input, a device, read-only, disk full)."""

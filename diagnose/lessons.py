@@ -5,7 +5,6 @@ the textbooks comes with a number from a run (the demo's `lessons.json`, `diagno
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 from dataclasses import dataclass, field, replace
@@ -14,7 +13,8 @@ from typing import Any, Callable
 
 import torch
 
-from . import head_lesson
+from . import _json, head_lesson
+from ._write import atomic_write
 from .checks import check_model
 from .monitor import TrainingMonitor, read_run
 from .zoo import ModelConfig, TaskData, TrainConfig, Transformer, induction, order, padded_majority, train
@@ -239,10 +239,8 @@ def run_lessons(out_dir: str | Path, *, quick: bool = False, only: list[str] | N
         results.append(res)
     out.mkdir(parents=True, exist_ok=True)  # nothing may have been trained here (all reused)
     path = out / "lessons.json"
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps({"schema": SCHEMA, "lessons": [r.to_json() for r in results]}, indent=1))
-    tmp.replace(path)
-    return path
+    return atomic_write(path, _json.dumps({"schema": SCHEMA, "lessons": [r.to_json() for r in results]}, indent=1),
+                        what="lessons JSON")
 
 
 def markdown_table(lessons_json: dict[str, Any]) -> str:

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import math
 import os
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
-from diagnose.errors import DiagnoseError
+from diagnose import _json
+from diagnose._write import atomic_write
 
 from .sources import load_sources
 from .view import Report, build_report
@@ -33,7 +32,7 @@ STATIC = HERE / "static"
 
 def escape_json(obj: Any) -> str:
     """JSON safe to place inside a <script> element: <, >, & become \\u003c, \\u003e, \\u0026."""
-    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    text = _json.dumps(obj, compact=True, ensure_ascii=False)  # strict JSON: the one policy
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
@@ -81,23 +80,6 @@ def render_html(sources: Any, *, title: str | None = None) -> str:
 
 
 def write_report(sources: Any, path: str | os.PathLike, *, title: str | None = None) -> Path:
-    """Render, then write to a temporary file beside `path` and rename it into place."""
+    """Render, then write atomically (a temporary file beside `path`, renamed into place)."""
     html = render_html(sources, title=title)
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise DiagnoseError(f"{path}: cannot write the report ({exc.strerror}); choose another -o path") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(html)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is meant to be shared
-        os.replace(tmp, path)
-    except OSError as exc:
-        os.unlink(tmp)
-        raise DiagnoseError(f"{path}: cannot write the report ({exc.strerror}); choose another -o path") from None
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return path
+    return atomic_write(path, html, what="report")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .. import _json
+from .._write import atomic_write
 
 SCHEMA = "diagnose.heads/1"
 ATTENTION_STATS = ("entropy", "max_weight", "first_token", "self", "prev_token", "padding", "mean_distance")
@@ -104,20 +105,8 @@ class HeadsResult:
 
 
 def write_json_atomic(obj: Any, path: str | Path) -> Path:
-    """Nothing half-written: write beside the target, fsync, rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1, allow_nan=False)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    """Nothing half-written: strict JSON through the one atomic write."""
+    return atomic_write(path, _json.dumps(obj, indent=1), what="heads JSON")
 
 
 def _finite(obj: Any) -> Any:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .. import _json
+from .._write import atomic_write
 
 SCHEMA = "diagnose.checks/1"
 SEVERITIES = ("info", "warning", "error")
@@ -63,12 +65,7 @@ class Findings(list):
 
     def write_json(self, path: str | Path) -> Path:
         """Write the JSON atomically (never half a file)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".partial")
-        tmp.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
-        tmp.replace(path)
-        return path
+        return atomic_write(path, _json.dumps(self.to_json(), indent=2) + "\n", what="checks JSON")
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Findings":

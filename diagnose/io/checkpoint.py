@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .._write import atomic_write
 from ..errors import ConfigError, InputFileError
 from ..zoo import ModelConfig, Transformer
 from ._files import one_line
@@ -22,18 +23,13 @@ def save_checkpoint(model: Transformer, path: str | Path, *, meta: dict[str, Any
         raise ConfigError(f"save_checkpoint writes diagnose.zoo.Transformer models, not {type(model).__name__}; "
                           "save your own model with torch.save(model.state_dict(), path) and load it with "
                           "--factory module:function")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "format": FORMAT,
         "config": model.cfg.to_dict(),
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "meta": dict(meta or {}),
     }
-    tmp = path.with_name(path.name + ".partial")
-    torch.save(payload, tmp)
-    tmp.replace(path)  # never leave a half-written checkpoint behind
-    return path
+    return atomic_write(path, lambda f: torch.save(payload, f), what="checkpoint")
 
 
 def is_checkpoint(obj: Any) -> bool:

@@ -10,6 +10,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
+from .._write import atomic_write
 from ..errors import ConfigError, DataError, InputFileError
 from ._files import one_line, require_file, torch_load
 
@@ -66,12 +67,8 @@ class DataSet:
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path) -> Path:
     """Write a data file as a plain dict of tensors (loads with weights_only=True)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    torch.save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp)
-    tmp.replace(path)
-    return path
+    plain = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    return atomic_write(path, lambda f: torch.save(plain, f), what="data file")
 
 
 def load_data(path: str | Path, *, tokenizer: Any = None, max_length: int | None = None,

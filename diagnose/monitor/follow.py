@@ -1,29 +1,62 @@
-"""Tail a live run folder until its writer closes it (what `diagnose stats --follow` runs)."""
+"""Tail a live run folder until its writer closes it (what `diagnose stats --follow` runs).
+
+A writer that was killed never marks its run closed. Each session in run.json records the
+writer's pid and host; on the same host a pid that no longer exists ends the tail at once
+("writer_gone"). Elsewhere (a shared filesystem) the pid cannot be checked, so after
+quiet_s without a new record the tail says so once and keeps waiting.
+"""
 
 from __future__ import annotations
 
 import os
+import socket
 import time
 from typing import Any, Callable
 
 from ..errors import RunFolderError
-from .runfolder import RUN_JSON, RunTail
+from .runfolder import RUN_JSON, RunTail, _load_info
+
+CLOSED, WRITER_GONE, TIMEOUT = "closed", "writer_gone", "timeout"
+
+
+def writer_alive(info: dict[str, Any]) -> bool | None:
+    """Whether the last session's writer process still runs: None when that cannot be known
+    (no pid recorded, or another host)."""
+    sessions = info.get("sessions")
+    last = sessions[-1] if isinstance(sessions, list) and sessions and isinstance(sessions[-1], dict) else {}
+    pid, host = last.get("pid"), last.get("host")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # exists but belongs to someone else, or cannot be asked: assume alive
+    return True
 
 
 def follow(run_dir: str | os.PathLike, on_step: Callable[[dict[str, Any]], None],
-           on_alert: Callable[[dict[str, Any]], None], *, poll_s: float = 0.5,
-           wait_s: float = 30.0, timeout_s: float | None = None) -> bool:
-    """Call on_step / on_alert for every record, old and new, until run.json says closed.
+           on_alert: Callable[[dict[str, Any]], None], *, on_note: Callable[[str], None] | None = None,
+           poll_s: float = 0.5, wait_s: float = 30.0, quiet_s: float = 30.0,
+           timeout_s: float | None = None) -> str:
+    """Call on_step / on_alert for every record, old and new, until the run ends.
 
-    Waits up to wait_s for a run that has not written run.json yet. Returns True when the run
-    closed, False when timeout_s passed first. Ctrl-C propagates (KeyboardInterrupt).
+    Waits up to wait_s for a run that has not written run.json yet (telling on_note so).
+    Returns "closed" when run.json says closed, "writer_gone" when the writer's process is
+    gone without closing it, "timeout" when timeout_s passed first. on_note gets one-line
+    notices (waiting for the run to start; no record for quiet_s). Ctrl-C propagates.
     """
+    note = on_note or (lambda _msg: None)
     tail = RunTail(run_dir)
-    tail.wait(wait_s, poll_s)
+    if not (tail.dir / RUN_JSON).exists():
+        note(f"waiting for {tail.dir / RUN_JSON} (the run has not started yet; up to {wait_s:g} s)")
+        tail.wait(wait_s, poll_s)
     if not (tail.dir / RUN_JSON).exists():
         raise RunFolderError(f"{run_dir} is not a diagnose run folder (no run.json after {wait_s:g} s): "
                              f"give the folder passed to TrainingMonitor")
     end = None if timeout_s is None else time.monotonic() + timeout_s
+    last_news, said_quiet = time.monotonic(), False
     while True:
         steps, alerts, closed = tail.poll()
         for rec in steps:
@@ -31,7 +64,26 @@ def follow(run_dir: str | os.PathLike, on_step: Callable[[dict[str, Any]], None]
         for alert in alerts:
             on_alert(alert)
         if closed:
-            return True
-        if end is not None and time.monotonic() > end:
-            return False
+            return CLOSED
+        now = time.monotonic()
+        if steps or alerts:
+            last_news, said_quiet = now, False
+        info = _load_info(tail.dir)
+        if writer_alive(info) is False:
+            steps, alerts, closed = tail.poll()  # what it wrote just before it died
+            for rec in steps:
+                on_step(rec)
+            for alert in alerts:
+                on_alert(alert)
+            if closed:
+                return CLOSED
+            pid = info["sessions"][-1]["pid"]
+            note(f"the writer (pid {pid}) is gone without closing the run (killed or crashed); stopping")
+            return WRITER_GONE
+        if not said_quiet and now - last_news > quiet_s:
+            note(f"no new record for {quiet_s:g} s: the writer may be stuck, slow, or killed on another "
+                 "machine; still following (Ctrl-C stops)")
+            said_quiet = True
+        if end is not None and now > end:
+            return TIMEOUT
         time.sleep(poll_s)

@@ -9,8 +9,11 @@ reader that survives a killed writer.
                    nonfinite_param names the first parameter with a NaN/Inf gradient, when there is one
     alerts.jsonl   step, kind, severity (warning|error), where, message, hint
 
-Non-finite numbers are written as the JSON extensions NaN / Infinity / -Infinity (what
-Python's json module reads back), never dropped: a NaN is exactly what a reader must see.
+Every file is strict JSON (diagnose/_json.py): a non-finite number is written as null and
+named, with its exact value, in the record's `nonfinite` map ({"/loss": "NaN"}); the reader
+puts the NaN back, so a NaN is exactly what a reader sees. Older files with bare NaN /
+Infinity tokens are read too. Each session records the writer's pid and host, so that
+`diagnose stats --follow` can tell a killed writer from a slow one.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -27,6 +31,8 @@ from typing import Any, Iterator
 
 import pandas as pd
 
+from .. import _json
+from .._write import atomic_write
 from ..errors import RunFolderError
 
 SCHEMA = "diagnose.run/1"
@@ -39,7 +45,7 @@ def _now() -> str:
 
 
 def _dumps(obj: Any) -> str:
-    return json.dumps(obj, allow_nan=True, separators=(",", ":"))
+    return _json.dumps(obj, compact=True)
 
 
 class RestartWarning(UserWarning):
@@ -53,7 +59,8 @@ class RunWriter:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._info_path = self.dir / RUN_JSON
-        session = {"started": _now(), "pid": os.getpid(), "settings": info.get("settings", {})}
+        session = {"started": _now(), "pid": os.getpid(), "host": socket.gethostname(),
+                   "settings": info.get("settings", {})}
         if self._info_path.exists():
             old = _load_info(self.dir)
             self.info = {**old, **{k: v for k, v in info.items() if k not in ("started", "sessions")}}
@@ -91,9 +98,8 @@ class RunWriter:
 
     def _write_info(self) -> None:
         # Written whole and renamed into place, so a reader never sees half a run.json.
-        tmp = self._info_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.info, indent=1, allow_nan=True) + "\n")
-        os.replace(tmp, self._info_path)
+        atomic_write(self._info_path, _json.dumps(self.info, indent=1) + "\n", keep_on_failure=False,
+                     what="run.json")
 
 
 def _open_append(path: Path):
@@ -116,7 +122,7 @@ def _load_info(run_dir: Path) -> dict[str, Any]:
         raise RunFolderError(f"{run_dir} is not a diagnose run folder (no run.json): "
                              f"give the folder passed to TrainingMonitor")
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+        info = _json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RunFolderError(f"{path} is not valid JSON ({exc}): "
                              f"the folder is not a readable diagnose run") from None
@@ -137,7 +143,7 @@ def iter_records(path: Path, skipped: list[int] | None = None) -> Iterator[dict[
             if not line:
                 continue
             try:
-                rec = json.loads(line)
+                rec = _json.loads(line)
             except json.JSONDecodeError:
                 if skipped is not None:
                     skipped.append(1)
@@ -246,7 +252,7 @@ class RunTail:
         out = []
         for line in data[:end].decode("utf-8", "replace").splitlines():
             try:
-                rec = json.loads(line)
+                rec = _json.loads(line)
             except json.JSONDecodeError:
                 continue
             if isinstance(rec, dict):

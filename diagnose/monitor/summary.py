@@ -8,24 +8,20 @@ from typing import Any
 
 import pandas as pd
 
+from .._terminal import plain
 from .runfolder import LAYER_FIELDS, Run
 
 SUMMARY_SCHEMA = "diagnose.run-summary/1"
 
 
-def _num(x: Any) -> float | str | None:
-    """A float for strict JSON: None for missing; NaN/Inf as the strings "NaN"/"Infinity", never hidden."""
+def _num(x: Any) -> float | None:
+    """A float, NaN/Inf kept (strict JSON writes them as null plus a `nonfinite` entry); None for missing."""
     if x is None or x is pd.NA:
         return None
     try:
-        v = float(x)
+        return float(x)
     except (TypeError, ValueError):
         return None
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "Infinity" if v > 0 else "-Infinity"
-    return v
 
 
 def _last(df: pd.DataFrame, col: str) -> Any:
@@ -79,30 +75,46 @@ def summarize(run: Run) -> dict[str, Any]:
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
-    if isinstance(v, str):
-        return v
-    return f"{v:.4g}"
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return f"{v:.4g}"
+    return plain(v)
+
+
+def alert_line(a: dict[str, Any]):
+    """An alert as rich Text (two lines); every field is data, shown as text."""
+    from rich.text import Text
+
+    color = "red" if a.get("severity") == "error" else "yellow"
+    return Text.assemble((f"step {plain(a.get('step'))} {plain(a.get('kind'))}", color),
+                         f" at {plain(a.get('where'))}: {plain(a.get('message'))}\n    hint: {plain(a.get('hint'))}")
 
 
 def render(summary: dict[str, Any], console) -> None:
-    """Print a summary dict with rich (console: a rich.console.Console)."""
+    """Print a summary dict with rich (console: a rich.console.Console); data is never parsed as markup."""
     from rich.table import Table
+    from rich.text import Text
 
     s = summary
+    model = s["model"] if isinstance(s["model"], dict) else {}
     state = "closed" if s["closed"] else "open (still running, or killed)"
-    console.print(f"[bold]{s['run_dir']}[/bold]  {s['model'].get('class', '?')}, "
-                  f"{s['model'].get('n_params', 0):,} parameters, run {state}, {s['sessions']} session(s)")
-    console.print(f"steps {s['first_step']}..{s['last_step']} ({s['steps_logged']} logged)   "
-                  f"final loss {_fmt(s['final_loss'])} (min {_fmt(s['min_loss'])})   "
-                  f"lr {_fmt(s['final_lr'])}   grad norm {_fmt(s['final_grad_norm'])}")
+    n_params = model.get("n_params", 0)
+    n_params = f"{n_params:,}" if isinstance(n_params, int) else plain(n_params)
+    console.print(Text.assemble((plain(s["run_dir"]), "bold"), f"  {plain(model.get('class', '?'))}, "
+                                f"{n_params} parameters, run {state}, {s['sessions']} session(s)"))
+    console.print(Text(f"steps {s['first_step']}..{s['last_step']} ({s['steps_logged']} logged)   "
+                       f"final loss {_fmt(s['final_loss'])} (min {_fmt(s['min_loss'])})   "
+                       f"lr {_fmt(s['final_lr'])}   grad norm {_fmt(s['final_grad_norm'])}"))
     if s["skipped_lines"]:
-        console.print(f"[yellow]{s['skipped_lines']} torn line(s) skipped[/yellow]")
+        console.print(Text(f"{s['skipped_lines']} torn line(s) skipped", style="yellow"))
     t = Table(title="through depth (last logged step)", title_justify="left")
     for col in ("block", "grad norm", "median grad norm", "act mean", "act var", "max |act|", "token cos"):
         t.add_column(col, justify="left" if col == "block" else "right")
     for r in s["layers"]:
-        t.add_row(r["name"], _fmt(r["grad_norm"]), _fmt(r["grad_norm_median"]), _fmt(r["act_mean"]),
-                  _fmt(r["act_var"]), _fmt(r["act_max_abs"]), _fmt(r["token_cos"]))
+        t.add_row(*(Text(c) for c in (plain(r["name"]), _fmt(r["grad_norm"]), _fmt(r["grad_norm_median"]),
+                                      _fmt(r["act_mean"]), _fmt(r["act_var"]), _fmt(r["act_max_abs"]),
+                                      _fmt(r["token_cos"]))))
     console.print(t)
     if s["attention"]:
         t = Table(title=f"attention at step {s['attention'][0]['step']} (per head)", title_justify="left")
@@ -110,12 +122,10 @@ def render(summary: dict[str, Any], console) -> None:
         t.add_column("entropy (nats)")
         t.add_column("max weight")
         for a in s["attention"]:
-            t.add_row(a["site"], " ".join(_fmt(v) for v in a["entropy"]), " ".join(_fmt(v) for v in a["max_weight"]))
+            t.add_row(Text(plain(a["site"])), Text(" ".join(_fmt(v) for v in a["entropy"])),
+                      Text(" ".join(_fmt(v) for v in a["max_weight"])))
         console.print(t)
     if not s["alerts"]:
-        console.print("[green]no alerts[/green]")
+        console.print(Text("no alerts", style="green"))
     for a in s["alerts"]:
-        color = "red" if a.get("severity") == "error" else "yellow"
-        console.print(f"[{color}]step {a.get('step')} {a.get('kind')}[/{color}] at {a.get('where')}: "
-                      f"{a.get('message')}", highlight=False)
-        console.print(f"    hint: {a.get('hint')}", highlight=False)
+        console.print(alert_line(a))

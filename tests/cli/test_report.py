@@ -69,4 +69,5 @@ def test_unwritable_output_is_one_line(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")
     res = CliRunner().invoke(cli, ["report", str(heads), "-o", str(blocker / "r.html")])
-    assert res.exit_code == 2 and "cannot write the report" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 2 and "cannot write the -o" in res.output and "Traceback" not in res.output
+    assert "not a folder" in res.output  # the fix names the cause: a parent is a file

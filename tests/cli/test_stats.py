@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
 
+from diagnose import _json
 from diagnose.cli.main import cli
 from diagnose.monitor import TrainingMonitor, read_run
 from diagnose.monitor.runfolder import RunWriter
@@ -52,12 +54,15 @@ def test_summary_tables_and_alert_with_hint(run_dir):
 def test_json_matches_the_run(run_dir):
     result = CliRunner().invoke(cli, ["stats", str(run_dir), "--json"])
     assert result.exit_code == 0, result.output
-    s = json.loads(result.output)
+    strict = json.loads(result.output, parse_constant=lambda c: pytest.fail(f"bare {c} in strict JSON"))
+    assert strict["final_loss"] is None and strict["nonfinite"]["/final_loss"] == "NaN"  # the one encoding
+    s = _json.loads(result.output)
     run = read_run(run_dir)
     assert s["schema"] == "diagnose.run-summary/1" and s["steps_logged"] == 6 and s["closed"]
-    assert s["final_loss"] == "NaN"  # a NaN at the end is shown, not replaced by an older value
+    assert math.isnan(s["final_loss"])  # a NaN at the end is shown, not replaced by an older value
     assert [r["name"] for r in s["layers"]] == ["blocks.0", "blocks.1"]
-    assert s["layers"][0]["act_var"] == run.steps["layers/blocks.0/act_var"].iloc[-1] or s["layers"][0]["act_var"] == "NaN"
+    last = run.steps["layers/blocks.0/act_var"].iloc[-1]
+    assert s["layers"][0]["act_var"] == last or (math.isnan(s["layers"][0]["act_var"]) and math.isnan(last))
     assert s["attention"][0]["step"] == 4 and len(s["attention"][0]["entropy"]) == 2
     assert [a["kind"] for a in s["alerts"]] == ["no_warmup", "nonfinite"]  # constant lr from step 0
 

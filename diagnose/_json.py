@@ -1,0 +1,111 @@
+"""One strict-JSON policy (RFC 8259) for every file diagnose writes.
+
+JSON has no NaN or Infinity. A non-finite float is written as `null` in place, so that
+JSON.parse, jq, pandas and typed readers (serde, Go) accept every file unchanged, numeric
+columns stay numeric, and plots draw a gap. So that "NaN loss" is not confused with "not
+measured", a top-level object that held non-finite numbers also gets a `nonfinite` map from
+the JSON Pointer (RFC 6901) of each such value to "NaN", "Infinity" or "-Infinity":
+
+    {"step": 7, "loss": null, "layers": {"blocks.0": {"grad_norm": null}},
+     "nonfinite": {"/loss": "NaN", "/layers/blocks.0/grad_norm": "Infinity"}}
+
+`loads` reads both that form (restoring the floats) and older files with bare NaN /
+Infinity tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+NONFINITE_KEY = "nonfinite"
+_NAMES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _name(x: float) -> str:
+    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+
+def _pointer_part(key: Any) -> str:
+    return str(key).replace("~", "~0").replace("/", "~1")
+
+
+def to_strict(obj: Any) -> tuple[Any, dict[str, str]]:
+    """A copy of `obj` with non-finite floats as None, and {JSON Pointer: "NaN"|...} of each.
+
+    Tuples become lists, numpy/torch scalars (anything with .item()) become numbers.
+    """
+    found: dict[str, str] = {}
+
+    def walk(value: Any, where: str) -> Any:
+        if isinstance(value, bool) or value is None or isinstance(value, (str, int)):
+            return value
+        if isinstance(value, float):
+            if math.isfinite(value):
+                return value
+            found[where] = _name(value)
+            return None
+        if isinstance(value, dict):
+            return {str(k): walk(v, f"{where}/{_pointer_part(k)}") for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [walk(v, f"{where}/{i}") for i, v in enumerate(value)]
+        if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+            return walk(value.item(), where)
+        if hasattr(value, "tolist"):
+            return walk(value.tolist(), where)
+        return value  # left to json.dumps, which raises TypeError for what it cannot write
+
+    return walk(obj, ""), found
+
+
+def dumps(obj: Any, *, indent: int | None = None, compact: bool = False, **kw: Any) -> str:
+    """Strict JSON text of `obj` (see the module docstring for non-finite numbers).
+
+    compact: no spaces (one JSON-lines record). A `nonfinite` key already present at the top
+    level is replaced by the one computed here.
+    """
+    clean, found = to_strict(obj)
+    if isinstance(clean, dict):
+        clean.pop(NONFINITE_KEY, None)
+        if found:
+            clean[NONFINITE_KEY] = found
+    separators = (",", ":") if compact else None
+    return json.dumps(clean, indent=indent, separators=separators, allow_nan=False, **kw)
+
+
+def restore(obj: Any) -> Any:
+    """Put the floats a `nonfinite` map names back in place (and drop the map); bad entries are ignored."""
+    if not isinstance(obj, dict) or not isinstance(obj.get(NONFINITE_KEY), dict):
+        return obj
+    for pointer, name in obj.pop(NONFINITE_KEY).items():
+        if name not in _NAMES or not isinstance(pointer, str) or not pointer.startswith("/"):
+            continue
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer[1:].split("/")]
+        node: Any = obj
+        for part in parts[:-1]:
+            node = _child(node, part)
+            if node is None:
+                break
+        else:
+            last = parts[-1]
+            if isinstance(node, dict) and last in node and node[last] is None:
+                node[last] = _NAMES[name]
+            elif isinstance(node, list) and last.isdigit() and int(last) < len(node) and node[int(last)] is None:
+                node[int(last)] = _NAMES[name]
+    return obj
+
+
+def _child(node: Any, part: str) -> Any:
+    if isinstance(node, dict):
+        value = node.get(part)
+    elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        value = node[int(part)]
+    else:
+        return None
+    return value if isinstance(value, (dict, list)) else None
+
+
+def loads(text: str | bytes) -> Any:
+    """Parse JSON written by any diagnose version: bare NaN/Infinity tokens, or null plus `nonfinite`."""
+    return restore(json.loads(text))
