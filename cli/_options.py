@@ -52,5 +52,5 @@ def attention_options(fn: Callable) -> Callable:
 
 def html_option(f):
     """--html FILE: also write the self-contained HTML report of this command's result."""
-    return click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=str), default=None,
+    return click.option("--html", "html_path", type=click.Path(path_type=str), default=None,
                         help="Also write a self-contained HTML report here (as `diagnose report` would).")(f)

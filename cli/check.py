@@ -25,7 +25,7 @@ _STYLE = {"error": "bold red", "warning": "bold yellow", "info": "cyan"}
                    "Default: infer -- a leak is an error only when the model declares itself causal.")
 @click.option("--run", "run_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Also check warmup and gradient clipping recorded in this TrainingMonitor run folder.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=str), default=None,
+@click.option("--json", "json_path", type=click.Path(path_type=str), default=None,
               help="Write the diagnose.checks/1 JSON here (atomically).")
 @click.option("--strict", is_flag=True, default=False,
               help="Exit with code 1 when any warning or error is found (default: 0 whatever is found).")

@@ -28,7 +28,7 @@ METHODS = ("zero", "mean")
                    "Default: the checkpoint's task, else guessed from the labels.")
 @click.option("--method", type=click.Choice(METHODS), default="zero", show_default=True,
               help="zero: head output set to 0; mean: replaced by its mean over the data.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=str), default=None,
+@click.option("--json", "json_path", type=click.Path(path_type=str), default=None,
               help="Write the diagnose.heads/1 JSON here (atomically).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per batch (default 32).")
 @click.option("--fast", is_flag=True, default=False,

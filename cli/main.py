@@ -5,6 +5,7 @@ stderr and exit code 2 -- never a traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -63,6 +64,21 @@ _register()
 def main() -> None:
     try:
         cli.main(prog_name="diagnose", standalone_mode=True)
-    except KeyboardInterrupt:  # pragma: no cover - Ctrl-C between commands' own handling
+    except SystemExit as exc:
+        if exc.code == 130:
+            _exit_interrupted()
+        raise
+    except KeyboardInterrupt:  # Ctrl-C before or after a command runs
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        _exit_interrupted()
+
+
+def _exit_interrupted() -> None:
+    """Exit with 130 for certain. A Ctrl-C that lands while an extension module runs Python code
+    during its import leaves CPython's "unhandled KeyboardInterrupt" flag set even though the
+    exception was handled here, and the interpreter then re-kills itself with SIGINT at exit
+    (status -2, not 130). Everything diagnose writes is complete or absent (atomic writes),
+    so skipping the interpreter's teardown loses nothing."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)

@@ -7,7 +7,7 @@ import click
 
 @click.command()
 @click.argument("sources", nargs=-1, required=True, type=click.Path())
-@click.option("-o", "--output", "output", default="report.html", show_default=True, type=click.Path(dir_okay=False),
+@click.option("-o", "--output", "output", default="report.html", show_default=True, type=click.Path(),
               help="HTML file to write (replaced only once the whole report is built).")
 @click.option("--title", default=None, help="Title shown at the top of the report.")
 def report(sources: tuple[str, ...], output: str, title: str | None) -> None:

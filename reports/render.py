@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 
 from diagnose import _json
+from diagnose._terminal import plain
 from diagnose._write import atomic_write
 
 from .sources import load_sources
@@ -46,11 +48,26 @@ def _num(value: Any, spec: str = ".3f") -> str:
     return format(x, spec) if math.isfinite(x) else str(x)
 
 
+def _bdi(value: Any) -> markupsafe.Markup:
+    """Data text in its own bidi isolate: a U+202E in a token or a name reverses only itself,
+    never the rest of its line. (Escaped as usual: Markup.format escapes its arguments.)"""
+    if isinstance(value, jinja2.Undefined):
+        return markupsafe.Markup("")
+    return markupsafe.Markup("<bdi>{}</bdi>").format(value)
+
+
+def _plain(value: Any) -> str:
+    """Data text where no element can go (<title>, attributes): bidi and control marks removed."""
+    return "" if isinstance(value, jinja2.Undefined) else plain(value)
+
+
 @lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              trim_blocks=True, lstrip_blocks=True)
     env.filters["num"] = _num
+    env.filters["bdi"] = _bdi
+    env.filters["plain"] = _plain
     return env
 
 

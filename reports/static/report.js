@@ -25,9 +25,25 @@
     var t = q / 255;
     return "rgb(" + Math.round(255 - 242 * t) + "," + Math.round(255 - 184 * t) + "," + Math.round(255 - 94 * t) + ")";
   }
+  /* Token text is data: a U+202E in it must reverse only itself. In the DOM each piece goes in
+     its own <bdi>; where only text can go (<option>, canvas) it is wrapped in FSI..PDI, with
+     its own isolate marks removed so that it cannot close ours. */
+  function iso(s) {
+    return "\u2068" + String(s).replace(/[\u2066-\u2069]/g, "") + "\u2069";
+  }
+  function setText(el, parts) {
+    /* parts: strings (ours) and {data: value} (from the files), each of the latter in a <bdi> */
+    while (el.firstChild) el.removeChild(el.firstChild);
+    parts.forEach(function (p) {
+      if (typeof p === "string") { el.appendChild(document.createTextNode(p)); return; }
+      var b = document.createElement("bdi");
+      b.textContent = String(p.data);
+      el.appendChild(b);
+    });
+  }
   function short(tok) {
     var s = String(tok).replace(/\s/g, "\u00b7");
-    return s.length > 9 ? s.slice(0, 8) + "\u2026" : s;
+    return iso(s.length > 9 ? s.slice(0, 8) + "\u2026" : s);
   }
   function draw(canvas, src, exIdx, layer, head, size, labels) {
     var ex = sources[src].examples[exIdx];
@@ -81,11 +97,12 @@
     fill($("map-layer"), Array.from({ length: s.n_layers }, function (_, l) { return [l, "layer " + l]; }));
     fill($("map-head"), Array.from({ length: s.n_heads }, function (_, h) {
       var f = flagOf(state.source, state.layer, h);
-      return [h, "head " + h + (f ? "  \u2605 " + f.kind : "")];
+      return [h, "head " + h + (f ? "  \u2605 " + iso(f.kind) : "")];
     }));
     fill($("map-example"), s.examples.map(function (ex, i) {
-      var text = ex.tokens.slice(0, 6).join(" ");
-      return [i, (i + 1) + ": " + (text.length > 40 ? text.slice(0, 39) + "\u2026" : text)];
+      var text = "", n = 0;
+      for (; n < Math.min(6, ex.tokens.length) && text.length < 40; n++) text += (n ? " " : "") + iso(ex.tokens[n]);
+      return [i, (i + 1) + ": " + text + (n < ex.tokens.length ? " \u2026" : "")];
     }));
     $("map-layer").value = String(state.layer);
     $("map-head").value = String(state.head);
@@ -114,8 +131,8 @@
       b.className = p.kind.replace(/[^a-z_ ]/g, "") + (p.layer === state.layer && p.head === state.head ? " current" : "");
       var c = document.createElement("canvas");
       draw(c, state.source, state.example, p.layer, p.head, THUMB, false);
-      b.appendChild(c);
-      b.appendChild(document.createTextNode("L" + p.layer + "H" + p.head + " " + p.kind));
+      setText(b, ["L" + p.layer + "H" + p.head + " ", { data: p.kind }]);
+      b.insertBefore(c, b.firstChild);
       b.addEventListener("click", function () { state.layer = p.layer; state.head = p.head; update(); });
       box.appendChild(b);
     });
@@ -125,10 +142,10 @@
     var canvas = $("map-canvas");
     current = draw(canvas, state.source, state.example, state.layer, state.head, MAIN, true);
     canvas.dataset.view = [state.source, state.layer, state.head, state.example].join(",");
-    $("map-title").textContent = sources[state.source].name + " \u2014 layer " + state.layer + ", head " + state.head +
-      ", example " + (state.example + 1);
+    setText($("map-title"), [{ data: sources[state.source].name }, " \u2014 layer " + state.layer + ", head " +
+      state.head + ", example " + (state.example + 1)]);
     var f = flagOf(state.source, state.layer, state.head);
-    $("map-flag").textContent = f ? f.kind + ": " + f.reason : "";
+    setText($("map-flag"), f ? [{ data: f.kind }, ": ", { data: f.reason }] : []);
     tokens(current.ex);
     gallery();
   }
@@ -143,8 +160,8 @@
     if (i < 0 || j < 0 || i >= ex.n_q || j >= ex.n_k) return;
     var w = Math.pow(current.q[i * ex.n_k + j] / 255, 2);
     var qi = ex.q_offset + i;
-    $("map-info").textContent = "query " + qi + " \u201c" + ex.tokens[qi] + "\u201d \u2192 key " + j + " \u201c" +
-      ex.tokens[j] + "\u201d: " + w.toFixed(3);
+    setText($("map-info"), ["query " + qi + " \u201c", { data: ex.tokens[qi] }, "\u201d \u2192 key " + j + " \u201c",
+      { data: ex.tokens[j] }, "\u201d: " + w.toFixed(3)]);
     if (spans[j]) spans[j].className = "k";
     if (spans[qi]) spans[qi].className = "q";
   }
@@ -157,7 +174,7 @@
       return;
     }
     state.source = sources.indexOf(usable[0]);
-    fill($("map-source"), sources.map(function (s, i) { return [i, s.name + (s.examples.length ? "" : " (no maps)")]; }));
+    fill($("map-source"), sources.map(function (s, i) { return [i, iso(s.name) + (s.examples.length ? "" : " (no maps)")]; }));
     if (sources.length < 2) $("map-source").parentNode.hidden = true;
     function pickDefault() {
       var s = sources[state.source], first = s.flagged[0] || s.top[0] || { layer: 0, head: 0 };
