@@ -75,7 +75,7 @@ class HeadsView:
     flags: list[Flag]
     correlations: list[Correlation]
     examples: list[dict[str, Any]] = field(default_factory=list)  # packed for the page
-    example_texts: list[str] = field(default_factory=list)
+    example_texts: list[list[str]] = field(default_factory=list)  # tokens of each kept example
     examples_note: str = ""
     together: list[Group] = field(default_factory=list)
 
@@ -203,7 +203,7 @@ def _pack_examples(raw: Any, n_layers: int, n_heads: int, where: str,
                 for layer in range(n_layers)]
         toks = [str(t) for t in tokens[:keep]]
         packed.append({"tokens": toks, "q_offset": q0, "n_q": int(att.shape[2]), "n_k": keep, "maps": maps})
-        texts.append(" ".join(toks))
+        texts.append(toks)  # shown token by token, each in its own bidi isolate
         used += cost
     if len(raw) > MAX_EXAMPLES:
         notes.append(f"{len(raw) - MAX_EXAMPLES} more example(s) in the file are not shown")

@@ -131,3 +131,43 @@ def test_report_of_real_outputs(browser, real_report):
         assert pg.locator("#map-tokens span").count() > 0
     finally:
         pg.close()
+
+
+RLO = "\u202e"
+_ORDER = """([sel, word]) => {
+  /* left edges of the first and last letters of `word` in the first text node under `sel` holding it */
+  for (const el of document.querySelectorAll(sel)) {
+    const walk = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+    for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+      const i = n.data.indexOf(word);
+      if (i < 0) continue;
+      const r = document.createRange(), xs = [];
+      for (const k of [i, i + word.length - 1]) { r.setStart(n, k); r.setEnd(n, k + 1); xs.push(r.getBoundingClientRect().left); }
+      return xs;
+    }
+  }
+  return null;
+}"""
+
+
+def test_right_to_left_override_reverses_only_its_own_token(browser, tmp_path):
+    """A U+202E in a token, a model family or an alert stays inside its <bdi>: the words after it
+    on the same line still read left to right."""
+    from diagnose.reports import write_report
+
+    heads = rf.write_heads(tmp_path / "heads.json", family=f"fam{RLO}ily", tokens=[f"{RLO}gnp.exe", "after", "tail"])
+    run = rf.write_run(tmp_path / "run", steps=30, alerts=[rf.alert(5, where=f"{RLO}blocks.1", message="gradient norm")])
+    pg = _open(browser, write_report([heads, run], tmp_path / "r.html"))
+    try:
+        for sel, word in (("p.meta", "layers"), ("table.alerts td", "gradient"), ("details.examples code", "after")):
+            xs = pg.evaluate(_ORDER, [sel, word])
+            assert xs is not None and xs[0] < xs[1], (sel, word, xs)
+        pg.select_option("#map-example", "0")
+        box = pg.locator("#map-canvas").bounding_box()
+        pg.locator("#map-canvas").hover(position={"x": 92 + 3, "y": 92 + 3})  # query 0, key 0: the RLO token
+        assert RLO in pg.inner_text("#map-info")
+        xs = pg.evaluate(_ORDER, ["#map-info", "key"])
+        assert xs is not None and xs[0] < xs[1] and box
+        assert pg.eval_on_selector_all("#map-info bdi", "b => b.length") == 2
+    finally:
+        pg.close()
