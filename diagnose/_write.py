@@ -113,7 +113,8 @@ def atomic_write(path: str | os.PathLike, content: Content, *, keep_on_failure: 
     except OSError as exc:
         reason = _reason(exc)
         saved = _fallback(path, content) if keep_on_failure else None
-        kept = f"; the {what} was saved to {saved} instead" if saved else ""
+        kept = (f"; the {what} was saved to {saved} instead" if saved else
+                f"; it could not be saved in {tempfile.gettempdir()} either" if keep_on_failure else "")
         raise OutputError(f"{path}: cannot write the {what} ({reason}){kept}; {_fix(exc)}") from None
     return path
 

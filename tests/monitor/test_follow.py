@@ -1,0 +1,51 @@
+"""follow(): a killed writer ends the tail; a quiet one is reported once; a late one is waited for."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from diagnose.monitor.follow import CLOSED, TIMEOUT, WRITER_GONE, follow, writer_alive
+from diagnose.monitor.runfolder import RunWriter
+
+
+def _step(w, step):
+    w.write_step({"step": step, "loss": 1.0, "lr": 0.1, "grad_norm": 1.0, "layers": {}})
+
+
+def _set_session(run, **fields):
+    info = json.loads((run / "run.json").read_text())
+    info["sessions"][-1].update(fields)
+    (run / "run.json").write_text(json.dumps(info))
+
+
+def test_quiet_writer_is_reported_once_and_followed_on(tmp_path):
+    w = RunWriter(tmp_path, {"settings": {}})  # this process: alive
+    _step(w, 0)
+    notes, steps = [], []
+    end = follow(tmp_path, steps.append, lambda a: None, on_note=notes.append, poll_s=0.05, quiet_s=0.3,
+                 timeout_s=1.0)
+    assert end == TIMEOUT and [s["step"] for s in steps] == [0]
+    assert len(notes) == 1 and "no new record for 0.3 s" in notes[0]
+    w.close()
+    assert follow(tmp_path, steps.append, lambda a: None, poll_s=0.05) == CLOSED
+
+
+def test_dead_writer_ends_the_tail(tmp_path):
+    w = RunWriter(tmp_path, {"settings": {}})
+    _step(w, 0)
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    _set_session(tmp_path, pid=proc.pid)
+    notes = []
+    assert follow(tmp_path, lambda r: None, lambda a: None, on_note=notes.append, poll_s=0.05) == WRITER_GONE
+    assert f"pid {proc.pid}" in notes[-1]
+
+
+def test_writer_on_another_host_or_without_pid_cannot_be_judged(tmp_path):
+    assert writer_alive({"sessions": [{"pid": os.getpid(), "host": "elsewhere.invalid"}]}) is None
+    assert writer_alive({"sessions": [{"started": "x"}]}) is None
+    assert writer_alive({"sessions": "garbage"}) is None
+    assert writer_alive({}) is None
