@@ -6,7 +6,7 @@ import click
 
 
 @click.command()
-@click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(file_okay=False),
+@click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(),
               help="Folder to write the demo models, data, runs and report into.")
 @click.option("--quick", is_flag=True, help="Train far fewer steps (a smoke test; the numbers mean little).")
 @click.option("--no-lessons", is_flag=True, help="Skip the lesson pairs (only the three main models).")
@@ -20,7 +20,10 @@ def demo(out_dir: str, quick: bool, no_lessons: bool) -> None:
 
     Example: diagnose demo --out demo-out
     """
+    from diagnose._write import check_outputs
     from diagnose.demo import run_demo
+
+    check_outputs({"--out": out_dir}, folders=["--out"])
 
     result = run_demo(out_dir, quick=quick, lessons=not no_lessons, log=click.echo)
     click.echo(f"\nDemo files are in {result.out_dir.resolve()} ({result.seconds:.0f} s)")

@@ -19,7 +19,7 @@ def _step_line(rec: dict) -> str:
 @click.option("--follow", "follow_", is_flag=True,
               help="Print steps and alerts live until the run closes or its writer process is gone "
                    "(Ctrl-C stops).")
-@click.option("--tensorboard", "tb_dir", type=click.Path(file_okay=False), default=None,
+@click.option("--tensorboard", "tb_dir", type=click.Path(), default=None,
               help="Also export the run's scalars to this TensorBoard log folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
 @html_option
@@ -40,8 +40,7 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, as_json: bool, html_p
     from diagnose.monitor.summary import alert_line, render, summarize
 
     console = Console(highlight=False)
-    outputs = {"--html": html_path}
-    check_outputs(outputs, inputs=[run_dir])
+    check_outputs({"--html": html_path, "--tensorboard": tb_dir}, inputs=[run_dir], folders=["--tensorboard"])
     if follow_:
         follow_run(run_dir, lambda r: console.print(Text(_step_line(r))), lambda a: console.print(alert_line(a)),
                    on_note=lambda msg: click.echo(clean(msg), err=True))

@@ -42,11 +42,12 @@ def _resolved(path: str | os.PathLike) -> Path:
 
 
 def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike] = (),
-                 option: str = "output") -> Path:
+                 option: str = "output", folder: bool = False) -> Path:
     """Raise OutputError unless writing `path` is safe; returns it as a Path.
 
     inputs: the files and folders the command reads. option: how the user named the path
-    (e.g. "--json"), for the message.
+    (e.g. "--json"), for the message. folder: the output is a folder new files go into (it
+    may exist as a folder, must not be or lie in an input folder).
     """
     path = Path(path)
     target = _resolved(path)
@@ -74,6 +75,11 @@ def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike]
     except OSError as exc:
         raise OutputError(f"{path}: cannot write the {option} there ({_reason(exc)}); {_fix(exc)}") from None
     kind = _kind(st.st_mode)
+    if folder:
+        if kind != "a folder":
+            raise OutputError(f"{path}: {option} must be a folder, but it is {kind or 'a file'}; "
+                              "give a folder path (it is created if missing)")
+        return path
     if kind is not None:
         raise OutputError(f"{path}: {option} is {kind}, not a regular file; give a file path "
                           f"(to skip this output, leave out {option})" if option.startswith("-")
@@ -85,13 +91,15 @@ def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike]
 
 
 def check_outputs(outputs: dict[str, str | os.PathLike | None], *,
-                  inputs: Iterable[str | os.PathLike | None] = ()) -> None:
+                  inputs: Iterable[str | os.PathLike | None] = (), folders: Iterable[str] = ()) -> None:
     """check_output for each {option: path} a command will write (None: not asked for), and no
-    two of them the same file. Commands call this before any work, so a bad path costs nothing."""
+    two of them the same file. Commands call this before any work, so a bad path costs nothing.
+    folders: the options whose path is a folder to write into (--tensorboard, --out)."""
     given = {opt: p for opt, p in outputs.items() if p is not None}
+    folders = set(folders)
     seen: dict[Path, str] = {}
     for opt, p in given.items():
-        check_output(p, inputs=list(inputs), option=opt)
+        check_output(p, inputs=list(inputs), option=opt, folder=opt in folders)
         key = _resolved(p)
         if key in seen:
             raise OutputError(f"{p}: {seen[key]} and {opt} name the same file; give each its own path")

@@ -116,6 +116,9 @@ REFUSED = [
     ("heads --json a hard link to the model", [*HEADS, "--json", "{hardlink}"], ["input"]),
     ("check --json a symlink to the data", [*CHECK, "--json", "{symlink}"], ["input"]),
     ("heads --json under a file", [*HEADS, "--json", "lm.pt/x.json"], ["not a folder"]),
+    ("stats --tensorboard into the run folder", ["stats", "run", "--tensorboard", "run/tb"], ["inside the input folder"]),
+    ("stats --tensorboard onto a file", ["stats", "run", "--tensorboard", "lm.pt"], ["must be a folder"]),
+    ("demo --out onto a file", ["demo", "--quick", "--out", "heads.json"], ["must be a folder"]),
     ("heads --json a 300-character name", [*HEADS, "--json", "h" * 295 + ".json"], ["shorter file name"]),
 ]
 MAKERS = {"{fifo}": _fifo, "{readonly}": _readonly, "{hardlink}": _hardlink, "{symlink}": _symlink}
