@@ -65,12 +65,17 @@ def dumps(obj: Any, *, indent: int | None = None, compact: bool = False, **kw: A
     compact: no spaces (one JSON-lines record). A `nonfinite` key already present at the top
     level is replaced by the one computed here.
     """
+    separators = (",", ":") if compact else None
+    if not (isinstance(obj, dict) and NONFINITE_KEY in obj):
+        try:  # the common case, all finite and plain: no copy (a monitor writes one record per step)
+            return json.dumps(obj, indent=indent, separators=separators, allow_nan=False, **kw)
+        except (ValueError, TypeError):
+            pass  # a NaN/Inf, or a numpy/torch scalar: take the careful path
     clean, found = to_strict(obj)
     if isinstance(clean, dict):
         clean.pop(NONFINITE_KEY, None)
         if found:
             clean[NONFINITE_KEY] = found
-    separators = (",", ":") if compact else None
     return json.dumps(clean, indent=indent, separators=separators, allow_nan=False, **kw)
 
 
