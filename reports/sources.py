@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from diagnose import _json
 from diagnose.errors import DiagnoseError, InputFileError
 
 HEADS_SCHEMA = "diagnose.heads/1"
@@ -128,7 +129,7 @@ def _load_path(out: Sources, path: Path) -> None:
     if not path.is_file():
         raise InputFileError(f"{path}: no such file or folder; give heads JSON files and run folders")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = _json.loads(path.read_text(encoding="utf-8"))  # the `nonfinite` map restored
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputFileError(f"{path}: not readable JSON ({exc}); give a file written by "
                              f"`diagnose heads --json`") from None
