@@ -84,7 +84,8 @@ def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike]
         raise OutputError(f"{path}: {option} is {kind}, not a regular file; give a file path "
                           f"(to skip this output, leave out {option})" if option.startswith("-")
                           else f"{path}: is {kind}, not a regular file; give a file path")
-    if not st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+    # the mode bits, not only os.access: root may write anything, yet a chmod 444 file says "keep"
+    if not st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) or not os.access(path, os.W_OK):
         raise OutputError(f"{path}: {option} exists and is read-only; choose another path, or make it "
                           f"writable (chmod u+w {path}) if it may be replaced")
     return path
@@ -170,7 +171,16 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _umask() -> int:
-    mask = os.umask(0)
+    """The process umask, read without changing it where Linux allows (os.umask(0) would briefly
+    let other threads create world-writable files)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
     os.umask(mask)
     return mask
 
