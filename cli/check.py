@@ -47,10 +47,10 @@ def check(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     \b
     Example: diagnose check demo-out/induction/model.pt --data demo-out/induction/eval.pt
     """
+    check_outputs({"--json": json_path}, inputs=[model, data, run_dir])  # before the slow imports
     from diagnose.checks import check_model, check_training_setup
     from diagnose.io import load_data_for, load_model
 
-    check_outputs({"--json": json_path}, inputs=[model, data, run_dir])
     net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
     ds = load_data_for(net, data, max_length=max_length) if data else None
     result = check_model(net, ds, causal=causal, attention_module=attention_module, n_heads=n_heads)

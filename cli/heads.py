@@ -54,13 +54,13 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
              diagnose heads model.pt --data eval.pt --html heads.html
              diagnose heads model.pt --data eval.pt --together L0.H3,L0.H0
     """
+    check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data])  # before the slow imports
     from diagnose.ablation import ablate_heads, ablate_together
     from diagnose.ablation.task import default_task
     from diagnose.io import load_data_for, load_model, probe
     from diagnose._terminal import plain
     from diagnose.sites import find_heads
 
-    check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data])
     closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
     net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
     ds = load_data_for(net, data, max_length=max_length)

@@ -30,6 +30,7 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, as_json: bool, html_p
     Example: diagnose stats runs/exp1 --follow
              diagnose stats runs/exp1 --html run.html
     """
+    check_outputs({"--html": html_path, "--tensorboard": tb_dir}, inputs=[run_dir], folders=["--tensorboard"])
     from rich.console import Console
     from rich.text import Text
 
@@ -40,7 +41,6 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, as_json: bool, html_p
     from diagnose.monitor.summary import alert_line, render, summarize
 
     console = Console(highlight=False)
-    check_outputs({"--html": html_path, "--tensorboard": tb_dir}, inputs=[run_dir], folders=["--tensorboard"])
     if follow_:
         follow_run(run_dir, lambda r: console.print(Text(_step_line(r))), lambda a: console.print(alert_line(a)),
                    on_note=lambda msg: click.echo(clean(msg), err=True))

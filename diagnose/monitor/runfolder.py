@@ -197,7 +197,7 @@ class Run:
     def layers(self) -> list[str]:
         """Block names in forward order."""
         return list(self.info.get("model", {}).get("blocks", [])) or sorted(
-            {c.split("/")[1] for c in self.steps.columns if c.startswith("layers/")})
+            {c[len("layers/"):].rsplit("/", 1)[0] for c in self.steps.columns if c.startswith("layers/")})
 
     @property
     def closed(self) -> bool:
