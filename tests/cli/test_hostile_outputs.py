@@ -370,3 +370,30 @@ def test_follow_on_a_folder_not_there_yet_says_it_waits(tmp_path):
         t.join()
     assert result.exit_code == 0, result.output
     assert "waiting for" in result.stderr and "has not started yet" in result.stderr
+
+
+def test_check_and_heads_print_names_from_the_model_as_text(capsys, monkeypatch):
+    """Module names, titles and reasons can come from the user's model: shown as written."""
+    from types import SimpleNamespace
+
+    from diagnose.checks.finding import Finding, Findings
+    from diagnose.cli import check as check_cli
+    from diagnose.cli import heads as heads_cli
+
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    hostile = "[/bold][link=https://evil.example]x\x1b]8;;https://evil.example\x07\u202e"
+    findings = Findings([Finding("causal", "error", hostile, {hostile: 1.0}, fix=hostile)],
+                        model={"family": hostile, "probe": {"data": hostile}}, passed=[hostile],
+                        skipped=[{"check": hostile, "why": hostile}])
+    check_cli._print(findings, hostile)
+    result = SimpleNamespace(
+        model={"family": hostile, "n_layers": 1}, task="lm", method="zero", n_examples=2, n_units=2,
+        baseline={"accuracy": 0.5, "loss": 1.0}, ranked=lambda: [], significance={
+            "n_significant": 0, "n_tested": 0, "correction": "holm", "alpha": 0.05}, fast=None,
+        flags=[{"kind": hostile, "layer": 0, "head": 0, "reason": hostile}], together=[],
+        timing={"seconds": 1.0, "forward_passes": 2})
+    heads_cli._print(result, hostile)
+    out = capsys.readouterr().out
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    assert plain.count("[/bold][link=https://evil.example]x]8;;https://evil.example") >= 8
+    assert "\x1b]8;" not in out and not _escapes(out) and "\x1b[" in out
