@@ -80,7 +80,7 @@ def _print(result, json_path: str | None) -> None:
     m = result.model
     probe = m.get("probe", {})
     out.print(Text(plain(f"{m.get('family')} ({m.get('n_parameters', 0):,} parameters), probed with "
-                   f"{probe.get('examples')} x {probe.get('length')} tokens ({probe.get('data')})")))
+                         f"{probe.get('examples')} x {probe.get('length')} tokens ({probe.get('data')})")))
     for f in result:
         out.print(Text.assemble("\n", (f"{f.severity.upper():7}", _STYLE[f.severity]), plain(f" {f.check}: "),
                                 (plain(f.title), "bold")))

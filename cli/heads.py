@@ -55,10 +55,10 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
              diagnose heads model.pt --data eval.pt --together L0.H3,L0.H0
     """
     check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data])  # before the slow imports
+    from diagnose._terminal import plain
     from diagnose.ablation import ablate_heads, ablate_together
     from diagnose.ablation.task import default_task
     from diagnose.io import load_data_for, load_model, probe
-    from diagnose._terminal import plain
     from diagnose.sites import find_heads
 
     closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
@@ -91,8 +91,8 @@ def _print(result, json_path: str | None) -> None:
     out = Console(highlight=False, width=max(Console().width, 120))
     b = result.baseline
     out.print(text(f"{result.model['family']} model, {result.model['n_layers']} layers; {result.task}, {result.method} "
-              f"ablation, {result.n_examples} examples ({result.n_units} scored units); baseline accuracy "
-              f"{b['accuracy']:.2%}, loss {b['loss']:.4f}"))
+                   f"ablation, {result.n_examples} examples ({result.n_units} scored units); baseline accuracy "
+                   f"{b['accuracy']:.2%}, loss {b['loss']:.4f}"))
     table = Table("rank", "head", "Δacc [95 % CI]", "p (Holm)", "Δloss", "KL", "grad", "entropy", "max w",
                   "first")
     for rank, h in enumerate(result.ranked(), 1):
@@ -108,11 +108,11 @@ def _print(result, json_path: str | None) -> None:
     out.print(table)
     sig = result.significance
     out.print(Text(f"{sig['n_significant']} of {sig['n_tested']} heads tested change accuracy significantly after "
-              f"{sig['correction'].title()} correction (alpha {sig['alpha']})."))
+                   f"{sig['correction'].title()} correction (alpha {sig['alpha']})."))
     if result.fast:
         rho = result.fast["spearman_vs_exact"]["rho"]
         out.print(Text(f"--fast: ranked {len(result.heads)} heads by gradient importance, verified the top "
-                  f"{result.fast['top']}" + ("" if rho is None else f" (Spearman to exact {rho:+.2f})")))
+                       f"{result.fast['top']}" + ("" if rho is None else f" (Spearman to exact {rho:+.2f})")))
     for f in result.flags:
         names = " + ".join(f"L{layer}.H{head}" for layer, head in f.get("heads") or [(f["layer"], f["head"])])
         out.print(Text.assemble((plain(f["kind"]), "bold"), plain(f" {names}: {f['reason']}")))
@@ -121,7 +121,7 @@ def _print(result, json_path: str | None) -> None:
     for g in result.together:
         names = " + ".join(f"L{layer}.H{head}" for layer, head in g["heads"])
         out.print(Text(f"Closed together {names}: accuracy {g['accuracy']:.2%} ({g['delta_accuracy']:+.2%}), "
-                  f"loss {g['loss']:.4f} ({g['delta_loss']:+.4f})"))
+                       f"loss {g['loss']:.4f} ({g['delta_loss']:+.4f})"))
     t = result.timing
     where = f"; JSON: {json_path}" if json_path else ""
     out.print(text(f"{t['seconds']:.1f} s, {t['forward_passes']} forward passes{where}"))

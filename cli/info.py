@@ -33,7 +33,7 @@ def info(model: str, factory: str | None, trust_pickle: bool, attn_implementatio
     _echo(f"model       {m['source']}  ({m['format']})")
     _echo(f"class       {m['class']}")
     _echo(f"parameters  {m['parameters']:,}" + ("" if m["trainable"] == m["parameters"]
-                                                     else f" ({m['trainable']:,} trainable)"))
+                                                else f" ({m['trainable']:,} trainable)"))
     if m["config"]:
         _echo(f"config      {_pairs(m['config'])}")
     _echo(f"tokenizer   {m['tokenizer'] or 'none'}")
@@ -45,14 +45,14 @@ def info(model: str, factory: str | None, trust_pickle: bool, attn_implementatio
     _echo(f"data        {d['source']}")
     _echo(f"examples    N={d['n_examples']}  T={d['seq_len']}  token ids {d['token_ids'][0]}..{d['token_ids'][1]}")
     _echo("padding     " + (f"{d['padding_share']:.1%} of positions" if d["has_attention_mask"]
-                                 else "no attention_mask"))
+                            else "no attention_mask"))
     lab = d["labels"]
     if lab is None:
         _echo("labels      none (language-model data: targets are the inputs shifted by one)")
     else:
         extra = f", {lab['scored_share']:.1%} of positions scored" if lab["kind"] == "token" else ""
         _echo(f"labels      {lab['kind']} {lab['shape']}, {lab['min']}..{lab['max']} "
-                   f"({lab['distinct']} distinct{extra})")
+              f"({lab['distinct']} distinct{extra})")
     fits = "" if fit["labels_fit"] is None else "; labels fit"
     _echo(f"output      {fit['output_shape']} on the first {min(2, d['n_examples'])} examples{fits}")
 
