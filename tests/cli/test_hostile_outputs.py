@@ -323,10 +323,11 @@ def test_ctrl_c_in_the_installed_command_is_interrupted_and_130(files):
     """A real SIGINT to `python -m diagnose stats --follow` on a run that never closes."""
     import signal
 
-    RunWriter(files / "live", {"settings": {}})  # open, and its writer (this process) alive
+    w = RunWriter(files / "live", {"settings": {}})  # open, and its writer (this process) alive
+    w.write_step({"step": 0, "loss": 1.0, "lr": 0.1, "grad_norm": 1.0, "layers": {}})
     proc = subprocess.Popen([sys.executable, "-m", "diagnose", "stats", "live", "--follow"], cwd=files,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
+    assert proc.stdout.readline().startswith("step 0")  # following now, deep inside the command
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, (out, err)
