@@ -5,7 +5,10 @@ depends on training as much as on the scale: on the order task a correct trained
 score std 18 and 82 % near one-hot rows in one layer, an unscaled one at init std 0.4 and none).
 While each attention module runs, a TorchFunctionMode sees the q @ k^T product and the input
 of the softmax; their ratio on unmasked entries is the scale c the module applies (with any
-scalar folded into q or k before the product, e.g. `q = q_proj(x) * scaling`, counted in).
+scalar folded into q or k before the product, e.g. `q = q_proj(x) * scaling` or `q *= scaling`, counted
+in; the product is copied, so an in-place `scores /= c` does not change what it is compared with).
+Masked entries are told apart by their ratio, not their size: every unmasked entry has ratio c,
+while a fill (-inf, finfo.min, -1e9, -1e4) or an additive mask gives each masked entry its own.
 For F.scaled_dot_product_attention c is its `scale` argument (default 1/sqrt(D)); torch's
 nn.MultiheadAttention always applies 1/sqrt(D) (its logit std and saturation are not shown). A correct
 layer has c * sqrt(d_k) = 1; a missing 1/sqrt(d_k) gives sqrt(d_k). Flagged when c * sqrt(d_k) > 2.
@@ -41,8 +44,10 @@ SATURATED = 0.99  # a row whose max weight exceeds this is near one-hot
 SATURATED_SHARE = 0.5  # an info finding when more rows than this are saturated in a layer
 
 _MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm, torch.einsum}
-_MUL = {torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__}
-_DIV = {torch.div, torch.Tensor.div, torch.Tensor.__truediv__}
+# in-place forms too: Falcon divides its scores with `scores /= math.sqrt(head_dim)`, others fold `q *= scale`
+_MUL = {torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.Tensor.mul_,
+        torch.Tensor.__imul__}
+_DIV = {torch.div, torch.Tensor.div, torch.Tensor.__truediv__, torch.Tensor.div_, torch.Tensor.__itruediv__}
 _SHAPE = {torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.transpose, torch.transpose,
           torch.Tensor.permute, torch.permute, torch.Tensor.contiguous, torch.Tensor.split, torch.split,
           torch.Tensor.chunk, torch.chunk, torch.Tensor.unbind, torch.unbind, torch.Tensor.__getitem__,
@@ -95,7 +100,7 @@ class _ScoreMode(TorchFunctionMode):
             f = 1.0
             for o in ops:
                 f *= self._f(o)
-            self.qk = (out.detach(), f)
+            self.qk = (out.detach().clone(), f)  # a copy: `scores /= c` would change an alias too
         elif func is F.scaled_dot_product_attention:
             self._sdpa(*args, **kwargs)
         elif func is F.multi_head_attention_forward:
@@ -121,11 +126,33 @@ class _ScoreMode(TorchFunctionMode):
             return
         qk, f = self.qk[0].float(), self.qk[1]
         s = scores.detach().float()
-        # unmasked entries only: a large negative fill, -inf, or a fill of exactly 0 is a mask, not a score
         ok = torch.isfinite(s) & (s > -1e20) & (s != 0) & (qk.abs() > 1e-3 * qk.abs().amax().clamp_min(1e-30))
-        if int(ok.sum()) >= 8:
-            self.out["scale"].append(((s[ok] / qk[ok]) * f).cpu())
+        common = _common_ratio(s[ok] / qk[ok])
+        if common is not None:
+            self.out["scale"].append((common * f).cpu())
         self.qk = None
+
+
+def _common_ratio(r: torch.Tensor, tol: float = 1e-3, share: float = 0.2) -> torch.Tensor | None:
+    """The ratios score / (q.k) of the entries that share one ratio, the scale; None if none do.  # [n]
+
+    Unmasked entries all have ratio c. Masked ones do not, whatever the convention: a fill F
+    (-inf, finfo.min, -1e9, -1e4, 0) gives F / q.k and an additive mask m gives c + m / q.k, both
+    different for every entry. So the largest group of ratios within `tol` of each other is the
+    unmasked entries (a causal mask leaves more than half of them) -- where a threshold on the
+    score would take a -1e4 fill for a score. Fewer than `share` of the entries alike (a per-position
+    bias such as T5's buckets): no common ratio.
+    """
+    if r.numel() < 8:
+        return None
+    r, _ = r.flatten().sort()
+    ends = torch.searchsorted(r, r + tol * r.abs(), right=True)  # [n] first index past each entry's group
+    sizes = ends - torch.arange(r.numel())
+    i = int(sizes.argmax())
+    n = int(sizes[i])
+    if n < 8 or n < share * r.numel():
+        return None
+    return r[i:i + n]
 
 
 def _watch(module: torch.nn.Module, site: Any, out: dict[str, list]):
