@@ -20,9 +20,12 @@ _STYLE = {"error": "bold red", "warning": "bold yellow", "info": "cyan"}
 @data_option(required=False)
 @max_length_option
 @attention_options
-@click.option("--causal/--no-causal", default=None,
-              help="The model must not see the future (--causal) or is bidirectional (--no-causal). "
-                   "Default: infer -- a leak is an error only when the model declares itself causal.")
+@click.option("--causal/--bidirectional", "causal", default=None,
+              help="The model must not see the future (--causal: a leak is an error) or is meant to see the whole "
+                   "sequence (--bidirectional: the causal test is skipped). Default: infer from the model -- an "
+                   "error when it declares itself causal, a warning for undeclared LM-shaped outputs, "
+                   "information otherwise.")
+@click.option("--no-causal", "causal", flag_value=False, hidden=True, help="Same as --bidirectional.")
 @click.option("--run", "run_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Also check warmup and gradient clipping recorded in this TrainingMonitor run folder.")
 @click.option("--json", "json_path", type=click.Path(path_type=str), default=None,

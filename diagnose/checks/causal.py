@@ -7,11 +7,15 @@ filled with 0 or an off-by-one mask (each position sees the next token; or the d
 masked too, so the first query has no key left and spreads over every key) changes them.
 
 Whether a leak is a bug depends on what the model is meant to be. It is an error when the
-caller says causal=True, or when the model declares itself causal (the reference model's
-cfg.is_causal, a Hugging Face config.is_decoder, an attention module with is_causal=True, or a
-*ForCausalLM / *LMHeadModel class);
-otherwise bidirectional attention is reported as information, since encoders are meant to see
-the whole sequence. Models with pooled outputs [B, C] have no per-position output: skipped.
+caller says causal=True, or when the model declares itself causal (a model attribute
+is_causal=True, the reference model's cfg.is_causal, a Hugging Face config.is_decoder, an
+attention module with is_causal=True, or a *ForCausalLM / *LMHeadModel class). It is information
+when the model is declared bidirectional (causal=False skips the test; is_causal=False on the
+model or its cfg; a Hugging Face model that declares no causality is an encoder by its library's
+own design). When nothing declares intent and the outputs are shaped like a language model's
+(one score per vocabulary entry at every position) it is a warning: most hand-written LMs are
+meant to be causal, and a missing mask is the classic bug that lets them cheat. Models with
+pooled outputs [B, C] have no per-position output: skipped.
 """
 
 from __future__ import annotations
@@ -30,9 +34,15 @@ _FIX = ("Mask the future keys only, before the softmax: masked = torch.ones(T, T
         "the first query no key, so it attends to everything; filling with 0 instead of a large "
         "negative number masks nothing (exp(0) = 1). With F.scaled_dot_product_attention pass is_causal=True.")
 
+_DECLARE = ("Declare what the model is meant to be: --causal (check_model(..., causal=True), or model.is_causal = "
+            "True) makes a leak an error; --bidirectional (causal=False, or model.is_causal = False) for a masked "
+            "LM or an encoder, which is meant to see the whole sequence.")
+
 
 def declared_causal(model: nn.Module) -> bool | None:
     """True/False when the model says whether it is causal, None when it does not say."""
+    if isinstance(getattr(model, "is_causal", None), bool):  # the user's own declaration on the model
+        return model.is_causal
     cfg = getattr(model, "cfg", None)
     if isinstance(getattr(cfg, "is_causal", None), bool):
         return cfg.is_causal
@@ -42,7 +52,14 @@ def declared_causal(model: nn.Module) -> bool | None:
         return True
     if type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")):  # Hugging Face naming convention
         return True
+    if _is_hf_config(getattr(model, "config", None)):
+        return False  # a Hugging Face architecture not declared a decoder is an encoder by design (BERT's MLM)
     return None
+
+
+def _is_hf_config(cfg) -> bool:
+    return any(c.__name__.lower() == "pretrainedconfig" and c.__module__.startswith("transformers")
+               for c in type(cfg).__mro__)
 
 
 def check_causal(probe: Probe, causal: bool | None = None) -> list[Finding]:
@@ -85,6 +102,13 @@ def check_causal(probe: Probe, causal: bool | None = None) -> list[Finding]:
                 "positions_tested": T, "positions_leaking": int(leaking.sum()),
                 "first_leaking_position": int(leaking.nonzero()[0, 0]), "threshold": SAME,
                 "declared_causal": declared}
+    lm_shaped = out.shape[-1] == probe.info.vocab_size
+    evidence["lm_shaped_outputs"] = lm_shaped
+    if not meant and declared is None and lm_shaped:
+        return [Finding(NAME, "warning", "Outputs at position t depend on later tokens, and the outputs are a "
+                        "language model's (a score per vocabulary entry at every position) with nothing declaring "
+                        "the model causal or bidirectional", evidence,
+                        "If it is a decoder/LM, its causal mask is missing or wrong: " + _FIX + " " + _DECLARE)]
     if not meant:
         return [Finding(NAME, "info", "Outputs at position t depend on later tokens: the model is bidirectional",
                         evidence, "Expected for an encoder. If the model is meant to be a decoder/LM, its causal "

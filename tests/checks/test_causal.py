@@ -61,11 +61,28 @@ def test_correct_nanogpt_passes_with_and_without_sdpa():
         assert _causal(model, causal=True) == []
 
 
-def test_undeclared_bidirectional_model_is_information_not_a_bug():
-    (f,) = _causal(NanoGPT(mask_offset=None))  # nothing says it is causal: infer
-    assert f.severity == "info" and "bidirectional" in f.title
+def test_undeclared_lm_without_mask_is_a_warning_saying_how_to_declare_intent():
+    (f,) = _causal(NanoGPT(mask_offset=None))  # per-position logits over its own vocabulary, nothing declared
+    assert f.severity == "warning" and f.evidence["lm_shaped_outputs"] is True
+    assert "--causal" in f.fix and "--bidirectional" in f.fix and "causal=False" in f.fix
+
+
+def test_declared_bidirectional_model_is_information_not_a_bug():
     result = check_model(Transformer(ModelConfig(kind="lm", causal=False)), checks=["causal"])
     assert [x.severity for x in result] == ["info"] and result.passed == ["causal"]
+    model = NanoGPT(mask_offset=None)
+    model.is_causal = False  # the Python declaration on a hand-written model
+    (f,) = _causal(model)
+    assert f.severity == "info" and "bidirectional" in f.title
+    model.is_causal = True
+    assert _causal(model)[0].severity == "error"
+
+
+def test_undeclared_leak_on_non_lm_outputs_stays_information():
+    model = NanoGPT(mask_offset=None)
+    model.lm_head = torch.nn.Linear(32, 7)  # per-position tags, not a vocabulary: an encoder's tagger
+    (f,) = _causal(model)
+    assert f.severity == "info" and f.evidence["lm_shaped_outputs"] is False
 
 
 def test_declared_causal_module_makes_a_leak_an_error():

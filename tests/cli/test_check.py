@@ -57,8 +57,9 @@ def test_causal_flag_turns_a_bidirectional_lm_into_an_error(files):
     assert res.exit_code == 0 and "INFO" in res.output and "No wiring problem found." in res.output
     res = _run(files / "encoder.pt", "--causal", "--strict")
     assert res.exit_code == 1 and "ERROR" in res.output and "Causal leak" in res.output
-    res = _run(files / "encoder.pt", "--no-causal")
-    assert "skipped: causal (causal=False" in res.output
+    for flag in ("--bidirectional", "--no-causal"):
+        res = _run(files / "encoder.pt", flag)
+        assert "skipped: causal (causal=False" in res.output
 
 
 def test_hf_folder(tmp_path):
