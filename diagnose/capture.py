@@ -17,8 +17,8 @@ from .activations import STAT_NAMES, hidden_stats
 from .adapters._hooks import first_tensor, hooks
 from .adapters.base import AttentionSite
 from .attention_stats import key_mask_of
-from .errors import NoAttentionFoundError
-from .objectives import call_model
+from .errors import DiagnoseError, NoAttentionFoundError
+from .objectives import call_model, logits_of, require_finite
 from .sites import find_heads
 
 
@@ -73,6 +73,12 @@ def capture(model: nn.Module, inputs: Any, *, attention: bool = True, activation
         regs = [lambda m=m, n=n: m.register_forward_hook(on_block(n)) for n, m in blocks]
         stack.enter_context(hooks(*regs))
         output = call_model(model, inputs)
+    try:
+        logits = logits_of(output)
+    except DiagnoseError:  # an output diagnose cannot read logits from: nothing to test
+        logits = None
+    if logits is not None:
+        require_finite(model, logits.detach(), "on the captured inputs")
     acts: dict[str, dict[str, float]] = {}
     if reduced:
         values = torch.stack(list(reduced.values())).tolist()  # one host sync

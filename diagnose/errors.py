@@ -33,3 +33,7 @@ class RunFolderError(DiagnoseError):
 
 class OutputError(DiagnoseError):
     """An output path cannot or must not be written (an input, a device, read-only, disk full)."""
+
+
+class NonFiniteError(DiagnoseError):
+    """The model's outputs hold NaN or inf (e.g. NaN weights): no analysis of them would mean anything."""

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
 
-from .errors import ConfigError, DataError
+from .errors import ConfigError, DataError, NonFiniteError
 
 IGNORE = -100
 TASKS = ("classification", "lm")
@@ -36,6 +36,28 @@ def logits_of(output: Any) -> torch.Tensor:
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
     raise DataError(f"cannot find logits in a model output of type {type(output).__name__}")
+
+
+def require_finite(model: torch.nn.Module, logits: torch.Tensor, where: str) -> None:
+    """Raise NonFiniteError, naming the likely cause, when `logits` hold NaN or inf.
+
+    Every number computed from such outputs (a loss, an accuracy, a p-value, a leak) is
+    meaningless, so the analyses stop instead of reporting them. The cause named is the first
+    parameter or buffer with non-finite values, if any (NaN weights), else the forward itself.
+    """
+    if not logits.is_floating_point() or bool(torch.isfinite(logits).all()):
+        return
+    bad = [n for n, t in (*model.named_parameters(), *model.named_buffers())
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        cause = (f"{len(bad)} weight tensor(s) hold NaN/inf (first: {bad[0]}); reload or retrain the model "
+                 "(a diverged run saves NaN weights)")
+    else:
+        cause = "the weights are finite, so the forward overflows (check the dtype, masks filled with -inf in " \
+                "every key of a row, or inputs out of range)"
+    n = int((~torch.isfinite(logits)).sum())
+    raise NonFiniteError(f"{type(model).__name__} gives non-finite outputs ({n} of {logits.numel()} values NaN/inf "
+                         f"{where}): {cause}")
 
 
 def targets_for(task: str, inputs: Any, labels: torch.Tensor | None) -> torch.Tensor:

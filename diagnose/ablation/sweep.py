@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ..adapters.base import AttentionSite
 from ..errors import DiagnoseError
-from ..objectives import IGNORE, call_model, logits_of, score, targets_for
+from ..objectives import IGNORE, call_model, logits_of, require_finite, score, targets_for
 from .batches import batch_size_of, padding_mask
 from .gate import Gate, ablation_scale
 from .prefix import Recorder, repeat_batch, replay
@@ -123,6 +123,7 @@ class Sweep:
         try:
             with torch.set_grad_enabled(grad), recording:
                 logits = logits_of(call_model(self.model, inputs))
+                require_finite(self.model, logits.detach(), "on the data, before any head is ablated")
                 sc = score(logits, targets.to(logits.device))
             silent = [g.site.name for g in self.gates if g.calls == 0]
             if silent:

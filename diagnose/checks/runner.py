@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import torch.nn as nn
 
 from ..errors import ConfigError, DiagnoseError
+from ..objectives import require_finite
 from ._probe import Probe, eval_mode, forward, model_info, real_rows
 from .causal import check_causal
 from .finding import Findings, SkipCheck
@@ -40,12 +41,13 @@ def check_model(model: nn.Module, data: Any = None, *, causal: bool | None = Non
     probe = Probe(model, info, real_rows(data, info, n=n_examples, length=length, seed=seed), seed=seed)
     try:
         with eval_mode(model):
-            forward(model, info, probe.rows[:1])
+            clean = forward(model, info, probe.rows[:1])
     except DiagnoseError:
         raise
     except Exception as exc:  # the model's own error: say what it was fed
         raise DiagnoseError(f"{info.family} failed on probe input_ids {tuple(probe.rows.shape)}: "
                             f"{type(exc).__name__}: {exc}") from None
+    require_finite(model, clean, f"on probe input_ids {tuple(probe.rows[:1].shape)}")
     runs = {
         "causal": lambda: check_causal(probe, causal),
         "padding": lambda: check_padding(probe),
