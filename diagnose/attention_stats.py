@@ -49,6 +49,21 @@ def entropy_and_max(probs: torch.Tensor, key_mask: torch.Tensor | None = None) -
     return (ent * w).sum((0, 2)) / n, (mx * w).sum((0, 2)) / n
 
 
+@torch.no_grad()
+def uniform_entropy(probs: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Entropy (nats) of uniform attention over the keys each query can see, mean over real rows.  # [] on the device
+
+    A key is visible to a query when any head gives it weight (the model's own causal and
+    padding masks give exactly 0 under -inf, finfo.min or -1e4 fills) and it is not padding.
+    So this is the mean of log(number of visible keys): what a head at initialisation, whose
+    scores are all alike, should be close to. No host sync.
+    """
+    keys, qw, _ = _masks(probs, key_mask)
+    visible = (probs.detach() > 0).any(1) & (keys[:, None, :] > 0)  # [B, Tq, Tk]
+    n = visible.sum(-1).clamp_min(1).float().log()  # [B, Tq]
+    return (n * qw).sum() / qw.sum().clamp_min(1.0)
+
+
 class HeadStats:
     """Running per-head sums of every statistic in STATS, fed one batch of maps at a time."""
 

@@ -63,6 +63,12 @@ class Thresholds:
     collapse_entropy_frac / collapse_head_frac: a site where at least collapse_head_frac of the
         heads have an attention entropy below collapse_entropy_frac x their entropy at the
         first sample (learned sharp heads keep ~20 % of it; collapsed ones drop under 5 %).
+    init_entropy_frac: at a site's first attention sample, at least collapse_head_frac of the heads
+        below init_entropy_frac x the entropy of uniform attention over the visible keys (log of
+        their count, causal and padding masks included) is a collapse from initialisation, which
+        the comparison with the first sample cannot see. Fresh heads sit near uniform (ratio ~0.9
+        and above); a 128-wide head without 1/sqrt(d_k) measured 0.79 nats against 2.2 (0.36).
+        Monitoring that starts from trained weights, whose heads are rightly sharp, may set it to 0.
     rank_cos / rank_patience: a block's mean cosine similarity between positions at least
         rank_cos for `patience` consecutive logged steps, in any block but the last. Measured: true
         collapse (a stack without residuals, lr 0.1) reaches 0.99-1.00 and stays; healthy runs stay
@@ -86,6 +92,7 @@ class Thresholds:
     growth_ratio: float = 100.0
     collapse_entropy_frac: float = 0.1
     collapse_head_frac: float = 0.75
+    init_entropy_frac: float = 0.5
     loss_spike_floor: float = 0.05
     grad_spike_floor: float = 0.05
     rank_cos: float = 0.99
@@ -95,6 +102,11 @@ class Thresholds:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+INIT_COLLAPSE_HINT = ("attention is near one-hot before training has shaped it: the scores are too large from "
+                      "the start -- check that they are divided by sqrt(d_k) and the q/k init std (0.02); "
+                      "if the run starts from trained weights, Thresholds(init_entropy_frac=0) turns this off")
 
 
 def _finite(x: Any) -> bool:
@@ -270,6 +282,10 @@ class AlertEngine:
             ent = st.get("entropy") or []
             if not ent or not all(_finite(v) for v in ent):
                 continue
+            if site not in self.first_attention:
+                init = self._collapsed_at_first_sample(site, ent, st.get("uniform_entropy"))
+                if init is not None:
+                    worst = init if worst is None or init[1] > worst[1] else worst
             first = self.first_attention.setdefault(site, list(ent))  # entropy at the first sample
             low = [e <= self.t.collapse_entropy_frac * f0 for e, f0 in zip(ent, first) if f0 > 0]
             frac = sum(low) / len(low) if low else 0.0
@@ -277,8 +293,24 @@ class AlertEngine:
                 worst = (site, frac, statistics.fmean(ent), statistics.fmean(first))
         if attn:
             emit("entropy_collapse", worst is not None, "error", worst[0] if worst else "",
+                 "" if worst is None else worst[4] if len(worst) > 4 else
                  f"{worst[1]:.0%} of the heads of {worst[0]} collapsed: mean attention entropy "
-                 f"{worst[2]:.3f} nats, down from {worst[3]:.3f} at the first sample" if worst else "")
+                 f"{worst[2]:.3f} nats, down from {worst[3]:.3f} at the first sample",
+                 None if worst is None or len(worst) == 4 else INIT_COLLAPSE_HINT)
+
+    def _collapsed_at_first_sample(self, site: str, ent: list[float], uniform: Any) -> tuple | None:
+        """(site, share of heads, mean entropy, uniform entropy, message) when the site's heads start
+        far below uniform attention over their visible keys, else None."""
+        if not _finite(uniform) or uniform <= 0 or not self.t.init_entropy_frac:
+            return None
+        low = [e < self.t.init_entropy_frac * uniform for e in ent]
+        frac = sum(low) / len(low)
+        if frac < self.t.collapse_head_frac:
+            return None
+        mean = statistics.fmean(ent)
+        return (site, frac, mean, uniform,
+                f"{frac:.0%} of the heads of {site} are collapsed from the first sample: mean attention entropy "
+                f"{mean:.3f} nats where uniform attention over the visible keys gives {uniform:.3f}")
 
     def _check_warmup(self, rec: dict[str, Any], emit) -> None:
         lr = rec.get("lr")

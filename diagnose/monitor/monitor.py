@@ -124,7 +124,7 @@ class TrainingMonitor:
     def _measure(self, s: int, loss: Any, optimizer: Any, lr: Any, scaler: Any) -> dict[str, Any]:
         sampled = self._attn.armed
         acts, act_present = self._acts.collect()  # [L_present, 4]
-        attn = self._attn.collect() if sampled else []  # per site [2, H] or None
+        attn = self._attn.collect() if sampled else []  # per site [3, H] or None
         norms, grad_idx, sharded = self._grads.norms()  # [P]
         dev = next((t.device for t in (norms, acts) if t is not None), None)
         if dev is None:
@@ -193,8 +193,9 @@ class TrainingMonitor:
             if a is None:
                 continue
             h = a.shape[-1]
-            attention[name] = {"entropy": values[pos:pos + h], "max_weight": values[pos + h:pos + 2 * h]}
-            pos += 2 * h
+            attention[name] = {"entropy": values[pos:pos + h], "max_weight": values[pos + h:pos + 2 * h],
+                               "uniform_entropy": values[pos + 2 * h]}
+            pos += 3 * h
         norms = values[pos:]
         sq = [0.0] * len(self.block_names)
         bad_param = None

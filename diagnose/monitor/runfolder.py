@@ -5,7 +5,8 @@ reader that survives a killed writer.
                    TrainingMonitor opened on the folder), "closed" (true once close() ran)
     metrics.jsonl  one object per logged step: step, time, loss, lr, grad_norm, clip_coef,
                    session, layers {block: {grad_norm, act_mean, act_var, act_max_abs, token_cos}},
-                   and on sampled steps attention {site: {entropy: [per head], max_weight: [per head]}};
+                   and on sampled steps attention {site: {entropy: [per head], max_weight: [per head],
+                   uniform_entropy: log of the visible keys' count, mean over query rows}};
                    nonfinite_param names the first parameter with a NaN/Inf gradient, when there is one
     alerts.jsonl   step, kind, severity (warning|error), where, message, hint
 

@@ -131,10 +131,11 @@ class ActivationProbe:
 
 
 class AttentionProbe:
-    """Per-head entropy and max weight of every site, on sampled steps only.
+    """Per-head entropy, max weight and uniform entropy of every site, on sampled steps only.
 
     arm() enters each adapter's watch_pattern (so nothing is hooked on other steps);
-    collect() leaves them and returns [n_sites, 2, H] pooled over the forwards it saw.
+    collect() leaves them and returns per site [3, H] pooled over the forwards it saw (the third
+    row: the entropy of uniform attention over the visible keys, the same for every head).
     """
 
     def __init__(self, sites: list, activations: ActivationProbe | None = None):
@@ -160,7 +161,7 @@ class AttentionProbe:
         self._stack = stack
 
     def _callback(self, i: int):
-        from ..attention_stats import entropy_and_max
+        from ..attention_stats import entropy_and_max, uniform_entropy
 
         def callback(probs: torch.Tensor) -> None:  # probs [B, H, Tq, Tk]
             if not torch.is_grad_enabled():
@@ -169,11 +170,12 @@ class AttentionProbe:
             if mask is not None and mask.shape != (probs.shape[0], probs.shape[-1]):
                 mask = None
             ent, mx = entropy_and_max(probs, key_mask=mask)  # [H], [H]
-            self._seen[i].append(torch.stack([ent.float(), mx.float()]))  # [2, H]
+            uni = uniform_entropy(probs, key_mask=mask).float().expand_as(ent)  # [H]
+            self._seen[i].append(torch.stack([ent.float(), mx.float(), uni]))  # [3, H]
         return callback
 
     def collect(self) -> list[torch.Tensor | None]:
-        """Per site [2, H] (entropy, max weight) averaged over forwards, None if it never ran."""
+        """Per site [3, H] (entropy, max weight, uniform entropy) averaged over forwards, None if it never ran."""
         self.disarm()
         out = [torch.stack(s).mean(0) if s else None for s in self._seen]
         self._seen = [[] for _ in self.sites]

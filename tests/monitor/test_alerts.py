@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 
+import pytest
+import torch
+
 from diagnose.monitor.alerts import HINTS, KINDS, AlertEngine, Thresholds, format_alert
 
 
@@ -106,6 +109,34 @@ def test_entropy_collapse_relative_to_first_sample():
     out = feed(e, [rec(10, attention=att([0.05, 0.1, 0.02, 1.9]))])
     assert [(a["kind"], a["where"], a["severity"]) for a in out] == [("entropy_collapse", "l0.attn", "error")]
     assert "1/sqrt(d_k)" in out[0]["hint"]
+
+
+def test_entropy_collapse_from_initialisation_against_uniform_attention():
+    def att(ent, uniform=2.2):
+        return {"l0.attn": {"entropy": ent, "max_weight": [0.5] * len(ent), "uniform_entropy": uniform}}
+
+    out = feed(AlertEngine(Thresholds(), []), [rec(0, attention=att([0.79, 0.8, 0.7, 0.9]))])  # the run
+    assert [(a["kind"], a["step"], a["where"]) for a in out] == [("entropy_collapse", 0, "l0.attn")]
+    assert "2.200" in out[0]["message"] and "0.797" in out[0]["message"] and "sqrt(d_k)" in out[0]["hint"]
+    near_uniform = [rec(0, attention=att([2.1, 2.0, 2.15, 1.9])), rec(5, attention=att([0.9, 0.8, 1.0, 2.0]))]
+    assert feed(AlertEngine(Thresholds(), []), near_uniform) == []  # fresh, then sharpening: quiet
+    # only the first sample is held to uniform attention: trained heads may rightly be sharp later
+    assert feed(AlertEngine(Thresholds(), []), near_uniform[:1] + [rec(5, attention=att([0.7] * 4))]) == []
+    assert feed(AlertEngine(Thresholds(init_entropy_frac=0), []), [rec(0, attention=att([0.79] * 4))]) == []
+
+
+def test_uniform_entropy_counts_the_visible_keys():
+    from diagnose.attention_stats import uniform_entropy
+
+    T = 4
+    causal = torch.tril(torch.ones(T, T))
+    probs = (causal / causal.sum(-1, keepdim=True))[None, None].repeat(2, 3, 1, 1)  # [B, H, T, T]
+    expected = sum(math.log(t + 1) for t in range(T)) / T
+    assert float(uniform_entropy(probs)) == pytest.approx(expected)
+    pad = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])  # the second row's last two keys are padding
+    probs[1, :, :, 2:] = 0
+    probs[1] = probs[1] / probs[1].sum(-1, keepdim=True)
+    assert float(uniform_entropy(probs, pad)) == pytest.approx((4 * expected + 0 + math.log(2)) / 6)
 
 
 def test_rank_collapse_and_nonfinite_silence_the_rest():

@@ -50,6 +50,11 @@ SCENARIOS = [
              {"grad_spike", "loss_spike", "activation_growth"}),
     Scenario("lr 0.1: attention entropy collapse", BASE, dict(steps=60, warmup=10, lr=0.1),
              {"entropy_collapse": 50}, {"rank_collapse", "activation_growth", "grad_spike", "loss_spike"}),
+    # PyTorch's default Linear init (std ~0.05) without 1/sqrt(d_k): one-hot from step 0, so the
+    # comparison with the first sample never sees it; the uniform-attention criterion must, at once
+    Scenario("collapsed from initialisation", {**BASE, "attn_scale": "none", "n_heads": 2, "d_model": 256,
+                                               "init_std": 0.05},
+             dict(steps=30, warmup=10, lr=3e-3), {"entropy_collapse": 0}),
     Scenario("8 layers, no residuals", {**BASE, "residual": False, "n_layers": 8},
              # collapsed from initialisation on: fires once the streak reaches rank_patience (5) steps
              dict(steps=30, warmup=10, lr=3e-3), {"rank_collapse": 5}, {"vanishing_grad"}),
@@ -121,7 +126,9 @@ def test_failure_suite_precision_and_recall(tmp_path):
         assert not results[sc.name], f"healthy run {sc.name} raised {results[sc.name]}"
     nan = next(a for a in results[SCENARIOS[3].name] if a["kind"] == "nonfinite")
     assert (nan["step"], nan["where"], nan["severity"]) == (30, "blocks.1", "error")
-    assert recall == 1.0 and precision >= 0.9, problems
+    collapsed = next(a for a in results["collapsed from initialisation"] if a["kind"] == "entropy_collapse")
+    assert "from the first sample" in collapsed["message"] and "uniform" in collapsed["message"]
+    assert recall == 1.0 and precision == 1.0, problems
 
 
 if __name__ == "__main__":  # python tests/monitor/test_failures.py: the table for the README
