@@ -93,6 +93,10 @@ def _print(result, json_path: str | None) -> None:
     out.print(text(f"{result.model['family']} model, {result.model['n_layers']} layers; {result.task}, {result.method} "
                    f"ablation, {result.n_examples} examples ({result.n_units} scored units); baseline accuracy "
                    f"{b['accuracy']:.2%}, loss {b['loss']:.4f}"))
+    from diagnose.reports.view_heads import shared_note
+
+    if shared_note(result.model):
+        out.print(text(f"shared layers: {shared_note(result.model)}"))
     table = Table("rank", "head", "Δacc [95 % CI]", "p (Holm)", "Δloss", "KL", "grad", "entropy", "max w",
                   "first")
     for rank, h in enumerate(result.ranked(), 1):

@@ -11,6 +11,7 @@ import torch.nn as nn
 from .adapters.base import AttentionSite
 from .adapters.generic import GenericAdapter, named_sites
 from .adapters.registry import adapters, register_adapter, unregister_adapter
+from .adapters.shared import split_shared
 from .errors import NoAttentionFoundError
 
 __all__ = ["find_heads", "register_adapter", "unregister_adapter", "NAMING_HINT"]
@@ -27,14 +28,15 @@ def find_heads(model: nn.Module, *, attention_module: str | None = None, n_heads
 
     attention_module (a glob over qualified module names) and n_heads name layers diagnose
     cannot recognise. `example` (model inputs) lets the generic fallback probe the model with
-    real inputs instead of guessed token ids.
+    real inputs instead of guessed token ids. A module applied several times per forward (ALBERT's
+    shared layer) gives one site per application, named `NAME#k` (see adapters/shared.py).
     """
     if attention_module is not None:
-        return named_sites(model, attention_module, n_heads, example)
+        return split_shared(model, named_sites(model, attention_module, n_heads, example), example)
     for adapter in [*adapters(), GenericAdapter(example)]:
         sites = adapter.find(model)
         if sites:
-            return sites
+            return split_shared(model, sites, example)
     raise NoAttentionFoundError(f"no attention layer found in {type(model).__name__} (no softmax over "
                                 f"[B, H, Tq, Tk] or scaled_dot_product_attention call seen"
                                 f"{'' if example is not None else ' on guessed inputs: pass example=inputs'}); {NAMING_HINT}")

@@ -53,6 +53,8 @@ def heads_verdict(v: HeadsView) -> Verdict:
     out.lines.append(("Model", f"{v.family} model, {v.n_layers} layers × {v.n_heads} heads, task "
                                f"{v.task or 'unknown'}, {v.method or 'zero'} ablation{n_ex}"
                                + (f"; baseline {base}." if base else ".")))
+    if v.shared:
+        out.lines.append(("Shared layers", v.shared))
     top = ", ".join(_head_effect(h) for h in v.ranked[:3])
     if v.n_significant:
         out.lines.append(("What matters", f"{v.n_significant} of {v.n_total} heads change the result "

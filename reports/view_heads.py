@@ -78,6 +78,7 @@ class HeadsView:
     example_texts: list[list[str]] = field(default_factory=list)  # tokens of each kept example
     examples_note: str = ""
     together: list[Group] = field(default_factory=list)
+    shared: str = ""  # layers applied at several depths (ALBERT), said in words; "" when none
 
     @property
     def n_significant(self) -> int:
@@ -226,6 +227,18 @@ def _groups(raw: Any, heads: list[dict[str, Any]]) -> list[Group]:
     return out
 
 
+def shared_note(model: dict[str, Any]) -> str:
+    """One sentence per module the model applies at several depths, naming the layers it became."""
+    notes = []
+    for g in model.get("shared") or []:
+        if isinstance(g, dict) and isinstance(g.get("layers"), list):
+            layers = ", ".join(f"L{i}" for i in g["layers"])
+            notes.append(f"{g.get('module')} is one set of weights applied {g.get('applications')} times per "
+                         f"forward; each application is its own layer here ({layers}), with its own map, "
+                         "statistics and ablation (closing a head closes it at that depth only).")
+    return " ".join(notes)
+
+
 def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -> HeadsView:
     """Build the view of one heads document (already checked by sources.load_sources)."""
     model = data["model"]
@@ -248,6 +261,7 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
     timing = data.get("timing") or {}
     return HeadsView(
         name=name, family=str(model.get("family", "unknown")), n_layers=n_layers, n_heads=n_heads,
+        shared=shared_note(model),
         task=str(data.get("task", "")), method=str(data.get("method", "")),
         n_examples=data.get("n_examples") if isinstance(data.get("n_examples"), int) else None,
         baseline=data.get("baseline") or {}, seconds=_num(timing.get("seconds")) if timing else None,

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..adapters.base import AttentionSite
+from ..adapters.shared import shared_modules
 from ..errors import ConfigError
 from ..modes import eval_mode
 from ..objectives import TASKS
@@ -111,9 +112,13 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
     flags = _flags_with_groups(heads, model, batches, task, method, sites, baseline)
     family = sites[0].adapter.family if sites else "unknown"
     n_heads = sorted({s.n_heads for s in sites})
+    model_info = {"family": family, "n_layers": len(sites), "n_heads": n_heads[0] if len(n_heads) == 1 else
+                  [s.n_heads for s in sites], "class": type(model).__name__}
+    shared = shared_modules(sites)
+    if shared:  # one layer applied at several depths (ALBERT): each application is its own site
+        model_info["shared"] = shared
     return HeadsResult(
-        model={"family": family, "n_layers": len(sites), "n_heads": n_heads[0] if len(n_heads) == 1 else
-               [s.n_heads for s in sites], "class": type(model).__name__},
+        model=model_info,
         task=task, method=method, n_examples=acc.n_examples, n_units=int(acc.units()), baseline=baseline,
         heads=heads, correlations=correlations, flags=flags,
         timing={"seconds": time.perf_counter() - started, "ablation_seconds": ablation_seconds,

@@ -59,8 +59,15 @@ def _is_attention_softmax(func, args, kwargs, out) -> bool:
     return dim is not None and dim % 4 == 3
 
 
+_BUSY = [0]  # > 0 while an AttentionMode does its own work: nested modes must not see that as the model's
+
+
 class AttentionMode(TorchFunctionMode):
-    """Calls on_call for each attention softmax / SDPA while it is on the mode stack."""
+    """Calls on_call for each attention softmax / SDPA while it is on the mode stack.
+
+    Several modes may nest (one per watcher of a module); each sees the model's own calls, none
+    sees the softmax another one computes to recompute SDPA's probabilities, nor its callback's.
+    """
 
     def __init__(self, on_call: OnCall):
         super().__init__()
@@ -69,11 +76,17 @@ class AttentionMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)  # the model's own result, untouched
-        if func is SDPA:
-            q, k, mask, causal, scale = _sdpa_args(*args, **kwargs)
-            self.on_call("sdpa", sdpa_probs(q, k, mask, causal, scale), q)
-        elif _is_attention_softmax(func, args, kwargs, out):
-            self.on_call("softmax", out.detach().float(), None)
+        if _BUSY[0]:
+            return out
+        _BUSY[0] += 1
+        try:
+            if func is SDPA:
+                q, k, mask, causal, scale = _sdpa_args(*args, **kwargs)
+                self.on_call("sdpa", sdpa_probs(q, k, mask, causal, scale), q)
+            elif _is_attention_softmax(func, args, kwargs, out):
+                self.on_call("softmax", out.detach().float(), None)
+        finally:
+            _BUSY[0] -= 1
         return out
 
 

@@ -34,6 +34,8 @@ class AttentionSite:
     n_kv_heads: int | None = None  # grouped-query attention: fewer key/value heads
     # the module whose input is the heads' outputs side by side [B, T, H * D], where the family has one
     out_proj: nn.Module | None = field(default=None, repr=False)
+    # (k, n): the k-th of n applications of a module shared across depths (ALBERT); None: applied once
+    application: tuple[int, int] | None = None
 
 
 class Adapter(Protocol):

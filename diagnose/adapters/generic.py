@@ -84,11 +84,13 @@ def probe(model: nn.Module, example: Any = None) -> list[dict]:
         return []
     names = {m: n for n, m in model.named_modules()}
     stack: list[str] = []
+    calls: dict[str, int] = {}
     found: dict[str, dict] = {}
     linears: list[tuple[tuple[str, ...], nn.Linear]] = []  # (running modules, linear) in call order
 
     def pre(m, _args):
         stack.append(names[m])
+        calls[names[m]] = calls.get(names[m], 0) + 1
 
     def post(m, _args, _out):
         stack.pop()
@@ -126,7 +128,8 @@ def probe(model: nn.Module, example: Any = None) -> list[dict]:
         if D is None:
             continue
         proj = [lin for lin in inside if lin.in_features == H * D]
-        out.append(dict(name=rec["name"], module=mod, n_heads=H, head_dim=D, out_proj=proj[-1] if proj else None))
+        out.append(dict(name=rec["name"], module=mod, n_heads=H, head_dim=D, out_proj=proj[-1] if proj else None,
+                        calls=calls.get(rec["name"], 1)))
     return out
 
 
@@ -138,6 +141,7 @@ class GenericAdapter(InterceptAdapter):
     def __init__(self, example: Any = None):
         self.example = example
         self._found: tuple[int, list[AttentionSite]] | None = None  # (id(model), sites): blocks() needs no new probe
+        self.applied_more_than_once = False  # a site module ran twice in the probe forward (shared.py splits it)
 
     def find(self, model: nn.Module) -> list[AttentionSite] | None:
         recs = probe(model, self.example)
@@ -145,6 +149,7 @@ class GenericAdapter(InterceptAdapter):
             return None
         sites = [AttentionSite(i, r["name"], r["n_heads"], r["head_dim"], r["module"], self, out_proj=r["out_proj"])
                  for i, r in enumerate(recs)]
+        self.applied_more_than_once = any(r["calls"] > 1 for r in recs)
         self._found = (id(model), sites)
         return sites
 

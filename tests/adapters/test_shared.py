@@ -1,0 +1,116 @@
+"""ALBERT applies one layer at every depth: one site per application, each with its own map (equal
+to the model's own output_attentions at that depth) and its own gate (equal to zeroing that head's
+output-projection weights in an unshared copy of the model, where each depth owns its weights)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import diagnose
+from diagnose.ablation import ablate_heads
+from diagnose.adapters._hooks import hook_snapshot
+
+from .conftest import output_of, zero_head
+
+transformers = pytest.importorskip("transformers")
+L, H, D = 3, 4, 8
+
+
+def _albert(impl="eager", groups=1):
+    torch.manual_seed(0)
+    cfg = transformers.AlbertConfig(vocab_size=60, embedding_size=16, hidden_size=H * D, num_hidden_layers=L,
+                                    num_attention_heads=H, intermediate_size=64, max_position_embeddings=32,
+                                    num_hidden_groups=groups, attn_implementation=impl)
+    return transformers.AlbertForMaskedLM(cfg).eval()
+
+
+def _unshared(shared):
+    """The same function with each depth's own copy of the shared layer (num_hidden_groups = L)."""
+    model = _albert(groups=L)
+    state = shared.state_dict()
+    for k, v in list(state.items()):
+        if ".albert_layer_groups.0." in k:
+            for g in range(1, L):
+                state[k.replace(".albert_layer_groups.0.", f".albert_layer_groups.{g}.")] = v
+    model.load_state_dict(state)
+    return model
+
+
+def _ids():
+    return torch.randint(1, 60, (3, 9), generator=torch.Generator().manual_seed(1))  # [B, T]
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_one_site_and_one_map_per_application(impl):
+    model = _albert(impl)
+    sites = diagnose.find_heads(model)
+    assert [s.application for s in sites] == [(k, L) for k in range(L)]
+    assert [s.layer for s in sites] == list(range(L)) and sites[0].name.endswith("attention#0")
+    cap = diagnose.capture(model, _ids())
+    with torch.no_grad():
+        own = _albert("eager")(_ids(), output_attentions=True).attentions  # the eager model's own maps
+    assert len(cap.attention) == L
+    for got, want in zip(cap.attention, own):
+        torch.testing.assert_close(got, want.float(), atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(cap.attention[0], cap.attention[1])  # depths differ: not one map repeated
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_each_application_has_its_own_gate(impl):
+    model, ids = _albert(impl), _ids()
+    before = hook_snapshot(model)
+    sites = diagnose.find_heads(model)
+    unshared = _unshared(model)
+    with torch.no_grad():
+        base = output_of(model, ids)
+        torch.testing.assert_close(output_of(unshared, ids), base)  # the unshared copy computes the same
+        for site in sites:
+            k = site.application[0]
+            with site.adapter.intervene(site, lambda x: x):
+                torch.testing.assert_close(output_of(model, ids), base)
+            with site.adapter.intervene(site, zero_head(1)):
+                gated = output_of(model, ids)
+            dense = unshared.albert.encoder.albert_layer_groups[k].albert_layers[0].attention.dense
+            saved = dense.weight.clone()
+            dense.weight[:, D:2 * D] = 0  # head 1's input columns, at depth k only
+            expected = output_of(unshared, ids)
+            dense.weight.copy_(saved)
+            torch.testing.assert_close(gated, expected, atol=1e-5, rtol=1e-5)
+            assert (gated - base).abs().max() > 1e-5
+    assert hook_snapshot(model) == before
+
+
+def test_ablate_heads_reports_every_depth():
+    model = _albert()
+    ids = _ids()
+    result = ablate_heads(model, {"input_ids": ids}, task="lm", progress=False, attention=True)
+    assert result.model["n_layers"] == L and len(result.heads) == L * H
+    assert result.model["shared"] == [{"module": "albert.encoder.albert_layer_groups.0.albert_layers.0.attention",
+                                       "applications": L, "layers": list(range(L))}]
+    assert len({h.delta_loss for h in result.heads}) > H  # not one effect repeated at every depth
+
+
+def test_the_sharing_is_said_in_words_for_the_cli_and_the_report():
+    from diagnose.reports.summary import heads_verdict
+    from diagnose.reports.view_heads import heads_view
+
+    result = ablate_heads(_albert(), {"input_ids": _ids()}, task="lm", progress=False, attention=False)
+    lines = dict(heads_verdict(heads_view("albert", result.to_json())).lines)
+    assert "applied 3 times per forward" in lines["Shared layers"] and "L0, L1, L2" in lines["Shared layers"]
+
+
+def test_a_hand_written_block_applied_twice_is_two_sites():
+    from ..nano import NanoGPT
+
+    model = NanoGPT(n_layers=2)
+    model.h = torch.nn.ModuleList([model.h[0], model.h[0]])  # one block, applied at both depths
+    ids = torch.randint(1, 50, (2, 8))
+    sites = diagnose.find_heads(model, example=ids)
+    assert [(s.name, s.application) for s in sites] == [("h.0.attn#0", (0, 2)), ("h.0.attn#1", (1, 2))]
+    cap = diagnose.capture(model, ids)
+    with torch.no_grad():  # the second application's map, from its own input
+        x = model.wte(ids) + model.wpe(torch.arange(8))
+        x = model.h[0](x, None)
+        want = model.h[0].attn.scores(model.h[0].ln_1(x))
+    torch.testing.assert_close(cap.attention[1], want)
