@@ -55,7 +55,8 @@ class _HandAttention(nn.Module):
                    for t in self.c_attn(x).split(C, dim=2))  # (B, nh, T, hs)
         att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))  # (B, nh, T, T)
         att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-        att = att.masked_fill(pad[:, None, None, :], float("-inf"))
+        if pad is not None:
+            att = att.masked_fill(pad[:, None, None, :], float("-inf"))
         y = F.softmax(att, dim=-1) @ v  # (B, nh, T, hs)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
@@ -81,10 +82,11 @@ class HandDecoder(nn.Module):
         self.h = nn.ModuleList(_HandBlock(d, n_heads, max_len) for _ in range(n_layers))
         self.ln_f, self.lm_head = nn.LayerNorm(d), nn.Linear(d, vocab)
 
-    def forward(self, input_ids, attention_mask):
+    def forward(self, input_ids, attention_mask=None):
         x = self.wte(input_ids) + self.wpe(torch.arange(input_ids.shape[1]))
+        pad = None if attention_mask is None else attention_mask == 0
         for block in self.h:
-            x = block(x, attention_mask == 0)
+            x = block(x, pad)
         return self.lm_head(self.ln_f(x))
 
 

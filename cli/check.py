@@ -78,12 +78,18 @@ def _value(v) -> str:
     return str(v)
 
 
+def _probe_text(probe: dict) -> str:
+    if "shape" in probe:  # pixel values or audio features
+        return f"{probe.get('examples')} x {probe.get('shape')} inputs ({probe.get('data')})"
+    return f"{probe.get('examples')} x {probe.get('length')} tokens ({probe.get('data')})"
+
+
 def _print(result, json_path: str | None) -> None:
     out = Console(highlight=False)
     m = result.model
-    probe = m.get("probe", {})
-    out.print(Text(plain(f"{m.get('family')} ({m.get('n_parameters', 0):,} parameters), probed with "
-                         f"{probe.get('examples')} x {probe.get('length')} tokens ({probe.get('data')})")))
+    parts = [("encoder", m["encoder"]), ("decoder", m["decoder"])] if m.get("encoder_decoder") else [("", m)]
+    probes = "; ".join(f"{part + ' ' if part else ''}probed with {_probe_text(pm.get('probe', {}))}" for part, pm in parts)
+    out.print(Text(plain(f"{m.get('family')} ({m.get('n_parameters', 0):,} parameters), {probes}")))
     for f in result:
         out.print(Text.assemble("\n", (f"{f.severity.upper():7}", _STYLE[f.severity]), plain(f" {f.check}: "),
                                 (plain(f.title), "bold")))

@@ -42,7 +42,7 @@ def entropy_and_max(probs: torch.Tensor, key_mask: torch.Tensor | None = None) -
     """
     _, qw, _ = _masks(probs, key_mask)
     p = probs.detach().float()
-    ent = torch.special.entr(p).sum(-1)  # [B, H, Tq]
+    ent = -(p * p.clamp_min(1e-30).log()).sum(-1)  # [B, H, Tq]; p = 0 adds 0 (faster than special.entr on CPU)
     mx = p.amax(-1)  # [B, H, Tq]
     w = qw[:, None, :]  # [B, 1, Tq]
     n = (w.sum() * 1.0).clamp_min(1.0)

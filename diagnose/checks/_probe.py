@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from .. import modes
 from ..errors import DataError
-from ..objectives import logits_of
+from .parts import part_output
 
 # Relative output change (max |delta| / std of the clean outputs) below which two outputs are
 # "the same". Float32 reordering noise measured on the test models is ~1e-7..1e-6; the
@@ -61,7 +61,7 @@ def model_info(model: nn.Module) -> ModelInfo:
                         "pass data with input_ids to the check")
     cfg = getattr(model, "cfg", None) or getattr(model, "config", None)
     max_len = None
-    for name in ("max_len", "max_position_embeddings", "n_positions"):
+    for name in ("max_len", "max_target_positions", "max_position_embeddings", "n_positions"):
         if isinstance(getattr(cfg, name, None), int):
             max_len = int(getattr(cfg, name))
             break
@@ -111,7 +111,7 @@ def forward(model: nn.Module, info: ModelInfo, ids: torch.Tensor, mask: torch.Te
         m = None if mask is None else mask[s:s + MAX_ROWS_PER_FORWARD].to(dev)
         x = inputs_for(info, chunk, m)
         out = model(**x) if isinstance(x, Mapping) else model(x)
-        logits = logits_of(out).detach().cpu()
+        logits = part_output(out).detach().cpu()
         outs.append(logits if logits.dtype == torch.float64 else logits.float())
     return torch.cat(outs)
 

@@ -11,6 +11,8 @@ from ..objectives import require_finite
 from ._probe import Probe, eval_mode, forward, model_info, real_rows
 from .causal import check_causal
 from .finding import Findings, SkipCheck
+from .inputs import check_continuous, input_kind
+from .parts import is_encoder_decoder
 from .padding import check_padding
 from .positions import check_positions
 from .scaling import check_scaling
@@ -27,8 +29,13 @@ def check_model(model: nn.Module, data: Any = None, *, causal: bool | None = Non
     object (DataSet, TaskData) with input_ids and optional attention_mask; padding is stripped and
     the longest rows are cut to one length (<= `length`). causal: True (the model must not see
     the future), False (bidirectional: the causal test is skipped) or None (infer: a leak is an
-    error only when the model declares itself causal, information otherwise). attention_module /
-    n_heads name attention layers diagnose cannot find by itself (the scaling check needs them).
+    error when the model declares itself causal, a warning for undeclared LM-shaped outputs,
+    information otherwise). attention_module / n_heads name attention layers diagnose cannot find
+    by itself (the scaling check needs them).
+    Models whose main input is not token ids (ViT's pixel_values, Whisper's input_features) are
+    probed with inputs of their own kind (checks/inputs.py); an encoder-decoder is checked one part
+    at a time (checks/parts.py), its findings titled and its passed/skipped names prefixed
+    `encoder.` / `decoder.`. Every check that cannot apply is listed in .skipped with why.
     Returns a list of Finding (a Findings, which also carries .passed, .skipped, .model and
     .to_json() in the diagnose.checks/1 schema). The model is left as it was (training flag,
     weights, no hooks).
@@ -37,8 +44,23 @@ def check_model(model: nn.Module, data: Any = None, *, causal: bool | None = Non
     unknown = [n for n in names if n not in CHECKS]
     if unknown:
         raise ConfigError(f"unknown check(s) {', '.join(unknown)}; choose from {', '.join(CHECKS)}")
+    opts = dict(n_examples=n_examples, length=length, seed=seed, attention_module=attention_module, n_heads=n_heads)
+    if is_encoder_decoder(model):
+        from .seq2seq import check_encoder_decoder
+
+        return check_encoder_decoder(model, data, names, causal, opts)
+    kind = input_kind(model)
+    if kind != "input_ids":
+        return check_continuous(model, data, names, kind, opts)
+    return check_tokens(model, data, names, causal, opts)
+
+
+def check_tokens(model: nn.Module, data: Any, names: list[str], causal: bool | None, opts: dict[str, Any],
+                 skip: dict[str, str] | None = None) -> Findings:
+    """The four checks on a model that takes token ids; `skip` names checks not to run, with why."""
     info = model_info(model)
-    probe = Probe(model, info, real_rows(data, info, n=n_examples, length=length, seed=seed), seed=seed)
+    probe = Probe(model, info, real_rows(data, info, n=opts["n_examples"], length=opts["length"], seed=opts["seed"]),
+                  seed=opts["seed"])
     try:
         with eval_mode(model):
             clean = forward(model, info, probe.rows[:1])
@@ -51,15 +73,23 @@ def check_model(model: nn.Module, data: Any = None, *, causal: bool | None = Non
     runs = {
         "causal": lambda: check_causal(probe, causal),
         "padding": lambda: check_padding(probe),
-        "scaling": lambda: check_scaling(probe, attention_module=attention_module, n_heads=n_heads),
+        "scaling": lambda: check_scaling(probe, attention_module=opts["attention_module"], n_heads=opts["n_heads"]),
         "positions": lambda: check_positions(probe),
     }
     summary = {**info.to_json(), "n_parameters": sum(p.numel() for p in model.parameters()),
                "probe": {"examples": int(probe.rows.shape[0]), "length": int(probe.rows.shape[1]),
                          "data": "random tokens" if data is None else "given"},
                "causal_requested": causal}
-    result = Findings(model=summary)
+    return run_checks(names, runs, Findings(model=summary), skip)
+
+
+def run_checks(names: list[str], runs: dict[str, Any], result: Findings, skip: dict[str, str] | None = None
+               ) -> Findings:
+    """Run each named check, collecting findings, passes and skips (with why) into `result`."""
     for name in names:
+        if name in (skip or {}):
+            result.skipped.append({"check": name, "why": skip[name]})
+            continue
         try:
             found = runs[name]()
         except SkipCheck as why:

@@ -178,24 +178,29 @@ def _row_stats(probs: torch.Tensor) -> tuple[float, float]:
 
 def check_scaling(probe: Probe, *, attention_module: str | None = None, n_heads: int | None = None) -> list[Finding]:
     """Findings of the scaling check; raises SkipCheck when no layer could be measured."""
+    ids = probe.rows  # [B, T]
+    inputs = inputs_for(probe.info, ids, torch.ones_like(ids), device_of(probe.model))
+    return measure_scaling(probe.model, inputs, attention_module=attention_module, n_heads=n_heads)
+
+
+def measure_scaling(model: torch.nn.Module, inputs: Any, *, attention_module: str | None = None,
+                    n_heads: int | None = None) -> list[Finding]:
+    """The scaling check on any inputs the model takes (token ids, pixel values, audio features)."""
     from ..errors import DiagnoseError
     from ..sites import find_heads
 
-    ids = probe.rows  # [B, T]
-    mask = torch.ones_like(ids)
-    inputs = inputs_for(probe.info, ids, mask, device_of(probe.model))
     try:
-        sites = find_heads(probe.model, attention_module=attention_module, n_heads=n_heads, example=inputs)
+        sites = find_heads(model, attention_module=attention_module, n_heads=n_heads, example=inputs)
     except DiagnoseError as exc:
         raise SkipCheck(f"no attention layer found ({exc})") from None
     seen = [{"scale": [], "probs": []} for _ in sites]
     from ..adapters.torch_mha import no_fastpath
 
     # the fused MHA / TransformerEncoder fast path runs no Python inside attention: switch it off
-    with eval_mode(probe.model), no_fastpath(), ExitStack() as stack:
+    with eval_mode(model), no_fastpath(), ExitStack() as stack:
         for s, out in zip(sites, seen):
             stack.enter_context(_watch(s.module, s, out))
-        call_model(probe.model, inputs)
+        call_model(model, inputs)
     ratios, stds, sats = [], [], []
     for s, out in zip(sites, seen):
         c = torch.cat(out["scale"]) if out["scale"] else None

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..activations import hidden_stats
+from ..activations import hidden_finish, hidden_partial
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -62,7 +62,8 @@ def _first_tensor(out: Any) -> torch.Tensor | None:
 
 
 class ActivationProbe:
-    """Forward hooks reduce each block's output to hidden_stats [4] and keep nothing else.
+    """Forward hooks reduce each block's output over channels (hidden_partial: [4, B, T] and a [B, C]
+    sum) and keep nothing of its size; collect() finishes all blocks' statistics in one batched call.
 
     Only forwards with autograd enabled count (an evaluation under no_grad between steps is
     not the step being logged). `armed` is cleared on unlogged steps: the hooks then return
@@ -73,7 +74,7 @@ class ActivationProbe:
         self.names = [n for n, _ in blocks]
         self.armed = True
         self.mask: torch.Tensor | None = None  # [B, T] of the current forward, 1 real 0 padding
-        self._stats: list[list[torch.Tensor]] = [[] for _ in blocks]
+        self._stats: list[list[tuple]] = [[] for _ in blocks]  # per block, per forward: hidden_partial's
         self._handles = [model.register_forward_pre_hook(self._catch_mask, with_kwargs=True)]
         try:
             self._handles += [m.register_forward_hook(self._hook(i)) for i, (_, m) in enumerate(blocks)]
@@ -93,7 +94,7 @@ class ActivationProbe:
             if x is None or x.dim() != 3 or not x.is_floating_point():
                 return
             mask = self.mask if self.mask is not None and self.mask.shape == x.shape[:2] else None
-            self._stats[i].append(hidden_stats(x, mask))  # [4]
+            self._stats[i].append((*hidden_partial(x, mask), mask))  # rows, unit_sum, weights, the mask they came from
         return hook
 
     def collect(self) -> tuple[torch.Tensor | None, list[bool]]:
@@ -103,15 +104,36 @@ class ActivationProbe:
         present = [bool(s) for s in self._stats]
         if not any(present):
             return None, present
-        if all(len(st) <= 1 for st in self._stats):  # the usual case: one forward per step
+        stats = self._finished()
+        if all(len(st) <= 1 for st in stats):  # the usual case: one forward per step
             # float64 before forming E[x^2]: var = E[x^2] - mean^2 must not lose var to rounding
-            s = torch.stack([st[0] for st in self._stats if st]).double()  # [L_present, 4]: mean, var, max_abs, cos
+            s = torch.stack([st[0] for st in stats if st]).double()  # [L_present, 4]: mean, var, max_abs, cos
             rows = torch.stack([s[:, 0], s[:, 1] + s[:, 0] ** 2, s[:, 2], s[:, 3]], dim=1)
         else:  # micro-batches (gradient accumulation): pool them
-            rows = torch.stack([self._pool(torch.stack(st).double()) for st in self._stats if st])
+            rows = torch.stack([self._pool(torch.stack(st).double()) for st in stats if st])
         self._stats = [[] for _ in self._stats]
         self.mask = None
         return rows, present  # [L_present, 4]
+
+    def _finished(self) -> list[list[torch.Tensor]]:
+        """Per block, per forward, hidden_stats [4]: one hidden_finish for all blocks of one forward
+        when their shapes agree (the usual stack of identical blocks), else one each."""
+        out: list[list[torch.Tensor]] = [[] for _ in self._stats]
+        n = max(len(st) for st in self._stats)
+        for f in range(n):
+            parts = [(i, st[f]) for i, st in enumerate(self._stats) if len(st) > f]
+            first = parts[0][1]
+            # same shapes and the same mask (or none): the same weights, so one batched finish (no sync)
+            if all(p[0].shape == first[0].shape and p[1].shape == first[1].shape and p[3] is first[3]
+                   for _, p in parts):
+                done = hidden_finish(torch.stack([p[0] for _, p in parts]), torch.stack([p[1] for _, p in parts]),
+                                     first[2])  # [L, 4]
+                for (i, _), row in zip(parts, done):
+                    out[i].append(row)
+            else:
+                for i, p in parts:
+                    out[i].append(hidden_finish(p[0][None], p[1][None], p[2])[0])
+        return out
 
     def discard(self) -> None:
         """Drop what this step's forwards left (an unlogged step)."""
