@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.diagnose-installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench families clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# The families table of the README: tiny random Hugging Face models, nothing downloaded (a few minutes).
+families: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python bench/families.py
 
 clean:
 	rm -rf $(VENV) demo-out

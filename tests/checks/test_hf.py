@@ -57,3 +57,13 @@ def test_transformer_lens_bridge_passes(tmp_path):
     model = bridge.TransformerBridge.boot_transformers(str(tmp_path / "gpt2"), device="cpu")
     result = check_model(model)  # forward(input, attention_mask=...): ids go in as `input`
     assert list(result) == [] and result.passed == ["causal", "padding", "scaling", "positions"]
+
+
+def test_roberta_numbering_positions_from_the_pad_id_is_not_a_padding_leak():
+    cfg = transformers.RobertaConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128,
+                                     max_position_embeddings=40, pad_token_id=1, **SMALL)
+    result = check_model(transformers.RobertaForMaskedLM(cfg), checks=["padding"])
+    (f,) = result
+    assert f.severity == "info" and "pad id" in f.title and result.passed == ["padding"]
+    assert f.evidence["max_relative_change_content_left"] > 1e-3  # measured, and explained
+    assert f.evidence["max_relative_change_length"] <= 1e-4
