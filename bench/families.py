@@ -35,7 +35,8 @@ SMALL = dict(vocab_size=V, hidden_size=32, num_attention_heads=4, num_hidden_lay
 # name -> (model type, auto class, config overrides, input kind)
 FAMILIES = {
     "GPT-2": ("gpt2", "AutoModelForCausalLM", {}, "lm"),
-    "GPT-Neo": ("gpt_neo", "AutoModelForCausalLM", {"attention_types": [[["global", "local"], 1]], "window_size": 4}, "lm"),
+    "GPT-Neo": ("gpt_neo", "AutoModelForCausalLM", {"attention_types": [[["global", "local"], 1]],
+                                                     "window_size": 4}, "lm"),
     "GPT-NeoX": ("gpt_neox", "AutoModelForCausalLM", {}, "lm"),
     "GPT-J": ("gptj", "AutoModelForCausalLM", {"rotary_dim": 4}, "lm"),
     "OPT": ("opt", "AutoModelForCausalLM", {"ffn_dim": 64, "word_embed_proj_dim": 32}, "lm"),

@@ -88,7 +88,8 @@ def _print(result, json_path: str | None) -> None:
     out = Console(highlight=False)
     m = result.model
     parts = [("encoder", m["encoder"]), ("decoder", m["decoder"])] if m.get("encoder_decoder") else [("", m)]
-    probes = "; ".join(f"{part + ' ' if part else ''}probed with {_probe_text(pm.get('probe', {}))}" for part, pm in parts)
+    probes = "; ".join(f"{part + ' ' if part else ''}probed with {_probe_text(pm.get('probe', {}))}"
+                       for part, pm in parts)
     out.print(Text(plain(f"{m.get('family')} ({m.get('n_parameters', 0):,} parameters), {probes}")))
     for f in result:
         out.print(Text.assemble("\n", (f"{f.severity.upper():7}", _STYLE[f.severity]), plain(f" {f.check}: "),

@@ -94,7 +94,8 @@ def check_continuous(model: nn.Module, data: Any, names: list[str], kind: str, o
     runs = {"causal": no_causal, "padding": no_padding, "positions": positions,
             "scaling": lambda: measure_scaling(model, {kind: x[:2].to(device_of(model))},
                                                attention_module=opts["attention_module"], n_heads=opts["n_heads"])}
-    summary = {"family": type(model).__name__, "input": kind, "n_parameters": sum(p.numel() for p in model.parameters()),
+    summary = {"family": type(model).__name__, "input": kind,
+               "n_parameters": sum(p.numel() for p in model.parameters()),
                "probe": {"examples": int(x.shape[0]), "shape": list(x.shape[1:]),
                          "data": "random" if data is None else "given"}}
     return run_checks(names, runs, Findings(model=summary), skip)
