@@ -3,9 +3,9 @@ depths): one site per application, each with its own map, statistics and gate.
 
 `split_shared`, when there is evidence of sharing (see _may_share), runs one forward (first
 example, eval mode, no_grad, RNG restored) counting the calls of each site's module; a module
-called n > 1 times becomes n sites named `NAME#k`, in call order, whose adapter (`_Application`) wraps the family's own: its pattern callback and its head
-gate act on the k-th call of every forward only (call count modulo n), the other calls pass
-through untouched. Residual blocks are the family's own; the prefix replay of the ablation never
+called n > 1 times becomes n sites named `NAME#k`, in call order, whose adapter (`_Application`)
+wraps the family's own: its pattern callback and its head gate act on the k-th call of every
+forward only (call count modulo n), the other calls pass through untouched. Residual blocks are the family's own; the prefix replay of the ablation never
 replays a block called more than once, so it stays correct.
 """
 
