@@ -14,6 +14,9 @@ from typing import Any, Iterator
 import torch
 
 from ..errors import InputFileError, UnsafePickleError
+from ._read import require_file
+
+__all__ = ["cwd_on_path", "one_line", "require_file", "torch_load"]
 
 _GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
@@ -22,14 +25,6 @@ def one_line(exc: BaseException, limit: int = 240) -> str:
     """An exception's message on one line, shortened (library errors span many lines)."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def require_file(path: Path, what: str) -> None:
-    """Raise InputFileError unless `path` is an existing regular file."""
-    if not path.exists():
-        raise InputFileError(f"{path}: no such file; check the path ({what})")
-    if not path.is_file():
-        raise InputFileError(f"{path}: is a folder, not a file ({what})")
 
 
 @contextmanager

@@ -1,6 +1,9 @@
 """Hugging Face model folders (config.json + weights, with the tokenizer when it is there).
 
-Only local files are read; nothing is fetched and no code from the folder runs.
+Only local files are read; nothing is fetched and no code from the folder runs: every
+from_pretrained gets trust_remote_code=False (so transformers neither prompts nor imports the
+folder's .py files), and a folder that only its own code could build is refused before
+transformers sees it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import torch.nn as nn
 
 from ..errors import ConfigError, InputFileError
 from ._files import one_line
+from ._read import read_json
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -57,6 +61,42 @@ def _quiet(transformers: Any) -> Iterator[None]:
             logging.enable_progress_bar()
 
 
+def _refuse_own_code(folder: Path, transformers: Any) -> None:
+    """Refuse a folder whose config.json names a model_type this transformers does not know.
+
+    Such a folder (usually with an `auto_map` to its own configuration_*.py / modeling_*.py)
+    can only be built by running the folder's code, which diagnose never does.
+    """
+    config = read_json(folder / "config.json", "model config",
+                       "re-save the folder with model.save_pretrained(folder)", limit=16 << 20)
+    if not isinstance(config, dict):
+        raise InputFileError(f"{folder / 'config.json'}: holds a JSON {type(config).__name__}, not an object; "
+                             "re-save the folder with model.save_pretrained(folder)")
+    model_type = config.get("model_type")
+    known = transformers.CONFIG_MAPPING
+    if isinstance(model_type, str) and model_type in known:
+        return
+    own = sorted({str(v).split(".")[0] + ".py" for v in _auto_map_targets(config.get("auto_map"))})
+    ships = f" and ships its own code ({', '.join(own[:3])})" if own else ""
+    name = repr(model_type) if isinstance(model_type, str) else "no model_type"
+    raise InputFileError(
+        f"{folder}: config.json has {name}, which transformers {transformers.__version__} has no built-in "
+        f"class for{ships}; diagnose never runs code from a model folder: build the model in a --factory "
+        "module:function and pass its state_dict, or save it with its family's built-in transformers class")
+
+
+def _auto_map_targets(auto_map: Any) -> list[str]:
+    """'configuration_x.XConfig'-style entries of an auto_map (values may be lists or pairs)."""
+    if not isinstance(auto_map, dict):
+        return []
+    out = []
+    for value in auto_map.values():
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, str) and "--" not in item:  # "repo--module.Class" points at a hub repo
+                out.append(item)
+    return out
+
+
 def model_class(transformers: Any, config: Any) -> Any:
     """The class config.architectures names, else the Auto class for its suffix, else AutoModel."""
     arch = (getattr(config, "architectures", None) or [None])[0]
@@ -77,15 +117,17 @@ def load_hf_folder(folder: Path, *, attn_implementation: str | None = None) -> n
         raise InputFileError(f"{folder}: has config.json but no weights ({', '.join(WEIGHT_FILES[::2])}); "
                              "write them with model.save_pretrained(folder)")
     transformers = _transformers()
+    _refuse_own_code(folder, transformers)
     with _quiet(transformers):
         try:
-            config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+            config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         except Exception as exc:  # ValueError (unknown model_type, remote code), OSError, JSON errors
             raise InputFileError(f"{folder / 'config.json'}: transformers cannot read it ({one_line(exc)}); "
                                  "diagnose runs no code from model folders: build such a model in a "
                                  "--factory function instead") from None
         cls = model_class(transformers, config)
-        kwargs: dict[str, Any] = {"config": config, "local_files_only": True, "output_loading_info": True}
+        kwargs: dict[str, Any] = {"config": config, "local_files_only": True, "output_loading_info": True,
+                                  "trust_remote_code": False}
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
         try:
@@ -114,7 +156,7 @@ def load_tokenizer(folder: Path, transformers: Any | None = None) -> Any | None:
         return None
     transformers = transformers or _transformers()
     try:
-        return transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        return transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # tokenizer classes raise ValueError, OSError, TypeError, ...
         raise InputFileError(f"{folder}: has tokenizer files that cannot be loaded ({one_line(exc)}); "
                              "re-save them with tokenizer.save_pretrained(folder)") from None
