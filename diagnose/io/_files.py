@@ -18,7 +18,7 @@ from ._read import require_file
 
 __all__ = ["cwd_on_path", "one_line", "require_file", "torch_load"]
 
-_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")
 
 
 def one_line(exc: BaseException, limit: int = 240) -> str:
@@ -48,10 +48,13 @@ def cwd_on_path() -> Iterator[None]:
             sys.path.remove(cwd)
 
 
-def torch_load(path: Path, *, trust_pickle: bool = False, what: str = "model file") -> Any:
+def torch_load(path: Path, *, trust_pickle: bool = False, what: str = "model file",
+               can_trust: bool = True) -> Any:
     """torch.load with weights_only=True; a pickle that needs classes is refused unless trusted.
 
     Unpickling can run any code the file names, so a full load happens only with trust_pickle.
+    can_trust: whether --trust-pickle applies to this file (model files); the refusal says so.
+    torch's own message advises weights_only=False; it is never passed on.
     """
     require_file(path, what)
     try:
@@ -59,19 +62,38 @@ def torch_load(path: Path, *, trust_pickle: bool = False, what: str = "model fil
             warnings.simplefilter("ignore")  # protocol notices would break the one-line CLI output
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        needed = _GLOBAL.search(str(exc))
-        if needed is None:
+        reason = _refused_by_weights_only(exc, path)
+        if reason is None:
             raise InputFileError(f"{path}: not a file torch.load can read ({_short(exc)}); "
                                  "write it with torch.save or diagnose.save_checkpoint") from None
-        if not trust_pickle:
-            raise UnsafePickleError(
-                f"{path}: is a pickle that needs {needed.group(1)}, not just tensors; unpickling runs code "
-                "from the file, so diagnose refuses it: pass --trust-pickle (trust_pickle=True) only for files "
-                "you trust, or save model.state_dict() and load it with --factory module:function") from None
+        if not (trust_pickle and can_trust):
+            fix = ("pass --trust-pickle (trust_pickle=True) only for files you trust, or save model.state_dict() "
+                   "and load it with --factory module:function") if can_trust else \
+                "save plain tensors instead: torch.save({'input_ids': ids, 'labels': labels}, path)"
+            raise UnsafePickleError(f"{path}: is a pickle that {reason}, not just tensors; unpickling runs code "
+                                    f"from the file, so diagnose refuses it: {fix}") from None
     except Exception as exc:  # zip and storage errors come as RuntimeError, EOFError, OSError, ...
         raise InputFileError(f"{path}: not a file torch.load can read ({_short(exc)}); "
                              "write it with torch.save or diagnose.save_checkpoint") from None
     return _load_trusted(path)
+
+
+def _refused_by_weights_only(exc: BaseException, path: Path) -> str | None:
+    """What a weights-only load refused ("needs posix.system", ...), or None for a damaged file."""
+    text = str(exc)
+    needed = _GLOBAL.search(text)
+    if needed:
+        return f"needs {needed.group(1)}"
+    if "Weights only load failed" not in text and "WeightsUnpickler" not in text:
+        return None
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if head[:1] != b"\x80" and head != b"PK":  # neither a pickle (PROTO opcode) nor a torch zip: garbage
+        return None
+    detail = text.split("WeightsUnpickler error:", 1)[1] if "WeightsUnpickler error:" in text else ""
+    detail = " ".join(detail.split("Check the documentation", 1)[0].split())[:120]
+    return f"uses more than a weights-only load allows ({detail})" if detail else \
+        "uses more than a weights-only load allows"
 
 
 def _load_trusted(path: Path) -> Any:

@@ -106,7 +106,7 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
                                  "safetensors.torch.save_file({'input_ids': ...}, path)") from None
     if suffix == ".npz":
         return _read_npz(path)
-    obj = torch_load(path, what="data file")
+    obj = torch_load(path, what="data file", can_trust=False)
     if isinstance(obj, torch.Tensor):
         return {"input_ids": obj}  # a bare [N, T] tensor is the token ids
     if not isinstance(obj, Mapping):

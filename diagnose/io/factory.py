@@ -56,8 +56,8 @@ def _import(name: str) -> Any:
     return importlib.import_module(name)
 
 
-def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """A flat {name: tensor} from .safetensors or a torch.save file (weights_only=True)."""
+def read_state_dict(path: Path, *, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
+    """A flat {name: tensor} from .safetensors or a torch.save file (weights_only=True unless trusted)."""
     require_file(path, "state_dict file")
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError
@@ -67,7 +67,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError, ValueError) as exc:
             raise InputFileError(f"{path}: not a readable safetensors file ({one_line(exc)}); "
                                  "write it with safetensors.torch.save_file(model.state_dict(), path)") from None
-    obj = torch_load(path, what="state_dict file")
+    obj = torch_load(path, what="state_dict file", trust_pickle=trust_pickle)
     from .checkpoint import is_checkpoint
     if is_checkpoint(obj):
         obj = obj["state_dict"]
@@ -84,7 +84,7 @@ def _is_tensor_dict(obj: Mapping) -> bool:
     return bool(obj) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
 
 
-def model_from_factory(spec: str, path: Path) -> nn.Module:
+def model_from_factory(spec: str, path: Path, *, trust_pickle: bool = False) -> nn.Module:
     """Build the model with the factory, then load the file's state_dict strictly."""
     require_file(path, "state_dict file for --factory")
     build = resolve_factory(spec)
@@ -94,7 +94,7 @@ def model_from_factory(spec: str, path: Path) -> nn.Module:
         raise ConfigError(f"--factory {spec}: calling it raised {type(exc).__name__}: {one_line(exc)}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"--factory {spec}: returned a {type(model).__name__}, not a torch.nn.Module")
-    state = read_state_dict(path)
+    state = read_state_dict(path, trust_pickle=trust_pickle)
     _check_match(model, state, path, spec)
     model.load_state_dict(state, strict=True)
     model.diagnose_format = "state_dict + factory"

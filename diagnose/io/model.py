@@ -41,7 +41,7 @@ def load_model(path: str | Path, *, factory: str | None = None, trust_pickle: bo
             raise InputFileError(f"{path}: a folder without config.json is not a model; give {_FORMATS}")
         model = load_hf_folder(path, attn_implementation=attn_implementation)
     elif factory:
-        model = model_from_factory(factory, path)
+        model = model_from_factory(factory, path, trust_pickle=trust_pickle)
     elif path.suffix == ".safetensors":
         read_state_dict(path)  # a damaged file gets its own message before the advice below
         folder = f", or give the folder {path.parent} itself" if is_hf_folder(path.parent) else ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -49,15 +51,28 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
-            if getattr(self, name) not in allowed:
+            if not isinstance(getattr(self, name), str) or getattr(self, name) not in allowed:
                 raise ConfigError(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        for name in ("vocab_size", "max_len", "n_layers", "n_heads", "d_model", "n_classes", "d_ff", "pad_id"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                raise ConfigError(f"{name} must be an integer, got {value!r}")
+            least = 0 if name in ("d_ff", "pad_id") else 1
+            if value < least:
+                raise ConfigError(f"{name} must be at least {least}, got {value}")
+        for name in ("init_std", "dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+                raise ConfigError(f"{name} must be a finite number, got {value!r}")
+        for name in ("residual", "scale_residual_init"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.causal is not None and not isinstance(self.causal, bool):
+            raise ConfigError(f"causal must be true, false or null, got {self.causal!r}")
         if self.d_model % self.n_heads:
             raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.positions == "rotary" and self.head_dim % 2:
             raise ConfigError(f"rotary positions need an even head dim, got {self.head_dim}")
-        for name in ("vocab_size", "max_len", "n_layers", "n_heads", "d_model"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
 
     @property
     def head_dim(self) -> int:
@@ -76,8 +91,10 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        if not isinstance(data, dict):
+            raise ConfigError(f"a model config is a dict of settings, not a {type(data).__name__}")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(map(str, set(data) - known))
         if unknown:
             raise ConfigError(f"unknown model config keys: {', '.join(unknown)}")
         return cls(**data)

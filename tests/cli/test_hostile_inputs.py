@@ -152,3 +152,103 @@ def test_hf_loader_passes_trust_remote_code_false_everywhere():
         assert "trust_remote_code=False" in line or "**kwargs" in line, f"{name}:{n}: {line.strip()}"
     hf = (root / "io" / "hf.py").read_text()
     assert '"trust_remote_code": False' in hf
+
+
+# --- checkpoints ----------------------------------------------------------------------------
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    """A tiny classifier checkpoint and matching data in a cwd of their own."""
+    monkeypatch.chdir(tmp_path)
+    model = Transformer(ModelConfig(kind="classifier", vocab_size=12, n_classes=3, max_len=8, n_layers=1,
+                                    n_heads=2, d_model=16))
+    diagnose.save_checkpoint(model, tmp_path / "model.pt")
+    ids = torch.randint(1, 12, (10, 6))  # [N, T]
+    save_tensors({"input_ids": ids, "labels": torch.arange(10) % 3}, tmp_path / "eval.pt")
+    return tmp_path
+
+
+def _edit_checkpoint(src: Path, dst: Path, **changes) -> Path:
+    obj = torch.load(src, weights_only=True)
+    for key, value in changes.items():
+        if key == "meta":
+            obj["meta"] = value
+        else:
+            obj["config"][key] = value
+    torch.save(obj, dst)
+    return dst
+
+
+@pytest.mark.parametrize("changes,words", [
+    ({"n_layers": 10**9}, "n_layers=1000000000"),
+    ({"n_layers": math.inf}, "n_layers must be an integer"),
+    ({"n_heads": 0}, "n_heads must be at least 1"),
+    ({"d_model": -16}, "d_model must be at least 1"),
+    ({"d_ff": 10**9}, "d_ff=1000000000"),
+    ({"max_len": 10**12}, "max_len=1000000000000"),
+    ({"vocab_size": 10**10}, "vocab_size=10000000000"),
+    ({"dropout": math.nan}, "dropout must be a finite number"),
+    ({"positions": ["learned"]}, "positions=['learned']"),
+    ({"meta": [1, 2]}, "meta is a list"),
+    ({"meta": "x"}, "meta is a str"),
+], ids=lambda v: str(v)[:30])
+def test_damaged_checkpoint_config_one_line_before_building(files, changes, words):
+    import time
+
+    bad = _edit_checkpoint(files / "model.pt", files / "bad.pt", **changes)
+    start = time.perf_counter()
+    res = _invoke("info", bad)
+    assert_refused(res, bad, words, fix="diagnose.save_checkpoint")
+    assert time.perf_counter() - start < 5, "the model was built before the config was checked"
+
+
+def test_checkpoint_state_dict_not_tensors(files):
+    obj = torch.load(files / "model.pt", weights_only=True)
+    obj["state_dict"] = {"tok_emb.weight": [1, 2]}
+    torch.save(obj, files / "bad.pt")
+    assert_refused(_invoke("info", "bad.pt"), "bad.pt", "state_dict", fix="save_checkpoint")
+
+
+# --- pickles --------------------------------------------------------------------------------
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _pickles(tmp_path: Path) -> dict[str, Path]:
+    marker = tmp_path / "PWNED"
+    out = {"zip": tmp_path / "evil-zip.pt", "raw": tmp_path / "evil-raw.pt", "proto0": tmp_path / "evil-p0.pt"}
+    torch.save({"w": _Evil(marker)}, out["zip"])
+    import pickle
+
+    out["raw"].write_bytes(pickle.dumps({"w": _Evil(marker)}, protocol=4))
+    out["proto0"].write_bytes(f"cos\nsystem\n(S'touch {marker}'\ntR.".encode())
+    return out
+
+
+@pytest.mark.parametrize("kind", ["zip", "raw", "proto0"])
+def test_malicious_pickle_refused_naming_trust_pickle_not_torch_advice(files, kind):
+    path = _pickles(files)[kind]
+    line = assert_refused(_invoke("info", path), path, fix="--trust-pickle")
+    assert "weights_only" not in line and "Re-running" not in line
+    assert not (files / "PWNED").exists()
+
+
+def test_factory_with_trust_pickle_is_not_told_to_pass_trust_pickle(files):
+    (files / "fac_hostile.py").write_text("import torch.nn as nn\ndef build():\n    return nn.Linear(2, 2)\n")
+    weird = files / "weird.pt"  # a state_dict pickled with a class of its own
+    torch.save({"weight": torch.zeros(2, 2), "bias": torch.zeros(2), "extra": _HolderLike()}, weird)
+    res = _invoke("info", weird, "--factory", "fac_hostile:build")
+    assert_refused(res, weird, fix="--trust-pickle")
+    res = _invoke("info", weird, "--factory", "fac_hostile:build", "--trust-pickle")
+    line = assert_refused(res, weird)
+    assert "--trust-pickle" not in line
+    sys.modules.pop("fac_hostile", None)
+
+
+class _HolderLike:
+    pass
