@@ -24,7 +24,8 @@ attn_implementation_option = click.option(
 
 max_length_option = click.option(
     "--max-length", type=click.IntRange(min=1), default=None,
-    help="Truncate text data to this many tokens.")
+    help="Truncate text data to this many tokens (default: the model's maximum positions, "
+         "e.g. max_position_embeddings).")
 
 
 def data_option(required: bool = False) -> Callable:

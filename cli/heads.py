@@ -58,7 +58,7 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     from diagnose._terminal import plain
     from diagnose.ablation import ablate_heads, ablate_together
     from diagnose.ablation.task import default_task
-    from diagnose.io import load_data_for, load_model, probe
+    from diagnose.io import check_task, load_data_for, load_model, probe
     from diagnose.sites import find_heads
 
     closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
@@ -67,6 +67,7 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     probe(net, ds)
     sites = find_heads(net, attention_module=attention_module, n_heads=n_heads, example=ds.inputs(0, 2))
     task = task or default_task(net, ds)
+    check_task(ds, task)
     together = [ablate_together(net, ds, heads_closed, task=task, method=method, batch_size=batch_size,
                                 sites=sites).to_json() for heads_closed in closed]  # first: cheap, and checks names
     result = ablate_heads(net, ds, task=task, method=method, batch_size=batch_size,

@@ -52,10 +52,13 @@ def _grid(ax, v: HeadsView, key: str, diverging: bool) -> None:
     ax.tick_params(labelsize=7, rotation=0)
 
 
-def head_grids(v: HeadsView) -> str:
-    """Δaccuracy, Δloss, gradient importance and max attention weight, side by side."""
+def head_grids(v: HeadsView) -> str | None:
+    """Δaccuracy, Δloss, gradient importance and max attention weight, side by side (None: no
+    grid holds a finite number, e.g. a heads JSON with only layer/head, or NaN everywhere)."""
     keys = [("delta_accuracy", True), ("delta_loss", True), ("grad_importance", False), ("max_weight", False)]
     keys = [(k, d) for k, d in keys if np.isfinite(v.grids[k]).any()]
+    if not keys:
+        return None
     cell = 0.28 if v.n_heads > 6 else 0.45
     w = max(2.8, v.n_heads * cell + 1.4)
     h = max(2.4, v.n_layers * cell + 1.0)

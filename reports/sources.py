@@ -7,14 +7,14 @@ Every problem with a source raises InputFileError naming that source, before any
 
 from __future__ import annotations
 
-import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from diagnose import _json
 from diagnose.errors import DiagnoseError, InputFileError
+from diagnose.io._read import read_json
 
 HEADS_SCHEMA = "diagnose.heads/1"
 RUN_SCHEMA = "diagnose.run/1"
@@ -69,21 +69,97 @@ def _label(path: Path) -> str:
     return f"{parent}/{stem}" if parent else stem
 
 
+# A heads document may describe any model, but the report keeps a layers x heads grid per
+# statistic in memory: beyond this the declared shape is a broken or hostile file.
+MAX_HEADS = 1 << 16  # 256 x 256
+_HEAD_NUMBERS = ("accuracy", "delta_accuracy", "p_value", "p_value_adjusted", "loss", "delta_loss", "kl",
+                 "grad_importance", "grad_importance_raw", "estimated_delta_loss")
+_OBJECTS = ("baseline", "timing", "significance", "fast", "correlations")
+_LISTS = ("flags", "together", "examples")
+_REGENERATE = "regenerate it with `diagnose heads ... --json`"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_num(value: Any) -> bool:
+    """None or a number a float can hold (10**400 is an int JSON allows and float() refuses)."""
+    if value is None or isinstance(value, float):
+        return True
+    return _is_int(value) and abs(value) < 1e308
+
+
+def _kind(value: Any) -> str:
+    if _is_int(value):
+        return "an integer too large for a float"
+    return {dict: "an object", list: "a list", str: "a string"}.get(type(value), f"a {type(value).__name__}")
+
+
 def _check_heads(data: dict[str, Any], where: str) -> None:
+    """Every field the report reads has the type it expects, so that drawing cannot fail half-way."""
     model = data.get("model")
     heads = data.get("heads")
     if not isinstance(model, dict) or not isinstance(heads, list) or not heads:
         raise InputFileError(f"{where}: a {HEADS_SCHEMA} document needs `model` and a non-empty "
-                             f"`heads` list; regenerate it with `diagnose heads ... --json`")
+                             f"`heads` list; {_REGENERATE}")
     for key in ("n_layers", "n_heads"):
-        if not isinstance(model.get(key), int) or model[key] < 1:
-            raise InputFileError(f"{where}: model.{key} must be a positive integer; "
-                                 f"regenerate it with `diagnose heads ... --json`")
+        if not _is_int(model.get(key)) or model[key] < 1:
+            raise InputFileError(f"{where}: model.{key} must be a positive integer; {_REGENERATE}")
+    n_layers, n_heads = model["n_layers"], model["n_heads"]
+    if n_layers * n_heads > MAX_HEADS:
+        raise InputFileError(f"{where}: declares a {n_layers} x {n_heads} grid of heads, over the {MAX_HEADS:,} "
+                             f"heads a report holds; {_REGENERATE}, or give the heads of fewer layers")
+    for key in _OBJECTS:
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise InputFileError(f"{where}: `{key}` is {_kind(data[key])}, not an object; {_REGENERATE}")
+    for key in _LISTS:
+        if data.get(key) is not None and not isinstance(data[key], list):
+            raise InputFileError(f"{where}: `{key}` is {_kind(data[key])}, not a list; {_REGENERATE}")
+    for key, value in (data.get("baseline") or {}).items():
+        if not _is_num(value):
+            raise InputFileError(f"{where}: baseline.{key} is {_kind(value)}, not a number; {_REGENERATE}")
+    if not _is_num((data.get("timing") or {}).get("seconds")):
+        raise InputFileError(f"{where}: timing.seconds is not a number; {_REGENERATE}")
     for i, h in enumerate(heads):
-        ok = isinstance(h, dict) and isinstance(h.get("layer"), int) and isinstance(h.get("head"), int)
-        if not ok or not (0 <= h["layer"] < model["n_layers"] and 0 <= h["head"] < model["n_heads"]):
-            raise InputFileError(f"{where}: heads[{i}] has no valid `layer`/`head` for a "
-                                 f"{model['n_layers']}x{model['n_heads']} model")
+        _check_head(h, i, n_layers, n_heads, where)
+    for i, g in enumerate(data.get("together") or []):
+        members = g.get("heads") if isinstance(g, dict) else None
+        if not isinstance(members, (list, tuple)) or not all(_is_pair(m) for m in members):
+            raise InputFileError(f"{where}: together[{i}] needs `heads`, a list of [layer, head] pairs of "
+                                 f"integers; {_REGENERATE}")
+        for key in ("accuracy", "delta_accuracy", "loss", "delta_loss"):
+            if not _is_num(g.get(key)):
+                raise InputFileError(f"{where}: together[{i}].{key} is not a number; {_REGENERATE}")
+    for i, f in enumerate(data.get("flags") or []):
+        members = f.get("heads") if isinstance(f, dict) else None
+        if not isinstance(f, dict) or (members is not None and not (
+                isinstance(members, (list, tuple)) and all(_is_pair(m) for m in members))):
+            raise InputFileError(f"{where}: flags[{i}] is not an object whose `heads` are [layer, head] pairs; "
+                                 f"{_REGENERATE}")
+
+
+def _is_pair(m: Any) -> bool:
+    return isinstance(m, (list, tuple)) and len(m) == 2 and all(_is_int(x) for x in m)
+
+
+def _check_head(h: Any, i: int, n_layers: int, n_heads: int, where: str) -> None:
+    ok = isinstance(h, dict) and _is_int(h.get("layer")) and _is_int(h.get("head"))
+    if not ok or not (0 <= h["layer"] < n_layers and 0 <= h["head"] < n_heads):
+        raise InputFileError(f"{where}: heads[{i}] has no valid `layer`/`head` for a "
+                             f"{n_layers}x{n_heads} model")
+    for key in _HEAD_NUMBERS:
+        if not _is_num(h.get(key)):
+            raise InputFileError(f"{where}: heads[{i}].{key} is {_kind(h[key])}, not a number; {_REGENERATE}")
+    ci = h.get("delta_accuracy_ci")
+    if ci is not None and not (isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_is_num(x) for x in ci)):
+        raise InputFileError(f"{where}: heads[{i}].delta_accuracy_ci is not a [low, high] pair; {_REGENERATE}")
+    for key in ("significant", "verified"):
+        if h.get(key) is not None and not isinstance(h[key], bool):
+            raise InputFileError(f"{where}: heads[{i}].{key} is {_kind(h[key])}, not true/false; {_REGENERATE}")
+    attention = h.get("attention")
+    if attention is not None and not (isinstance(attention, dict) and all(_is_num(v) for v in attention.values())):
+        raise InputFileError(f"{where}: heads[{i}].attention is not an object of numbers; {_REGENERATE}")
 
 
 def _check_checks(data: dict[str, Any], where: str) -> None:
@@ -93,12 +169,23 @@ def _check_checks(data: dict[str, Any], where: str) -> None:
                              f"objects; regenerate it with `diagnose check ... --json`")
 
 
+# A lesson row's `fmt` is a format spec for one number (".3f", "+.1%"), never a template:
+# anything else could reach into the value's attributes ("{0.__class__}").
+FORMAT_SPEC = re.compile(r"s|[+\- ]?,?(\.\d{1,2})?[%fegd]?")
+
+
 def _check_lessons(data: dict[str, Any], where: str) -> None:
     lessons = data.get("lessons")
     if not isinstance(lessons, list) or not all(isinstance(x, dict) and isinstance(x.get("rows"), list)
                                                 for x in lessons):
         raise InputFileError(f"{where}: a {LESSONS_SCHEMA} document needs a `lessons` list of objects with "
                              f"`rows`; regenerate it with `diagnose demo`")
+    for i, lesson in enumerate(lessons):
+        for j, row in enumerate(lesson["rows"]):
+            fmt = row.get("fmt", "s") if isinstance(row, dict) else None
+            if not isinstance(fmt, str) or not FORMAT_SPEC.fullmatch(fmt):
+                raise InputFileError(f"{where}: lessons[{i}].rows[{j}] is not an object with a number format "
+                                     "such as \".3f\" in `fmt`; regenerate it with `diagnose demo`")
 
 
 def _add_document(out: Sources, data: Any, name: str, where: str) -> None:
@@ -126,13 +213,10 @@ def _load_path(out: Sources, path: Path) -> None:
                 raise
             raise InputFileError(f"{path}: {exc}") from None
         return
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise InputFileError(f"{path}: no such file or folder; give heads JSON files and run folders")
-    try:
-        data = _json.loads(path.read_text(encoding="utf-8"))  # the `nonfinite` map restored
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputFileError(f"{path}: not readable JSON ({exc}); give a file written by "
-                             f"`diagnose heads --json`") from None
+    data = read_json(path, "report source", "give a file written by `diagnose heads --json`, "
+                     "`diagnose check --json` or `diagnose demo`")
     _add_document(out, data, _label(path), str(path))
 
 

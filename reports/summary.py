@@ -132,6 +132,16 @@ def checks_verdict(items: list[tuple[str, list[dict[str, Any]]]]) -> Verdict:
     return Verdict("Checks", [(name, checks_line(findings)) for name, findings in items])
 
 
+def format_cell(value: Any, fmt: Any) -> str:
+    """A number through a format spec (".3f"); anything else, or a spec that does not fit, as str."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(fmt, str) and fmt != "s":
+        try:
+            return format(value, fmt)
+        except (ValueError, TypeError):
+            pass
+    return "–" if value is None else str(value)
+
+
 def lessons_verdict(lessons: list[dict[str, Any]]) -> Verdict:
     """Each measured lesson in a line: its claim and its first measure, (a) against (b)."""
     out = Verdict("Lessons, measured")
@@ -140,8 +150,9 @@ def lessons_verdict(lessons: list[dict[str, Any]]) -> Verdict:
         first = ""
         if rows:
             r, fmt = rows[0], rows[0].get("fmt")
-            cell = (lambda x: format(x, fmt) if isinstance(x, (int, float)) and isinstance(fmt, str)
-                    and fmt != "s" else str(x))
+
+            def cell(x: Any) -> str:
+                return format_cell(x, fmt)
             first = f" Measured: {r.get('metric')} {cell(r.get('a'))} ({les.get('a')}) vs {cell(r.get('b'))} " \
                     f"({les.get('b')})."
         out.lines.append((str(les.get("title") or les.get("key") or ""), f"{les.get('claim', '')}{first}"))

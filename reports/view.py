@@ -8,7 +8,7 @@ from typing import Any
 
 from . import plots_heads, plots_training
 from .sources import Sources
-from .summary import Verdict, checks_verdict, heads_verdict, lessons_verdict, training_verdict
+from .summary import Verdict, checks_verdict, format_cell, heads_verdict, lessons_verdict, training_verdict
 from .view_heads import MAP_BYTE_BUDGET, HeadsView, heads_view
 from .view_training import TrainingView, training_view
 
@@ -16,7 +16,7 @@ from .view_training import TrainingView, training_view
 @dataclass
 class HeadsSection:
     view: HeadsView
-    grids_img: str
+    grids_img: str | None
     attention_img: str | None
     scatter_img: str | None
     top: list[dict[str, Any]]
@@ -91,12 +91,7 @@ def _finding(raw: dict[str, Any]) -> Finding:
 
 
 def _cell(value: Any, fmt: Any) -> str:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(fmt, str) and fmt != "s":
-        try:
-            return format(value, fmt)
-        except ValueError:
-            pass
-    return "–" if value is None else str(value)
+    return format_cell(value, fmt)
 
 
 def _lesson(raw: dict[str, Any]) -> Lesson:

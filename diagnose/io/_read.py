@@ -2,7 +2,7 @@
 
 Every reader of user-supplied files goes through here, so that a FIFO never hangs a command,
 a symlink to /dev/zero never fills memory, and a hostile JSON document never ends in a
-RecursionError. Files that diagnose itself wrote are read the same way (with Python's json,
+RecursionError. Files that diagnose itself wrote are read the same way (with diagnose._json,
 which also accepts the bare NaN / Infinity tokens older versions wrote).
 """
 
@@ -14,6 +14,7 @@ import stat
 from pathlib import Path
 from typing import Any, Iterator
 
+from .. import _json
 from ..errors import InputFileError
 
 # Defaults; a caller with a better idea of the size it needs passes its own limit.
@@ -84,10 +85,11 @@ def read_bytes(path: Path, what: str, *, limit: int = MAX_JSON_BYTES) -> bytes:
 def parse_json(text: str | bytes, where: str, fix: str) -> Any:
     """json.loads with every failure -- syntax, encoding, nesting too deep -- as one InputFileError.
 
-    NaN / Infinity tokens are accepted (files written by older diagnose versions hold them).
+    Files diagnose wrote come back as written: a `nonfinite` map restores its NaN / Infinity,
+    and the bare NaN / Infinity tokens of older versions are accepted (diagnose._json.loads).
     """
     try:
-        return json.loads(text)
+        return _json.loads(text)
     except RecursionError:
         raise InputFileError(f"{where}: JSON nested too deeply to read; {fix}") from None
     except UnicodeDecodeError as exc:

@@ -72,10 +72,11 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path) -> Path:
 
 
 def load_data(path: str | Path, *, tokenizer: Any = None, max_length: int | None = None,
-              label2id: Mapping[str, int] | None = None) -> DataSet:
+              label2id: Mapping[str, int] | None = None, model_max_length: int | None = None) -> DataSet:
     """Read and validate a data file. Text files need `tokenizer` (a Hugging Face tokenizer).
 
-    max_length truncates text when tokenising; label2id maps label names in text files to ids.
+    max_length truncates text when tokenising (default: the lower of model_max_length and the
+    tokenizer's own limit); label2id maps label names in text files to ids.
     With a tokenizer, `tokens` holds each example's token strings.
     """
     path = Path(path)
@@ -83,7 +84,8 @@ def load_data(path: str | Path, *, tokenizer: Any = None, max_length: int | None
     suffix = path.suffix.lower()
     if suffix in TEXT_SUFFIXES:
         from .text import read_text_data
-        tensors, tokens = read_text_data(path, tokenizer=tokenizer, max_length=max_length, label2id=label2id)
+        tensors, tokens = read_text_data(path, tokenizer=tokenizer, max_length=max_length, label2id=label2id,
+                                         model_max_length=model_max_length)
         return validate(tensors, path, tokens=tokens)
     if suffix not in TENSOR_SUFFIXES:
         raise InputFileError(f"{path}: unknown data format {suffix or '(no suffix)'!r}; use .pt, .safetensors "
@@ -115,18 +117,62 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     return dict(obj)
 
 
+# Arrays in a data file are token ids and labels: a few GB at most. A limit keeps a hostile
+# .npz (35 MB declaring 8 GB, a header declaring 10**12 elements) from being allocated at all.
+MAX_DATA_BYTES = 4 << 30
+
+
 def _read_npz(path: Path) -> dict[str, torch.Tensor]:
     import zipfile
 
     import numpy as np
+    fix = "write it with numpy.savez(path, input_ids=ids, labels=labels)"
+    _check_npz_sizes(path, fix)
     try:
         with np.load(path, allow_pickle=False) as npz:  # object arrays would need unpickling
             return {k: torch.from_numpy(np.array(npz[k])) for k in npz.files}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise InputFileError(f"{path}: not a readable .npz of plain arrays ({one_line(exc)}); write it with "
-                             "numpy.savez(path, input_ids=ids, labels=labels)") from None
+        raise InputFileError(f"{path}: not a readable .npz of plain arrays ({one_line(exc)}); {fix}") from None
     except TypeError as exc:  # dtypes torch has no equivalent for (strings, ...)
         raise DataError(f"{path}: holds arrays torch cannot use ({one_line(exc)}); store integer arrays") from None
+
+
+def _check_npz_sizes(path: Path, fix: str) -> None:
+    """Compare each array's declared size with its stored size and MAX_DATA_BYTES before reading.
+
+    Only the zip directory and each .npy header (a few hundred bytes) are read.
+    """
+    import zipfile
+
+    import numpy as np
+    from numpy.lib import format as npy
+
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with zf.open(info) as f:
+                    version = npy.read_magic(f)
+                    if version not in ((1, 0), (2, 0), (3, 0)):
+                        raise ValueError(f"unknown .npy version {version}")
+                    reader = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+                    shape, _, dtype = reader(f, max_header_size=10_000)
+                declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                name = info.filename[:-4]
+                if declared > info.file_size:
+                    raise InputFileError(f"{path}: array {name!r} declares {declared:,} bytes {tuple(shape)} but "
+                                         f"stores {info.file_size:,}; the file is damaged or hostile: {fix}")
+                total += declared
+                if total > MAX_DATA_BYTES:
+                    raise InputFileError(f"{path}: arrays of over {MAX_DATA_BYTES:,} bytes ({name!r} declares "
+                                         f"{tuple(shape)}); a data set this large is not read whole: use fewer "
+                                         "examples, or split it into several files")
+    except InputFileError:
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, TypeError) as exc:
+        raise InputFileError(f"{path}: not a readable .npz of plain arrays ({one_line(exc)}); {fix}") from None
 
 
 def _as_int64(name: str, value: Any, path: Path) -> torch.Tensor:
@@ -201,6 +247,19 @@ def check_labels(data: DataSet, n_classes: int) -> None:
     if len(scored) and int(scored.max()) >= n_classes:
         raise DataError(f"{data.source}: labels go up to {int(scored.max())}, but the model has {n_classes} "
                         f"outputs; labels must lie in [0, {n_classes}) -- is this the data for this model?")
+
+
+def check_task(data: DataSet, task: str) -> None:
+    """Raise DataError unless the task scores at least one position of `data` (LM data needs two
+    real tokens in a row: with T = 1 nothing is predicted, and no statistic can be computed)."""
+    from ..objectives import targets_for
+
+    targets = targets_for(task, data.inputs(), data.labels)
+    if not bool((targets != IGNORE).any()):
+        why = (f"every example has fewer than two real tokens (T = {data.seq_len})" if task == "lm"
+               and data.labels is None else f"no label is scored for task {task!r}")
+        raise DataError(f"{data.source}: nothing to score: {why}; language-model data needs at least two tokens "
+                        "per example, classification data labels")
 
 
 def check_vocab(data: DataSet, vocab_size: int) -> None:

@@ -95,3 +95,13 @@ def vocab_size_of(model: nn.Module) -> int | None:
     get_emb = getattr(model, "get_input_embeddings", None)
     emb = get_emb() if callable(get_emb) else None
     return emb.num_embeddings if isinstance(emb, nn.Embedding) else None
+
+
+def max_positions_of(model: nn.Module) -> int | None:
+    """The longest input the model's position scheme allows, where its config states it."""
+    cfg = getattr(model, "cfg", None) or getattr(model, "config", None)
+    for name in ("max_len", "max_position_embeddings", "n_positions"):
+        size = getattr(cfg, name, None)
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            return size
+    return None

@@ -92,6 +92,7 @@ def probe(model: nn.Module, data: DataSet, n: int = 2) -> dict[str, Any]:
                else "check that the data was made for this model")
         raise DataError(f"{data.source}: the model fails on the first examples ({type(exc).__name__}: "
                         f"{one_line(exc)}); {fix}") from None
+    _probe_largest_id(model, data, n)
     out = {"output_shape": list(logits.shape), "labels_fit": None}
     labels = data.labels
     if labels is not None:
@@ -103,3 +104,20 @@ def probe(model: nn.Module, data: DataSet, n: int = 2) -> dict[str, Any]:
         check_labels(data, int(logits.shape[-1]))
         out["labels_fit"] = True
     return out
+
+
+@torch.no_grad()
+def _probe_largest_id(model: nn.Module, data: DataSet, n: int) -> None:
+    """Run the example that holds the data set's largest token id too, when it is not among the
+    first n: a model whose vocabulary diagnose cannot read (a --factory model) would otherwise
+    fail with an IndexError in the middle of a sweep. One extra forward pass of one example."""
+    per_row = data.input_ids.amax(dim=1)  # [N]
+    row = int(per_row.argmax())
+    if row < n:
+        return
+    try:
+        call_model(model, data.inputs(row, row + 1))
+    except (IndexError, RuntimeError) as exc:
+        raise DataError(f"{data.source}: example {row} holds token id {int(per_row[row])}, and the model fails on "
+                        f"it ({type(exc).__name__}: {one_line(exc)}); token ids must lie below the model's "
+                        "vocabulary size: tokenise the data with this model's tokenizer") from None

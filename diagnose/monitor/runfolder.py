@@ -28,13 +28,15 @@ import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 
 from .. import _json
 from .._write import atomic_write
-from ..errors import RunFolderError
+from ..errors import InputFileError, RunFolderError
+from ..io._read import iter_lines, read_json, require_file
+from .records import check_alert, check_info, check_record
 
 SCHEMA = "diagnose.run/1"
 RUN_JSON, METRICS, ALERTS = "run.json", "metrics.jsonl", "alerts.jsonl"
@@ -119,38 +121,53 @@ def _load_info(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_JSON
     if not run_dir.is_dir():
         raise RunFolderError(f"{run_dir} is not a folder: give the run folder TrainingMonitor wrote")
-    if not path.is_file():
+    if not path.exists():
         raise RunFolderError(f"{run_dir} is not a diagnose run folder (no run.json): "
                              f"give the folder passed to TrainingMonitor")
     try:
-        info = _json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RunFolderError(f"{path} is not valid JSON ({exc}): "
-                             f"the folder is not a readable diagnose run") from None
+        info = read_json(path, "run.json", "the folder is not a readable diagnose run", limit=64 << 20)
+    except InputFileError as exc:  # the readers promise RunFolderError for anything wrong with a run
+        raise RunFolderError(str(exc)) from None
     schema = info.get("schema") if isinstance(info, dict) else None
     if schema != SCHEMA:
         raise RunFolderError(f"{path} is not a {SCHEMA} run.json (schema {schema!r}): "
                              f"give a folder written by diagnose.TrainingMonitor")
+    check_info(info, str(path))
     return info
 
 
-def iter_records(path: Path, skipped: list[int] | None = None) -> Iterator[dict[str, Any]]:
-    """Parsed JSON lines of `path`; lines that do not parse (a torn write) are skipped and counted."""
-    if not path.exists():
+def iter_records(path: Path, skipped: list[int] | None = None,
+                 check: Callable[[dict[str, Any], str], None] | None = None) -> Iterator[dict[str, Any]]:
+    """Parsed JSON lines of `path`; lines that do not parse (a torn write) are skipped and counted.
+
+    Only a regular file is read (a FIFO would block, /dev/zero never end); lines are split on
+    "\\n" only and are at most MAX_LINE_BYTES long. `check(record, where)` may refuse a record
+    that parses but holds the wrong types.
+    """
+    if not os.path.lexists(path):
         return
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = _json.loads(line)
-            except json.JSONDecodeError:
-                if skipped is not None:
-                    skipped.append(1)
-                continue
-            if isinstance(rec, dict):
-                yield rec
+    try:
+        yield from _parsed_lines(path, skipped, check)
+    except InputFileError as exc:  # a FIFO, a folder, an unreadable file, an endless line
+        raise RunFolderError(str(exc)) from None
+
+
+def _parsed_lines(path: Path, skipped: list[int] | None,
+                  check: Callable[[dict[str, Any], str], None] | None) -> Iterator[dict[str, Any]]:
+    for number, raw in iter_lines(path, f"{path.name} of a run folder"):
+        line = raw.decode("utf-8", "replace").strip()
+        if not line:
+            continue
+        try:
+            rec = _json.loads(line)
+        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+            if skipped is not None:
+                skipped.append(1)
+            continue
+        if isinstance(rec, dict):
+            if check is not None:
+                check(rec, f"{path}, line {number}")
+            yield rec
 
 
 def _last_step(path: Path) -> int | None:
@@ -218,6 +235,11 @@ def build_run(run_dir: Path, info: dict[str, Any], records: list[dict[str, Any]]
     return Run(run_dir, info, steps, alerts, attention, records, skipped)
 
 
+def _check_step(rec: dict[str, Any], where: str) -> None:
+    if "step" in rec:
+        check_record(rec, where)
+
+
 def read_run(run_dir: str | os.PathLike, *, allow_empty: bool = False) -> Run:
     """Read a run folder written by TrainingMonitor; a torn last line is skipped, not fatal.
 
@@ -226,11 +248,11 @@ def read_run(run_dir: str | os.PathLike, *, allow_empty: bool = False) -> Run:
     run_dir = Path(run_dir)
     info = _load_info(run_dir)
     skipped: list[int] = []
-    records = [r for r in iter_records(run_dir / METRICS, skipped) if "step" in r]
+    records = [r for r in iter_records(run_dir / METRICS, skipped, _check_step) if "step" in r]
     if not records and not allow_empty:
         raise RunFolderError(f"{run_dir} holds no logged steps yet: is the training loop calling "
                              f"monitor.step(loss) after backward()?")
-    alerts = list(iter_records(run_dir / ALERTS, skipped))
+    alerts = list(iter_records(run_dir / ALERTS, skipped, check_alert))
     return build_run(run_dir, info, records, alerts, len(skipped))
 
 
@@ -245,6 +267,10 @@ class RunTail:
         path = self.dir / name
         if not path.exists():
             return []
+        try:
+            require_file(path, f"{name} of a run folder")  # a FIFO would block the follower
+        except InputFileError as exc:
+            raise RunFolderError(str(exc)) from None
         with open(path, "rb") as f:
             f.seek(self._offsets[name])
             data = f.read()

@@ -34,7 +34,7 @@ def test_single_source_and_objects(inputs):
 
 
 @pytest.mark.parametrize("content, needle", [
-    ("{not json", "not readable JSON"),
+    ("{not json", "not valid JSON"),
     (json.dumps({"schema": "diagnose.heads/9", "heads": []}), "not a report source"),
     (json.dumps([1, 2]), "not a report source"),
     (json.dumps({"schema": "diagnose.heads/1", "model": {"n_layers": 2, "n_heads": 2}, "heads": []}),

@@ -1,0 +1,82 @@
+"""Type checks for what a run folder holds, so that a damaged or hand-edited run.json or
+metrics.jsonl is refused with one line naming the file, never a TypeError deep in a summary.
+
+A torn last line is not damage (a killed writer leaves one) and is skipped by the reader; a
+line that parses but holds the wrong types is damage and is refused here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import RunFolderError
+
+_FIX = "the file was not written by diagnose.TrainingMonitor, or was edited: restore it or start a new run folder"
+_NUMBER_FIELDS = ("time", "loss", "lr", "grad_norm", "clip_coef")
+
+
+def _is_number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string"}.get(type(value), f"a {type(value).__name__}")
+
+
+def check_info(info: Any, where: str) -> None:
+    """Raise RunFolderError unless run.json's fields have the types the readers use."""
+    if not isinstance(info, dict):
+        raise RunFolderError(f"{where}: holds {_kind(info)}, not an object; {_FIX}")
+    for key, want, name in (("model", dict, "an object"), ("settings", dict, "an object"),
+                            ("sessions", list, "a list")):
+        if key in info and not isinstance(info[key], want):
+            raise RunFolderError(f"{where}: `{key}` is {_kind(info[key])}, not {name}; {_FIX}")
+    blocks = (info.get("model") or {}).get("blocks")
+    if blocks is not None and not (isinstance(blocks, list) and all(isinstance(b, str) for b in blocks)):
+        raise RunFolderError(f"{where}: `model.blocks` is not a list of names; {_FIX}")
+    if not all(isinstance(s, dict) for s in info.get("sessions") or []):
+        raise RunFolderError(f"{where}: `sessions` holds something other than objects; {_FIX}")
+
+
+def check_record(rec: dict[str, Any], where: str) -> None:
+    """Raise RunFolderError unless a metrics record's fields have the types the readers use."""
+    step = rec.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise RunFolderError(f"{where}: `step` is {_kind(step)}, not an integer; {_FIX}")
+    for key in _NUMBER_FIELDS:
+        if not _is_number(rec.get(key)):
+            raise RunFolderError(f"{where}: `{key}` is {_kind(rec[key])}, not a number; {_FIX}")
+    layers = rec.get("layers")
+    if layers is not None:
+        if not isinstance(layers, dict):
+            raise RunFolderError(f"{where}: `layers` is {_kind(layers)}, not an object; {_FIX}")
+        for name, stats in layers.items():
+            if not isinstance(stats, dict) or not all(_is_number(v) for v in stats.values()):
+                raise RunFolderError(f"{where}: `layers.{_short(name)}` is not an object of numbers; {_FIX}")
+    attention = rec.get("attention")
+    if attention is not None:
+        if not isinstance(attention, dict):
+            raise RunFolderError(f"{where}: `attention` is {_kind(attention)}, not an object; {_FIX}")
+        for site, stats in attention.items():
+            if not isinstance(stats, dict):
+                raise RunFolderError(f"{where}: `attention.{_short(site)}` is {_kind(stats)}, not an object; {_FIX}")
+            for key in ("entropy", "max_weight"):
+                values = stats.get(key)
+                if values is not None and not (isinstance(values, list) and all(_is_number(v) for v in values)):
+                    raise RunFolderError(f"{where}: `attention.{_short(site)}.{key}` is not a list of numbers "
+                                         f"(one per head); {_FIX}")
+
+
+def check_alert(rec: dict[str, Any], where: str) -> None:
+    """Raise RunFolderError unless an alert's fields are what the readers print."""
+    for key in ("kind", "severity", "where", "message", "hint"):
+        if key in rec and rec[key] is not None and not isinstance(rec[key], str):
+            raise RunFolderError(f"{where}: `{key}` is {_kind(rec[key])}, not a string; {_FIX}")
+    if "step" in rec and not _is_number(rec["step"]):
+        raise RunFolderError(f"{where}: `step` is {_kind(rec['step'])}, not a number; {_FIX}")
+
+
+def _short(name: Any) -> str:
+    text = str(name)
+    return text if len(text) <= 40 else text[:37] + "..."
+
