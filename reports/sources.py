@@ -147,7 +147,7 @@ def _check_head(h: Any, i: int, n_layers: int, n_heads: int, where: str) -> None
     ok = isinstance(h, dict) and _is_int(h.get("layer")) and _is_int(h.get("head"))
     if not ok or not (0 <= h["layer"] < n_layers and 0 <= h["head"] < n_heads):
         raise InputFileError(f"{where}: heads[{i}] has no valid `layer`/`head` for a "
-                             f"{n_layers}x{n_heads} model")
+                             f"{n_layers}x{n_heads} model; {_REGENERATE}")
     for key in _HEAD_NUMBERS:
         if not _is_num(h.get(key)):
             raise InputFileError(f"{where}: heads[{i}].{key} is {_kind(h[key])}, not a number; {_REGENERATE}")

@@ -252,3 +252,358 @@ def test_factory_with_trust_pickle_is_not_told_to_pass_trust_pickle(files):
 
 class _HolderLike:
     pass
+
+
+# --- special files: read only regular files --------------------------------------------------
+
+def _special(tmp_path: Path, kind: str, name: str) -> Path:
+    path = tmp_path / name
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "devzero":
+        path.symlink_to("/dev/zero")
+    elif kind == "folder":
+        path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize("kind,words", [("fifo", "named pipe"), ("devzero", "character device")])
+@pytest.mark.parametrize("role", ["model", "data", "factory-weights"])
+def test_fifo_or_device_as_model_or_data_is_not_called_a_folder(files, kind, words, role):
+    (files / "fac_special.py").write_text("import torch.nn as nn\ndef build():\n    return nn.Linear(2, 2)\n")
+    name = {"model": "m.pt", "data": "d.pt", "factory-weights": "w.safetensors"}[role]
+    path = _special(files, kind, name)
+    args = {"model": ["info", path], "data": ["info", "model.pt", "--data", path],
+            "factory-weights": ["info", path, "--factory", "fac_special:build"]}[role]
+    line = assert_refused(_invoke(*args), path, words, fix="regular file")
+    assert "folder" not in line
+    sys.modules.pop("fac_special", None)
+
+
+def test_special_files_time_out_never(files):
+    """A FIFO with no writer would block open() forever: refused within seconds, in a real process."""
+    fifo = _special(files, "fifo", "pipe.jsonl")
+    proc = subprocess.run([sys.executable, "-m", "diagnose", "info", "model.pt", "--data", str(fifo)],
+                          capture_output=True, text=True, timeout=60, cwd=files)
+    assert proc.returncode == 2 and "named pipe" in proc.stderr, proc.stderr
+
+
+# --- data files -------------------------------------------------------------------------------
+
+def _npz_bomb(path: Path, shape: tuple[int, ...], payload: int) -> Path:
+    import io
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    buf = io.BytesIO()
+    npy.write_array_header_1_0(buf, {"descr": "<i8", "fortran_order": False, "shape": shape})
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("input_ids.npy", buf.getvalue() + b"\0" * payload)
+    return path
+
+
+def _jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+DATA_CASES = [
+    # name, make(tmp) -> path, words in the message
+    ("npz declaring 1e12 elements", lambda t: _npz_bomb(t / "b.npz", (10**6, 10**6), 100), "declares"),
+    ("npz declaring 8 GB in 8 MB", lambda t: _npz_bomb(t / "b.npz", (1 << 20, 1 << 10), 8 << 20), "declares"),
+    ("jsonl nested 1e5 deep", lambda t: _jsonl(t / "d.jsonl", ['{"text": "a", "x": ' + "[" * 100_000 + "]" * 100_000
+                                                               + "}"]), "nested too deeply"),
+    ("jsonl label 10**30", lambda t: _jsonl(t / "d.jsonl", [{"text": "the cat", "label": 10**30}]), "label"),
+    ("jsonl label 1e300", lambda t: _jsonl(t / "d.jsonl", [{"text": "the cat", "label": 1e300}]), "label"),
+    ("jsonl label of 5000 digits", lambda t: _jsonl(t / "d.jsonl", ['{"text": "a", "label": ' + "9" * 5000 + "}"]),
+     "line 1"),
+]
+
+
+@pytest.mark.parametrize("name,make,words", DATA_CASES, ids=[c[0] for c in DATA_CASES])
+def test_hostile_data_files_one_line(files, hf_folder, name, make, words):
+    path = make(files)
+    model = hf_folder if path.suffix == ".jsonl" else "model.pt"
+    res = _invoke("info", model, "--data", path)
+    assert_refused(res, path, words)
+
+
+def test_npz_over_the_size_limit_refused_before_reading(files, monkeypatch):
+    from diagnose.io import data as data_mod
+
+    np.savez(files / "big.npz", input_ids=np.ones((64, 8), dtype=np.int64))
+    monkeypatch.setattr(data_mod, "MAX_DATA_BYTES", 1024)
+    assert_refused(_invoke("info", "model.pt", "--data", "big.npz"), "big.npz", "split it")
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    """A tiny BERT classifier folder with the word-level tokenizer (max 16 positions)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from ..wordlevel import WORDS, make_tokenizer
+
+    folder = tmp_path_factory.mktemp("bert")
+    cfg = BertConfig(vocab_size=len(WORDS) + 4, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=16, max_position_embeddings=16, num_labels=2)
+    BertForSequenceClassification(cfg).save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def test_jsonl_with_u2028_inside_a_string_is_valid(files, hf_folder):
+    path = _jsonl(files / "d.jsonl", ['{"text": "the cat\u2028sat", "label": 0}', {"text": "a dog ran", "label": 1}])
+    res = _invoke("info", hf_folder, "--data", path)
+    assert res.exit_code == 0, res.output
+    assert "N=2" in res.output
+
+
+def test_huge_jsonl_line_is_cut_to_the_models_length_before_tokenising(files, hf_folder):
+    """A 20 MB example costs what 16 tokens cost: default --max-length is max_position_embeddings."""
+    import time
+
+    big = " ".join(["the cat sat on the mat"] * 700_000)  # ~15.4 MB of text
+    path = _jsonl(files / "d.jsonl", [{"text": big, "label": 0}, {"text": "a dog", "label": 1}])
+    start = time.perf_counter()
+    res = _invoke("info", hf_folder, "--data", path)
+    assert res.exit_code == 0, res.output
+    assert "T=16" in res.output
+    assert time.perf_counter() - start < 20
+
+
+def test_jsonl_line_over_the_cap_refused_without_reading_it_whole(files, hf_folder, monkeypatch):
+    from diagnose.io import text
+
+    monkeypatch.setattr(text, "MAX_LINE_BYTES", 1000)
+    path = _jsonl(files / "d.jsonl", [{"text": "a dog", "label": 1}, {"text": "the cat " * 200, "label": 0}])
+    assert_refused(_invoke("info", hf_folder, "--data", path), path, "line 2", fix="split or shorten")
+
+
+def test_cut_text_encodes_as_the_whole_text_does(hf_folder):
+    """Cutting before tokenising changes nothing the model sees (truncated to max_length either way)."""
+    from diagnose.io.text import _tokenise
+    from ..wordlevel import make_tokenizer
+
+    tok = make_tokenizer()
+    texts = ["the cat sat " * 50, "a " + "x" * 5000 + " dog ran", "big red dog"]
+    for limit in (4, 8, 16):
+        got = _tokenise(tok, texts, None, limit)["input_ids"]
+        want = tok(texts, truncation=True, max_length=limit)["input_ids"]
+        assert [list(r) for r in got] == [list(r) for r in want]
+
+
+def test_lm_data_with_one_token_per_example(files):
+    lm = Transformer(ModelConfig(kind="lm", vocab_size=12, max_len=8, n_layers=1, n_heads=2, d_model=16))
+    diagnose.save_checkpoint(lm, files / "lm.pt")
+    save_tensors({"input_ids": torch.randint(0, 12, (6, 1))}, files / "t1.pt")  # [N, T=1]
+    assert_refused(_invoke("heads", "lm.pt", "--data", "t1.pt"), "t1.pt", "two tokens")
+
+
+FACTORY_EMB = """
+import torch.nn as nn
+
+class Bag(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(12, 8)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, input_ids, attention_mask=None):
+        x = self.emb(input_ids)
+        x, _ = self.attn(x, x, x)
+        return self.out(x.mean(1))
+
+def build():
+    return Bag()
+"""
+
+
+def test_token_id_out_of_range_after_the_first_examples_of_a_factory_model(files):
+    """The vocabulary of a --factory model is not in any config: found before the sweep, not mid-way."""
+    (files / "fac_vocab.py").write_text(FACTORY_EMB)
+    sys.path.insert(0, str(files))
+    try:
+        import fac_vocab
+
+        torch.save(fac_vocab.build().state_dict(), files / "w.pt")
+    finally:
+        sys.path.remove(str(files))
+        sys.modules.pop("fac_vocab", None)
+    ids = torch.randint(0, 12, (10, 6))  # [N, T]
+    ids[7, 3] = 40  # beyond the 12-token vocabulary, in the 8th example
+    save_tensors({"input_ids": ids, "labels": torch.arange(10) % 3}, files / "oov.pt")
+    res = _invoke("heads", "w.pt", "--factory", "fac_vocab:build", "--data", "oov.pt")
+    assert_refused(res, "oov.pt", "example 7", fix="tokenise")
+    sys.modules.pop("fac_vocab", None)
+
+
+# --- run folders ------------------------------------------------------------------------------
+
+def _run_folder(tmp: Path, edit) -> Path:
+    run = rf.write_run(tmp / "run", steps=20, attention_every=5)
+    edit(run)
+    return run
+
+
+def _edit_info(**changes):
+    def edit(run: Path):
+        info = json.loads((run / "run.json").read_text())
+        info.update(changes)
+        (run / "run.json").write_text(json.dumps(info))
+    return edit
+
+
+def _edit_record(i: int, **changes):
+    def edit(run: Path):
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        rec = json.loads(lines[i])
+        for key, value in changes.items():
+            if key == "entropy":
+                next(iter(rec["attention"].values()))["entropy"] = value
+            else:
+                rec[key] = value
+        lines[i] = json.dumps(rec)
+        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return edit
+
+
+def _replace(name: str, kind: str):
+    def edit(run: Path):
+        (run / name).unlink()
+        _special(run, kind, name)
+    return edit
+
+
+def _unreadable(run: Path):
+    (run / "metrics.jsonl").chmod(0)
+
+
+RUN_CASES = [
+    ("model a string", _edit_info(model="gpt"), "run.json", "`model` is a string"),
+    ("sessions a dict", _edit_info(sessions={"a": 1}), "run.json", "`sessions`"),
+    ("run.json a list", lambda r: (r / "run.json").write_text("[1]"), "run.json", "schema"),
+    ("run.json nested 1e5", lambda r: (r / "run.json").write_text("[" * 100_000 + "]" * 100_000), "run.json",
+     "nested too deeply"),
+    ("layers a list", _edit_record(3, layers=[1, 2]), "metrics.jsonl, line 4", "`layers` is a list"),
+    ("entropy a string", _edit_record(5, entropy="high"), "metrics.jsonl, line 6", "entropy"),
+    ("lr a string", _edit_record(2, lr="1e-3"), "metrics.jsonl, line 3", "`lr` is a string"),
+    ("step a string", _edit_record(2, step="3"), "metrics.jsonl, line 3", "`step`"),
+    ("metrics.jsonl a folder", _replace("metrics.jsonl", "folder"), "metrics.jsonl", "folder"),
+    ("metrics.jsonl a FIFO", _replace("metrics.jsonl", "fifo"), "metrics.jsonl", "named pipe"),
+    ("metrics.jsonl -> /dev/zero", _replace("metrics.jsonl", "devzero"), "metrics.jsonl", "character device"),
+    ("run.json a FIFO", _replace("run.json", "fifo"), "run.json", "named pipe"),
+    ("alerts.jsonl -> /dev/zero", _replace("alerts.jsonl", "devzero"), "alerts.jsonl", "character device"),
+]
+
+
+@pytest.mark.parametrize("command", ["stats", "report"])
+@pytest.mark.parametrize("name,edit,file,words", RUN_CASES, ids=[c[0] for c in RUN_CASES])
+def test_broken_run_folders_one_line(tmp_path, command, name, edit, file, words):
+    run = _run_folder(tmp_path, edit)
+    args = ["stats", run] if command == "stats" else ["report", run, "-o", tmp_path / "r.html"]
+    assert_refused(_invoke(*args), file, words)
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a chmod 000 file anyway")
+def test_unreadable_metrics(tmp_path):
+    run = _run_folder(tmp_path, _unreadable)
+    assert_refused(_invoke("stats", run), "metrics.jsonl", "permission")
+
+
+def test_string_lr_in_check_run(files):
+    run = _run_folder(files, _edit_record(1, lr="fast"))
+    assert_refused(_invoke("check", "model.pt", "--run", run), "metrics.jsonl, line 2", "`lr` is a string")
+
+
+# --- report sources ---------------------------------------------------------------------------
+
+def _heads_doc(edit) -> dict:
+    doc = rf.make_heads(n_kept=1)
+    edit(doc)
+    return doc
+
+
+def _set(**changes):
+    return lambda d: d.update(changes)
+
+
+def _set_head(i, **changes):
+    return lambda d: d["heads"][i].update(changes)
+
+
+REPORT_CASES = [
+    ("attention a string", _set_head(0, attention="x"), "heads[0].attention"),
+    ("timing a list", _set(timing=[1]), "`timing` is a list"),
+    ("baseline a string", _set(baseline="x"), "`baseline` is a string"),
+    ("together unhashable", _set(together=[{"heads": [[[0], [1]], [{"a": 1}, 2]], "accuracy": 0.5}]), "together[0]"),
+    ("declared 1e6 x 1e6 grid", lambda d: d["model"].update(n_layers=10**6, n_heads=10**6), "1000000 x 1000000"),
+    ("delta a huge int", _set_head(1, delta_loss=10**400), "heads[1].delta_loss"),
+    ("layer a bool", _set_head(0, layer=True), "heads[0]"),
+    ("significant a string", _set_head(0, significant="yes"), "heads[0].significant"),
+    ("flags a string", _set(flags="x"), "`flags` is a string"),
+]
+
+
+@pytest.mark.parametrize("name,edit,words", REPORT_CASES, ids=[c[0] for c in REPORT_CASES])
+def test_broken_heads_json_one_line_nothing_written(tmp_path, name, edit, words):
+    src = tmp_path / "heads.json"
+    src.write_text(json.dumps(_heads_doc(edit)))
+    out = tmp_path / "r.html"
+    assert_refused(_invoke("report", src, "-o", out), src, words, fix="diagnose heads")
+    assert not out.exists()
+
+
+def test_heads_json_nested_deep_and_lessons_template(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"schema": "diagnose.heads/1", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert_refused(_invoke("report", deep, "-o", tmp_path / "r.html"), deep, "nested too deeply")
+    lessons = tmp_path / "lessons.json"
+    lessons.write_text(json.dumps({"schema": "diagnose.lessons/1", "lessons": [
+        {"title": "t", "claim": "c", "a": "a", "b": "b",
+         "rows": [{"metric": "m", "a": 1.0, "b": 2.0, "fmt": "{0.__class__}"}]}]}))
+    assert_refused(_invoke("report", lessons, "-o", tmp_path / "r.html"), lessons, "fmt")
+
+
+def test_report_source_fifo_and_devzero(tmp_path):
+    for kind, words in (("fifo", "named pipe"), ("devzero", "character device")):
+        path = _special(tmp_path, kind, f"{kind}.json")
+        assert_refused(_invoke("report", path, "-o", tmp_path / "r.html"), path, words)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("only_layer_head", [True, False])
+def test_heads_with_nothing_finite_render(tmp_path, only_layer_head):
+    """Only layer/head, or NaN/Inf everywhere: a report without grids, not a ZeroDivisionError."""
+    doc = rf.make_heads(n_kept=0)
+    doc["examples"] = []
+    for h in doc["heads"]:
+        if only_layer_head:
+            for key in list(h):
+                if key not in ("layer", "head"):
+                    del h[key]
+        else:
+            for key in ("accuracy", "delta_accuracy", "loss", "delta_loss", "kl", "grad_importance", "p_value"):
+                h[key] = math.nan if key != "delta_loss" else math.inf
+            h["attention"] = {k: math.nan for k in h["attention"]}
+    src = tmp_path / "heads.json"
+    src.write_text(json.dumps(doc))  # bare NaN / Infinity tokens, as older files hold
+    res = _invoke("report", src, "-o", tmp_path / "r.html")
+    assert res.exit_code == 0, res.output
+    assert "No head has a finite causal effect" in (tmp_path / "r.html").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [(80, 64), (200, 200)])
+def test_heads_of_a_70b_class_model_degrade_with_one_note(tmp_path, shape):
+    doc = rf.make_heads(*shape, n_kept=0, vital=[], inert=[])
+    doc["examples"] = []
+    src = tmp_path / "heads.json"
+    src.write_text(json.dumps(doc))
+    res = _invoke("report", src, "-o", tmp_path / "r.html")
+    assert res.exit_code == 0, res.output
+    notes = [line for line in res.stderr.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and f"{shape[0]} x {shape[1]}" in notes[0], res.stderr
+    assert "more than the" in (tmp_path / "r.html").read_text()
