@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from ..errors import ConfigError, InputFileError
 from ._files import one_line
-from ._read import read_json
+from ._read import read_json, special_kind
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -108,8 +108,22 @@ def model_class(transformers: Any, config: Any) -> Any:
     return transformers.AutoModel
 
 
+def refuse_special_files(folder: Path) -> None:
+    """A FIFO or device among the folder's files would block or never end once transformers opens it."""
+    try:
+        entries = sorted(folder.iterdir())[:10_000]
+    except OSError as exc:
+        raise InputFileError(f"{folder}: cannot be listed ({exc.strerror}); check its permissions") from None
+    for entry in entries:
+        kind = special_kind(entry)
+        if kind:
+            raise InputFileError(f"{entry}: is {kind}, not a regular file; diagnose reads only regular files: "
+                                 "put the real file in the model folder")
+
+
 def load_hf_folder(folder: Path, *, attn_implementation: str | None = None) -> nn.Module:
     """Load the model (and tokenizer, as model.diagnose_tokenizer) from a save_pretrained folder."""
+    refuse_special_files(folder)
     if not (folder / "config.json").is_file():
         raise InputFileError(f"{folder}: a folder without config.json is not a model; write a Hugging Face "
                              "model folder with model.save_pretrained(folder)")

@@ -12,7 +12,7 @@ from ..errors import ConfigError, InputFileError
 from ._files import torch_load
 from .checkpoint import FORMAT, is_checkpoint, model_from_checkpoint
 from .factory import model_from_factory, read_state_dict
-from .hf import is_hf_folder, load_hf_folder
+from .hf import is_hf_folder, load_hf_folder, refuse_special_files
 
 _FORMATS = ("a diagnose checkpoint (diagnose.save_checkpoint), a Hugging Face model folder "
             "(save_pretrained), a state_dict with --factory module:function, or a pickled "
@@ -37,6 +37,7 @@ def load_model(path: str | Path, *, factory: str | None = None, trust_pickle: bo
     if path.is_dir():
         if factory:
             raise ConfigError(f"{path}: --factory takes a state_dict file, not a folder")
+        refuse_special_files(path)
         if not is_hf_folder(path):
             raise InputFileError(f"{path}: a folder without config.json is not a model; give {_FORMATS}")
         model = load_hf_folder(path, attn_implementation=attn_implementation)
