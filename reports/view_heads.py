@@ -90,11 +90,12 @@ class HeadsView:
 
 
 def _num(value: Any) -> float:
+    """A float; beyond +-1e300 (where matplotlib's axis arithmetic overflows) it is taken as infinite."""
     try:
         out = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return math.nan
-    return out
+    return math.copysign(math.inf, out) if abs(out) > 1e300 else out
 
 
 def holm(p_values: np.ndarray, alpha: float = ALPHA) -> np.ndarray:

@@ -64,10 +64,18 @@ class TrainingView:
     notes: list[str] = field(default_factory=list)
 
 
+# Beyond this, matplotlib cannot lay out an axis (its tick arithmetic overflows): such values
+# are drawn as what they practically are, infinite.
+_DRAWABLE = 1e300
+
+
 def _column(df: pd.DataFrame, name: str) -> np.ndarray:
     if name not in df.columns:
         return np.full(len(df), np.nan)
-    return pd.to_numeric(df[name], errors="coerce").to_numpy(dtype=float)
+    values = np.array(pd.to_numeric(df[name], errors="coerce"), dtype=float)  # a copy: it is written below
+    huge = np.abs(values) > _DRAWABLE
+    values[huge] = np.copysign(np.inf, values[huge])
+    return values
 
 
 def _series(steps: np.ndarray, values: np.ndarray) -> Series:
@@ -101,7 +109,9 @@ def _entropy(run: Any) -> HeadEntropy | None:
     table = att.pivot_table(index="step", columns=["site", "head"], values="entropy", aggfunc="mean")
     order = {site: i for i, site in enumerate(dict.fromkeys(att["site"]))}  # first seen = forward order
     rows = sorted(table.columns, key=lambda c: (order[c[0]], c[1]))
-    x, m = bin_mean(table.index.to_numpy(dtype=float), table[rows].to_numpy(dtype=float), MAX_BINS)
+    values = np.array(table[rows], dtype=float)  # [steps, heads]
+    values[np.abs(values) > _DRAWABLE] = np.nan  # an entropy beyond 1e300 is damage, not a value to draw
+    x, m = bin_mean(table.index.to_numpy(dtype=float), values, MAX_BINS)
     return HeadEntropy(x, m, [(str(site), int(head)) for site, head in rows])
 
 

@@ -623,3 +623,22 @@ def test_heads_of_a_70b_class_model_degrade_with_one_note(tmp_path, shape):
     notes = [line for line in res.stderr.splitlines() if line.startswith("note: ")]
     assert len(notes) == 1 and f"{shape[0]} x {shape[1]}" in notes[0], res.stderr
     assert "more than the" in (tmp_path / "r.html").read_text()
+
+
+@pytest.mark.slow
+def test_numbers_near_float_max_are_drawn_as_infinite_not_a_crash(tmp_path):
+    """1e308 is valid JSON and a finite float, but matplotlib cannot lay out an axis around it."""
+    run = _run_folder(tmp_path, _edit_record(4, loss=1e308, lr=-1e308))
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    rec = json.loads(lines[5])
+    for stats in rec["attention"].values():
+        stats["entropy"] = [1e308] * len(stats["entropy"])
+    lines[5] = json.dumps(rec)
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    doc = rf.make_heads(n_kept=1)
+    for h in doc["heads"]:
+        h["delta_loss"], h["attention"]["max_weight"] = 1e308, -1e308
+    src = tmp_path / "heads.json"
+    src.write_text(json.dumps(doc))
+    res = _invoke("report", src, run, "-o", tmp_path / "r.html")
+    assert res.exit_code == 0, res.output
