@@ -137,7 +137,7 @@ def format_cell(value: Any, fmt: Any) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(fmt, str) and fmt != "s":
         try:
             return format(value, fmt)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):  # a spec that does not fit; 10**400 as ".3f"
             pass
     return "–" if value is None else str(value)
 

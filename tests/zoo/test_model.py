@@ -106,3 +106,15 @@ def test_bad_config_is_a_clear_error():
         ModelConfig(d_model=30, n_heads=4)
     with pytest.raises(ConfigError, match="mask_fill"):
         ModelConfig(mask_fill="nope")
+
+
+@pytest.mark.parametrize("changes,words", [
+    ({"n_heads": 0}, "n_heads must be at least 1"), ({"d_model": -16}, "d_model must be at least 1"),
+    ({"n_layers": float("inf")}, "n_layers must be an integer"), ({"n_layers": True}, "n_layers must be an integer"),
+    ({"dropout": float("nan")}, "dropout must be a finite number"), ({"positions": ["x"]}, "positions="),
+    ({"causal": "yes"}, "causal must be"),
+])
+def test_config_refuses_bad_values_before_any_arithmetic(changes, words):
+    """n_heads = 0 used to reach `d_model % n_heads` first (ZeroDivisionError)."""
+    with pytest.raises(ConfigError, match=words):
+        ModelConfig(**changes)
