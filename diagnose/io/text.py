@@ -39,6 +39,7 @@ def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
         text = _decode(read_bytes(path, "data file", limit=_MAX_CSV_BYTES), path)
         reader = csv.DictReader(io.StringIO(text, newline=""))
         rows = []
+        old_limit = csv.field_size_limit(MAX_LINE_BYTES)  # the default 128 KiB refuses long but valid texts
         try:
             for row in reader:
                 i = reader.line_num
@@ -49,6 +50,8 @@ def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
         except csv.Error as exc:
             raise DataError(f"{path}, line {reader.line_num}: not valid CSV ({exc}); write one example per row "
                             "under a header row") from None
+        finally:
+            csv.field_size_limit(old_limit)
         return rows
     rows = []
     for i, raw in iter_lines(path, "data file", max_line=MAX_LINE_BYTES):
@@ -179,6 +182,12 @@ def _field(row: Mapping[str, Any], name: str, where: str) -> Any:
         raise DataError(f"{where}: {name!r} is a {type(value).__name__}, not a string")
     if name == "text" and not value.strip():
         raise DataError(f"{where}: 'text' is empty; drop empty examples")
+    if name != "label":
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:  # JSON allows "\ud800"; no tokenizer takes it
+            raise DataError(f"{where}: {name!r} holds a lone surrogate ({value[exc.start]!r}), which is not "
+                            "text; write the characters themselves, or drop them") from None
     return value
 
 

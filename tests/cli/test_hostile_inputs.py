@@ -642,3 +642,14 @@ def test_numbers_near_float_max_are_drawn_as_infinite_not_a_crash(tmp_path):
     src.write_text(json.dumps(doc))
     res = _invoke("report", src, run, "-o", tmp_path / "r.html")
     assert res.exit_code == 0, res.output
+
+
+def test_lone_surrogate_and_long_csv_cell(files, hf_folder):
+    path = files / "s.jsonl"
+    path.write_text('{"text": "the \\ud800 cat", "label": 0}\n')
+    assert_refused(_invoke("info", hf_folder, "--data", path), path, "line 1", "surrogate")
+    csv_path = files / "long.csv"  # one 320 KB cell: over csv's default 128 KiB field limit, still valid
+    csv_path.write_text("text,label\n\"" + "the cat " * 40_000 + "\",1\na dog,0\n")
+    res = _invoke("info", hf_folder, "--data", csv_path)
+    assert res.exit_code == 0, res.output
+    assert "N=2" in res.output
