@@ -8,6 +8,7 @@ transformers sees it.
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -139,6 +140,7 @@ def load_hf_folder(folder: Path, *, attn_implementation: str | None = None) -> n
             raise InputFileError(f"{folder / 'config.json'}: transformers cannot read it ({one_line(exc)}); "
                                  "diagnose runs no code from model folders: build such a model in a "
                                  "--factory function instead") from None
+        _check_layer_count(folder, config)
         cls = model_class(transformers, config)
         kwargs: dict[str, Any] = {"config": config, "local_files_only": True, "output_loading_info": True,
                                   "trust_remote_code": False}
@@ -162,6 +164,41 @@ def load_hf_folder(folder: Path, *, attn_implementation: str | None = None) -> n
         model.diagnose_tokenizer = load_tokenizer(folder, transformers)
     model.diagnose_format = "Hugging Face folder"
     return model.eval()
+
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:h|layer|layers|block|blocks)\.(\d+)\.")
+
+
+def _weight_names(folder: Path) -> list[str] | None:
+    """Tensor names from the safetensors header or the shard index (cheap), else None."""
+    index = next((folder / n for n in ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+                  if (folder / n).is_file()), None)
+    if index is not None:
+        data = read_json(index, "weights index", "re-save the folder with model.save_pretrained(folder)")
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        return [str(k) for k in weight_map] if isinstance(weight_map, dict) else None
+    if (folder / "model.safetensors").is_file():
+        from safetensors import safe_open
+        try:
+            with safe_open(str(folder / "model.safetensors"), "pt") as f:  # reads the header only
+                return list(f.keys())
+        except Exception as exc:  # SafetensorError, OSError: transformers will say it again, with context
+            raise InputFileError(f"{folder / 'model.safetensors'}: not a readable safetensors file "
+                                 f"({one_line(exc)}); re-save the folder with model.save_pretrained(folder)") from None
+    return None
+
+
+def _check_layer_count(folder: Path, config: Any) -> None:
+    """Refuse a config.json that claims more layers than the weights hold, before transformers
+    builds them (100,000 claimed layers took minutes to build, only to be found missing)."""
+    n = getattr(config, "num_hidden_layers", None)
+    names = _weight_names(folder)
+    if not isinstance(n, int) or not names:
+        return
+    indices = {int(m.group(1)) for m in map(_LAYER_INDEX.search, names) if m}
+    if indices and n > max(indices) + 1:
+        raise InputFileError(f"{folder / 'config.json'}: says num_hidden_layers={n}, but the weights hold "
+                             f"{max(indices) + 1} layers; re-save the folder with model.save_pretrained(folder)")
 
 
 def load_tokenizer(folder: Path, transformers: Any | None = None) -> Any | None:

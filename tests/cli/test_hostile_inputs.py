@@ -653,3 +653,19 @@ def test_lone_surrogate_and_long_csv_cell(files, hf_folder):
     res = _invoke("info", hf_folder, "--data", csv_path)
     assert res.exit_code == 0, res.output
     assert "N=2" in res.output
+
+
+def test_hf_config_claiming_more_layers_than_the_weights_hold(tmp_path):
+    """100,000 claimed layers took minutes to build before transformers found them missing."""
+    import time
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(vocab_size=16, n_embd=8, n_layer=2, n_head=2, n_positions=8)).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["n_layer"] = 100_000
+    (folder / "config.json").write_text(json.dumps(config))
+    start = time.perf_counter()
+    assert_refused(_invoke("info", folder), folder / "config.json", "num_hidden_layers=100000", "2 layers")
+    assert time.perf_counter() - start < 10
