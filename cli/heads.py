@@ -77,9 +77,9 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
         result.save(json_path)
     _print(result, json_path)
     if html_path:
-        from diagnose.reports import write_report
+        from ._report import write_report_noting
 
-        click.echo(f"report: {plain(write_report([result], html_path))}")
+        click.echo(f"report: {plain(write_report_noting([result], html_path))}")
 
 
 def _print(result, json_path: str | None) -> None:

@@ -19,18 +19,10 @@ def report(sources: tuple[str, ...], output: str, title: str | None) -> None:
 
     Example: diagnose report heads.json runs/exp1 -o report.html
     """
-    import warnings
-
-    from diagnose._terminal import plain
     from diagnose._write import check_outputs
-    from diagnose.reports import write_report
-    from diagnose.reports.view import ReportNote
+
+    from ._report import write_report_noting
 
     check_outputs({"-o": output}, inputs=sources)
-    with warnings.catch_warnings(record=True) as notes:
-        warnings.simplefilter("always", ReportNote)
-        path = write_report(list(sources), output, title=title)
-    for note in notes:
-        if issubclass(note.category, ReportNote):
-            click.echo(f"note: {plain(note.message)}", err=True)
+    path = write_report_noting(list(sources), output, title=title)
     click.echo(f"Report written to {path.resolve()}")

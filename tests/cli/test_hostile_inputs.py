@@ -669,3 +669,9 @@ def test_hf_config_claiming_more_layers_than_the_weights_hold(tmp_path):
     start = time.perf_counter()
     assert_refused(_invoke("info", folder), folder / "config.json", "num_hidden_layers=100000", "2 layers")
     assert time.perf_counter() - start < 10
+
+
+def test_follow_refuses_a_fifo_metrics_file(tmp_path):
+    """`stats --follow` reads the log again and again: a FIFO there would block it at once."""
+    run = _run_folder(tmp_path, _replace("metrics.jsonl", "fifo"))
+    assert_refused(_invoke("stats", run, "--follow"), "metrics.jsonl", "named pipe")
