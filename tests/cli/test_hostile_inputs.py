@@ -26,6 +26,11 @@ from diagnose.zoo import ModelConfig, Transformer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reports"))
 import report_fixtures as rf  # noqa: E402
 
+from .hostile import (  # noqa: E402
+    FACTORY_EMB, edit_info, edit_record, jsonl, npz_bomb, own_code_folder, pickles, run_folder, special,
+    special_in_run, tree,
+)
+
 
 def _invoke(*args, input=None):
     return CliRunner().invoke(cli, [str(a) for a in args], input=input)
@@ -44,63 +49,21 @@ def assert_refused(res, *names: str, fix: str | None = None) -> str:
     return lines[0]
 
 
-def _tree(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 # --- code that must not run --------------------------------------------------------------
-
-_OWN_CODE = """
-import pathlib
-pathlib.Path({marker!r}).write_text("ran")
-from transformers import PretrainedConfig, PreTrainedModel
-
-class EvilConfig(PretrainedConfig):
-    model_type = "evilnet"
-
-class EvilModel(PreTrainedModel):
-    config_class = EvilConfig
-"""
-
-
-def _own_code_folder(tmp_path: Path, model_type: str = "evilnet", base: Path | None = None) -> tuple[Path, Path]:
-    """(folder, marker): a model folder whose .py files write `marker` if anything imports them."""
-    folder = tmp_path / "remote"
-    folder.mkdir()
-    marker = tmp_path / "MARKER"
-    if base is not None:  # a real folder of a built-in family, with an auto_map added
-        for p in base.iterdir():
-            (folder / p.name).write_bytes(p.read_bytes())
-        config = json.loads((folder / "config.json").read_text())
-    else:
-        config = {"architectures": ["EvilModel"], "hidden_size": 8}
-        (folder / "model.safetensors").write_bytes(b"{}")
-    config.update(model_type=model_type, architectures=["EvilModel"],
-                  auto_map={"AutoConfig": "configuration_evil.EvilConfig", "AutoModel": "modeling_evil.EvilModel",
-                            "AutoModelForCausalLM": "modeling_evil.EvilModel"})
-    (folder / "config.json").write_text(json.dumps(config))
-    for name in ("configuration_evil.py", "modeling_evil.py"):
-        (folder / name).write_text(_OWN_CODE.format(marker=str(marker)))
-    if (folder / "tokenizer_config.json").exists():
-        tok = json.loads((folder / "tokenizer_config.json").read_text())
-        tok["auto_map"] = {"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}
-        (folder / "tokenizer_config.json").write_text(json.dumps(tok))
-        (folder / "tokenization_evil.py").write_text(_OWN_CODE.format(marker=str(marker)))
-    return folder, marker
 
 
 def test_own_code_folder_refused_without_prompt_or_running_it(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-home" / "modules"))
-    folder, marker = _own_code_folder(tmp_path)
-    before = _tree(folder)
+    folder, marker = own_code_folder(tmp_path)
+    before = tree(folder)
     res = _invoke("info", folder, input="y\n" * 20)  # a user who would answer yes to any prompt
     line = assert_refused(res, folder, "evilnet", fix="--factory")
     assert "built-in" in line
     assert "custom code" not in res.output and "[y/N]" not in res.output
     assert not marker.exists(), "a file of the model folder ran"
     assert not (tmp_path / "hf-home" / "modules").exists()
-    assert _tree(folder) == before
+    assert tree(folder) == before
 
 
 @pytest.mark.slow
@@ -114,7 +77,7 @@ def test_builtin_family_with_auto_map_loads_the_builtin_class_and_runs_nothing(t
     base = tmp_path / "base"
     GPT2LMHeadModel(GPT2Config(vocab_size=16, n_embd=8, n_layer=1, n_head=2, n_positions=8)).save_pretrained(base)
     make_tokenizer().save_pretrained(base)
-    folder, marker = _own_code_folder(tmp_path, model_type="gpt2", base=base)
+    folder, marker = own_code_folder(tmp_path, model_type="gpt2", base=base)
     res = _invoke("info", folder, input="y\n" * 20)
     assert "[y/N]" not in res.output
     assert not marker.exists(), "a file of the model folder ran"
@@ -126,7 +89,7 @@ def test_builtin_family_with_auto_map_loads_the_builtin_class_and_runs_nothing(t
 @pytest.mark.slow
 def test_own_code_folder_in_a_real_process_with_yes_on_stdin(tmp_path):
     """What the issue saw: `yes | diagnose info FOLDER` ran the folder's code. Now: refused."""
-    folder, marker = _own_code_folder(tmp_path)
+    folder, marker = own_code_folder(tmp_path)
     env = {**os.environ, "HOME": str(tmp_path / "home"), "HF_HOME": str(tmp_path / "home" / "hf")}
     env.pop("HF_MODULES_CACHE", None)
     proc = subprocess.run([sys.executable, "-m", "diagnose", "info", str(folder)], input="y\n" * 50,
@@ -210,28 +173,10 @@ def test_checkpoint_state_dict_not_tensors(files):
 
 # --- pickles --------------------------------------------------------------------------------
 
-class _Evil:
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
-def _pickles(tmp_path: Path) -> dict[str, Path]:
-    marker = tmp_path / "PWNED"
-    out = {"zip": tmp_path / "evil-zip.pt", "raw": tmp_path / "evil-raw.pt", "proto0": tmp_path / "evil-p0.pt"}
-    torch.save({"w": _Evil(marker)}, out["zip"])
-    import pickle
-
-    out["raw"].write_bytes(pickle.dumps({"w": _Evil(marker)}, protocol=4))
-    out["proto0"].write_bytes(f"cos\nsystem\n(S'touch {marker}'\ntR.".encode())
-    return out
-
 
 @pytest.mark.parametrize("kind", ["zip", "raw", "proto0"])
 def test_malicious_pickle_refused_naming_trust_pickle_not_torch_advice(files, kind):
-    path = _pickles(files)[kind]
+    path = pickles(files)[kind]
     line = assert_refused(_invoke("info", path), path, fix="--trust-pickle")
     assert "weights_only" not in line and "Re-running" not in line
     assert not (files / "PWNED").exists()
@@ -255,23 +200,13 @@ class _HolderLike:
 
 # --- special files: read only regular files --------------------------------------------------
 
-def _special(tmp_path: Path, kind: str, name: str) -> Path:
-    path = tmp_path / name
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "devzero":
-        path.symlink_to("/dev/zero")
-    elif kind == "folder":
-        path.mkdir()
-    return path
-
 
 @pytest.mark.parametrize("kind,words", [("fifo", "named pipe"), ("devzero", "character device")])
 @pytest.mark.parametrize("role", ["model", "data", "factory-weights"])
 def test_fifo_or_device_as_model_or_data_is_not_called_a_folder(files, kind, words, role):
     (files / "fac_special.py").write_text("import torch.nn as nn\ndef build():\n    return nn.Linear(2, 2)\n")
     name = {"model": "m.pt", "data": "d.pt", "factory-weights": "w.safetensors"}[role]
-    path = _special(files, kind, name)
+    path = special(files, kind, name)
     args = {"model": ["info", path], "data": ["info", "model.pt", "--data", path],
             "factory-weights": ["info", path, "--factory", "fac_special:build"]}[role]
     line = assert_refused(_invoke(*args), path, words, fix="regular file")
@@ -291,14 +226,14 @@ def test_special_file_inside_a_model_folder(tmp_path, kind, words, name):
     GPT2LMHeadModel(GPT2Config(vocab_size=16, n_embd=8, n_layer=1, n_head=2, n_positions=8)).save_pretrained(folder)
     make_tokenizer().save_pretrained(folder)
     (folder / name).unlink()
-    path = _special(folder, kind, name)
+    path = special(folder, kind, name)
     assert_refused(_invoke("info", folder), path, words)
 
 
 @pytest.mark.slow
 def test_special_files_time_out_never(files):
     """A FIFO with no writer would block open() forever: refused within seconds, in a real process."""
-    fifo = _special(files, "fifo", "pipe.jsonl")
+    fifo = special(files, "fifo", "pipe.jsonl")
     proc = subprocess.run([sys.executable, "-m", "diagnose", "info", "model.pt", "--data", str(fifo)],
                           capture_output=True, text=True, timeout=60, cwd=files)
     assert proc.returncode == 2 and "named pipe" in proc.stderr, proc.stderr
@@ -306,33 +241,16 @@ def test_special_files_time_out_never(files):
 
 # --- data files -------------------------------------------------------------------------------
 
-def _npz_bomb(path: Path, shape: tuple[int, ...], payload: int) -> Path:
-    import io
-    import zipfile
-
-    from numpy.lib import format as npy
-
-    buf = io.BytesIO()
-    npy.write_array_header_1_0(buf, {"descr": "<i8", "fortran_order": False, "shape": shape})
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        zf.writestr("input_ids.npy", buf.getvalue() + b"\0" * payload)
-    return path
-
-
-def _jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
-    return path
-
 
 DATA_CASES = [
     # name, make(tmp) -> path, words in the message
-    ("npz declaring 1e12 elements", lambda t: _npz_bomb(t / "b.npz", (10**6, 10**6), 100), "declares"),
-    ("npz declaring 8 GB in 8 MB", lambda t: _npz_bomb(t / "b.npz", (1 << 20, 1 << 10), 8 << 20), "declares"),
-    ("jsonl nested 1e5 deep", lambda t: _jsonl(t / "d.jsonl", ['{"text": "a", "x": ' + "[" * 100_000 + "]" * 100_000
+    ("npz declaring 1e12 elements", lambda t: npz_bomb(t / "b.npz", (10**6, 10**6), 100), "declares"),
+    ("npz declaring 8 GB in 8 MB", lambda t: npz_bomb(t / "b.npz", (1 << 20, 1 << 10), 8 << 20), "declares"),
+    ("jsonl nested 1e5 deep", lambda t: jsonl(t / "d.jsonl", ['{"text": "a", "x": ' + "[" * 100_000 + "]" * 100_000
                                                                + "}"]), "nested too deeply"),
-    ("jsonl label 10**30", lambda t: _jsonl(t / "d.jsonl", [{"text": "the cat", "label": 10**30}]), "label"),
-    ("jsonl label 1e300", lambda t: _jsonl(t / "d.jsonl", [{"text": "the cat", "label": 1e300}]), "label"),
-    ("jsonl label of 5000 digits", lambda t: _jsonl(t / "d.jsonl", ['{"text": "a", "label": ' + "9" * 5000 + "}"]),
+    ("jsonl label 10**30", lambda t: jsonl(t / "d.jsonl", [{"text": "the cat", "label": 10**30}]), "label"),
+    ("jsonl label 1e300", lambda t: jsonl(t / "d.jsonl", [{"text": "the cat", "label": 1e300}]), "label"),
+    ("jsonl label of 5000 digits", lambda t: jsonl(t / "d.jsonl", ['{"text": "a", "label": ' + "9" * 5000 + "}"]),
      "line 1"),
 ]
 
@@ -369,7 +287,7 @@ def hf_folder(tmp_path_factory):
 
 
 def test_jsonl_with_u2028_inside_a_string_is_valid(files, hf_folder):
-    path = _jsonl(files / "d.jsonl", ['{"text": "the cat\u2028sat", "label": 0}', {"text": "a dog ran", "label": 1}])
+    path = jsonl(files / "d.jsonl", ['{"text": "the cat\u2028sat", "label": 0}', {"text": "a dog ran", "label": 1}])
     res = _invoke("info", hf_folder, "--data", path)
     assert res.exit_code == 0, res.output
     assert "N=2" in res.output
@@ -380,7 +298,7 @@ def test_huge_jsonl_line_is_cut_to_the_models_length_before_tokenising(files, hf
     import time
 
     big = " ".join(["the cat sat on the mat"] * 700_000)  # ~15.4 MB of text
-    path = _jsonl(files / "d.jsonl", [{"text": big, "label": 0}, {"text": "a dog", "label": 1}])
+    path = jsonl(files / "d.jsonl", [{"text": big, "label": 0}, {"text": "a dog", "label": 1}])
     start = time.perf_counter()
     res = _invoke("info", hf_folder, "--data", path)
     assert res.exit_code == 0, res.output
@@ -392,7 +310,7 @@ def test_jsonl_line_over_the_cap_refused_without_reading_it_whole(files, hf_fold
     from diagnose.io import text
 
     monkeypatch.setattr(text, "MAX_LINE_BYTES", 1000)
-    path = _jsonl(files / "d.jsonl", [{"text": "a dog", "label": 1}, {"text": "the cat " * 200, "label": 0}])
+    path = jsonl(files / "d.jsonl", [{"text": "a dog", "label": 1}, {"text": "the cat " * 200, "label": 0}])
     assert_refused(_invoke("info", hf_folder, "--data", path), path, "line 2", fix="split or shorten")
 
 
@@ -416,26 +334,6 @@ def test_lm_data_with_one_token_per_example(files):
     assert_refused(_invoke("heads", "lm.pt", "--data", "t1.pt"), "t1.pt", "two tokens")
 
 
-FACTORY_EMB = """
-import torch.nn as nn
-
-class Bag(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(12, 8)
-        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
-        self.out = nn.Linear(8, 3)
-
-    def forward(self, input_ids, attention_mask=None):
-        x = self.emb(input_ids)
-        x, _ = self.attn(x, x, x)
-        return self.out(x.mean(1))
-
-def build():
-    return Bag()
-"""
-
-
 def test_token_id_out_of_range_after_the_first_examples_of_a_factory_model(files):
     """The vocabulary of a --factory model is not in any config: found before the sweep, not mid-way."""
     (files / "fac_vocab.py").write_text(FACTORY_EMB)
@@ -457,63 +355,29 @@ def test_token_id_out_of_range_after_the_first_examples_of_a_factory_model(files
 
 # --- run folders ------------------------------------------------------------------------------
 
-def _run_folder(tmp: Path, edit) -> Path:
-    run = rf.write_run(tmp / "run", steps=20, attention_every=5)
-    edit(run)
-    return run
-
-
-def _edit_info(**changes):
-    def edit(run: Path):
-        info = json.loads((run / "run.json").read_text())
-        info.update(changes)
-        (run / "run.json").write_text(json.dumps(info))
-    return edit
-
-
-def _edit_record(i: int, **changes):
-    def edit(run: Path):
-        lines = (run / "metrics.jsonl").read_text().splitlines()
-        rec = json.loads(lines[i])
-        for key, value in changes.items():
-            if key == "entropy":
-                next(iter(rec["attention"].values()))["entropy"] = value
-            else:
-                rec[key] = value
-        lines[i] = json.dumps(rec)
-        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    return edit
-
-
-def _replace(name: str, kind: str):
-    def edit(run: Path):
-        (run / name).unlink()
-        _special(run, kind, name)
-    return edit
-
 
 RUN_CASES = [
-    ("model a string", _edit_info(model="gpt"), "run.json", "`model` is a string"),
-    ("sessions a dict", _edit_info(sessions={"a": 1}), "run.json", "`sessions`"),
+    ("model a string", edit_info(model="gpt"), "run.json", "`model` is a string"),
+    ("sessions a dict", edit_info(sessions={"a": 1}), "run.json", "`sessions`"),
     ("run.json a list", lambda r: (r / "run.json").write_text("[1]"), "run.json", "schema"),
     ("run.json nested 1e5", lambda r: (r / "run.json").write_text("[" * 100_000 + "]" * 100_000), "run.json",
      "nested too deeply"),
-    ("layers a list", _edit_record(3, layers=[1, 2]), "metrics.jsonl, line 4", "`layers` is a list"),
-    ("entropy a string", _edit_record(5, entropy="high"), "metrics.jsonl, line 6", "entropy"),
-    ("lr a string", _edit_record(2, lr="1e-3"), "metrics.jsonl, line 3", "`lr` is a string"),
-    ("step a string", _edit_record(2, step="3"), "metrics.jsonl, line 3", "`step`"),
-    ("metrics.jsonl a folder", _replace("metrics.jsonl", "folder"), "metrics.jsonl", "folder"),
-    ("metrics.jsonl a FIFO", _replace("metrics.jsonl", "fifo"), "metrics.jsonl", "named pipe"),
-    ("metrics.jsonl -> /dev/zero", _replace("metrics.jsonl", "devzero"), "metrics.jsonl", "character device"),
-    ("run.json a FIFO", _replace("run.json", "fifo"), "run.json", "named pipe"),
-    ("alerts.jsonl -> /dev/zero", _replace("alerts.jsonl", "devzero"), "alerts.jsonl", "character device"),
+    ("layers a list", edit_record(3, layers=[1, 2]), "metrics.jsonl, line 4", "`layers` is a list"),
+    ("entropy a string", edit_record(5, entropy="high"), "metrics.jsonl, line 6", "entropy"),
+    ("lr a string", edit_record(2, lr="1e-3"), "metrics.jsonl, line 3", "`lr` is a string"),
+    ("step a string", edit_record(2, step="3"), "metrics.jsonl, line 3", "`step`"),
+    ("metrics.jsonl a folder", special_in_run("metrics.jsonl", "folder"), "metrics.jsonl", "folder"),
+    ("metrics.jsonl a FIFO", special_in_run("metrics.jsonl", "fifo"), "metrics.jsonl", "named pipe"),
+    ("metrics.jsonl -> /dev/zero", special_in_run("metrics.jsonl", "devzero"), "metrics.jsonl", "character device"),
+    ("run.json a FIFO", special_in_run("run.json", "fifo"), "run.json", "named pipe"),
+    ("alerts.jsonl -> /dev/zero", special_in_run("alerts.jsonl", "devzero"), "alerts.jsonl", "character device"),
 ]
 
 
 @pytest.mark.parametrize("command", ["stats", "report"])
 @pytest.mark.parametrize("name,edit,file,words", RUN_CASES, ids=[c[0] for c in RUN_CASES])
 def test_broken_run_folders_one_line(tmp_path, command, name, edit, file, words):
-    run = _run_folder(tmp_path, edit)
+    run = run_folder(tmp_path, edit)
     args = ["stats", run] if command == "stats" else ["report", run, "-o", tmp_path / "r.html"]
     assert_refused(_invoke(*args), file, words)
     assert not (tmp_path / "r.html").exists()
@@ -523,7 +387,7 @@ def test_unreadable_metrics(tmp_path, monkeypatch):
     """chmod 000 does not stop root, so the refusal open() gives is simulated for that one file."""
     import builtins
 
-    run = _run_folder(tmp_path, lambda r: None)
+    run = run_folder(tmp_path, lambda r: None)
     real_open = builtins.open
 
     def deny(path, *args, **kwargs):
@@ -536,7 +400,7 @@ def test_unreadable_metrics(tmp_path, monkeypatch):
 
 
 def test_string_lr_in_check_run(files):
-    run = _run_folder(files, _edit_record(1, lr="fast"))
+    run = run_folder(files, edit_record(1, lr="fast"))
     assert_refused(_invoke("check", "model.pt", "--run", run), "metrics.jsonl, line 2", "`lr` is a string")
 
 
@@ -591,7 +455,7 @@ def test_heads_json_nested_deep_and_lessons_template(tmp_path):
 
 def test_report_source_fifo_and_devzero(tmp_path):
     for kind, words in (("fifo", "named pipe"), ("devzero", "character device")):
-        path = _special(tmp_path, kind, f"{kind}.json")
+        path = special(tmp_path, kind, f"{kind}.json")
         assert_refused(_invoke("report", path, "-o", tmp_path / "r.html"), path, words)
 
 
@@ -634,7 +498,7 @@ def test_heads_of_a_70b_class_model_degrade_with_one_note(tmp_path, shape):
 @pytest.mark.slow
 def test_numbers_near_float_max_are_drawn_as_infinite_not_a_crash(tmp_path):
     """1e308 is valid JSON and a finite float, but matplotlib cannot lay out an axis around it."""
-    run = _run_folder(tmp_path, _edit_record(4, loss=1e308, lr=-1e308))
+    run = run_folder(tmp_path, edit_record(4, loss=1e308, lr=-1e308))
     lines = (run / "metrics.jsonl").read_text().splitlines()
     rec = json.loads(lines[5])
     for stats in rec["attention"].values():
@@ -679,5 +543,5 @@ def test_hf_config_claiming_more_layers_than_the_weights_hold(tmp_path):
 
 def test_follow_refuses_a_fifo_metrics_file(tmp_path):
     """`stats --follow` reads the log again and again: a FIFO there would block it at once."""
-    run = _run_folder(tmp_path, _replace("metrics.jsonl", "fifo"))
+    run = run_folder(tmp_path, special_in_run("metrics.jsonl", "fifo"))
     assert_refused(_invoke("stats", run, "--follow"), "metrics.jsonl", "named pipe")
