@@ -21,7 +21,7 @@ from ._read import iter_lines, read_bytes
 # A misnamed label column would silently turn classification data into unlabelled data.
 _LABEL_LOOKALIKES = ("labels", "target", "targets", "class", "y", "category")
 _MAX_SANE_LENGTH = 100_000  # tokenizers without a limit report model_max_length = 1e30
-MAX_LINE_BYTES = 16 << 20  # one JSONL example; a longer line is refused before it is read whole
+MAX_LINE_BYTES = 64 << 20  # one JSONL example; a longer line is refused before it is read whole
 _MAX_CSV_BYTES = 1 << 30
 # Text is cut to this many characters per allowed token before tokenising (a token is rarely
 # longer), so a 50 MB example costs what max_length tokens cost; see _tokenise.
