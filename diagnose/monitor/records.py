@@ -44,8 +44,11 @@ def check_record(rec: dict[str, Any], where: str) -> None:
     if not isinstance(step, int) or isinstance(step, bool):
         raise RunFolderError(f"{where}: `step` is {_kind(step)}, not an integer; {_FIX}")
     for key in _NUMBER_FIELDS:
-        if not _is_number(rec.get(key)):
-            raise RunFolderError(f"{where}: `{key}` is {_kind(rec[key])}, not a number; {_FIX}")
+        value = rec.get(key)
+        if key == "lr" and isinstance(value, list) and all(_is_number(v) for v in value):
+            continue  # monitor.step(lr=scheduler.get_last_lr()): one per parameter group
+        if not _is_number(value):
+            raise RunFolderError(f"{where}: `{key}` is {_kind(value)}, not a number; {_FIX}")
     layers = rec.get("layers")
     if layers is not None:
         if not isinstance(layers, dict):

@@ -14,6 +14,7 @@ GOOD = {"step": 3, "time": 0.1, "loss": float("nan"), "lr": None, "grad_norm": 1
 
 def test_good_record_passes():
     check_record(GOOD, "m.jsonl, line 1")
+    check_record({**GOOD, "lr": [1e-3, 2e-3]}, "m.jsonl, line 1")  # lr=scheduler.get_last_lr()
     check_info({"schema": "diagnose.run/1", "model": {"blocks": ["a"]}, "sessions": [{}]}, "run.json")
     check_alert({"step": 1, "kind": "grad_spike", "message": "m"}, "alerts.jsonl, line 1")
 
