@@ -321,10 +321,15 @@ def test_cut_text_encodes_as_the_whole_text_does(hf_folder):
 
     tok = make_tokenizer()
     texts = ["the cat sat " * 50, "a " + "x" * 5000 + " dog ran", "big red dog"]
+    pairs = ["a dog " * 300, "red", "cat " + "y" * 3000]
     for limit in (4, 8, 16):
         got = _tokenise(tok, texts, None, limit)["input_ids"]
         want = tok(texts, truncation=True, max_length=limit)["input_ids"]
         assert [list(r) for r in got] == [list(r) for r in want]
+        got = _tokenise(tok, texts, pairs, limit)
+        want = tok(texts, text_pair=pairs, truncation=True, max_length=limit)
+        for key in ("input_ids", "token_type_ids"):
+            assert [list(r) for r in got[key]] == [list(r) for r in want[key]], (limit, key)
 
 
 def test_lm_data_with_one_token_per_example(files):
