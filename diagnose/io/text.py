@@ -134,7 +134,9 @@ def _tokenise(tokenizer: Any, texts: list[str], pairs: list[str] | None, limit: 
     line costs what `limit` tokens cost (the Rust tokenizer otherwise holds the whole line's
     tokens: gigabytes). Cut at a space, the words kept encode as they do in the whole text; a cut
     text that still gives `limit` tokens therefore gives the same first `limit` tokens. Rows whose
-    cut text came out shorter (very long words) are encoded again whole.
+    cut text came out shorter (very long words) are encoded again whole. Text with no space in the
+    second half of the cut (e.g. Chinese) is cut mid-word; that word could only matter if the first
+    `limit` tokens took more than _CHARS_PER_TOKEN / 2 characters each.
     """
     cap = limit * _CHARS_PER_TOKEN
     cut_texts = [_cut(t, cap) for t in texts]
