@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from .alerts import AlertEngine, Thresholds, print_alert
 from .runfolder import RunWriter
+from .layout import StepLayout
 from .signals import ActivationProbe, AttentionProbe, GradNorms, find_blocks, find_sites, scaler_divisor, unwrap
 
 
@@ -123,7 +124,7 @@ class TrainingMonitor:
 
     def _measure(self, s: int, loss: Any, optimizer: Any, lr: Any, scaler: Any) -> dict[str, Any]:
         sampled = self._attn.armed
-        acts, act_present = self._acts.collect()  # [L_present, 4]
+        acts, act_present = self._acts.collect()  # [L_present, S]
         attn = self._attn.collect() if sampled else []  # per site [3, H] or None
         norms, grad_idx, sharded = self._grads.norms()  # [P]
         dev = next((t.device for t in (norms, acts) if t is not None), None)
@@ -135,15 +136,12 @@ class TrainingMonitor:
             lr = float(lr)  # tensor lr (capturable optimizers): rare; costs its own sync
         loss_t = (loss.detach().to(dev, torch.float64).reshape(-1)[:1] if isinstance(loss, torch.Tensor)
                   else torch.tensor([math.nan if loss is None else float(loss)], dtype=torch.float64, device=dev))
+        layout = StepLayout.of(acts, attn, norms)
         # Parts reduced across ranks (loss, activations, attention) come first; gradient norms
         # are already global after DDP's all-reduce, so they are appended after.
-        shared = [loss_t]
-        if acts is not None:
-            shared.append(acts.to(dev, torch.float64).flatten())
-        shared += [a.to(dev, torch.float64).flatten() for a in attn if a is not None]
-        shared_v = torch.cat(shared)
+        shared_v = layout.pack_shared(loss_t, acts, attn)
         if self.world > 1:
-            shared_v = self._reduce(shared_v, 0 if acts is None else acts.shape[0])
+            shared_v = self._reduce(shared_v, layout)
         if norms is not None:
             if any(sharded) and self.world > 1:
                 norms = self._gather_shards(norms, sharded)
@@ -154,7 +152,7 @@ class TrainingMonitor:
         values = torch.cat(parts).tolist()  # the one host sync of this step
         if loss is None:
             values[0] = None  # not given: null in the log, not a NaN alert
-        return self._record(s, lr, values, act_present, attn, grad_idx)
+        return self._record(s, lr, layout, values, act_present, attn, grad_idx)
 
     @staticmethod
     def _gather_shards(norms: torch.Tensor, sharded: list[bool]) -> torch.Tensor:
@@ -166,37 +164,22 @@ class TrainingMonitor:
         out[mask] = sq.sqrt()
         return out
 
-    def _reduce(self, v: torch.Tensor, n_layers: int) -> torch.Tensor:
+    def _reduce(self, v: torch.Tensor, layout: StepLayout) -> torch.Tensor:
         """Average across ranks (max for max |x|), in one all_gather."""
         gathered = [torch.empty_like(v) for _ in range(self.world)]
         dist.all_gather(gathered, v.contiguous())
-        g = torch.stack(gathered)  # [world, n]
-        out = g.mean(0)
-        idx = 1 + 4 * torch.arange(n_layers, device=v.device) + 2  # max |x| entries
-        out[idx] = g[:, idx].amax(0)
-        return out
+        return layout.reduce_ranks(torch.stack(gathered))  # [world, n] -> [n]
 
-    def _record(self, s: int, lr: Any, values: list[float], act_present: list[bool], attn: list,
-                grad_idx: list[int]) -> dict[str, Any]:
-        loss = values[0]
-        pos = 1
+    def _record(self, s: int, lr: Any, layout: StepLayout, values: list[Any], act_present: list[bool],
+                attn: list, grad_idx: list[int]) -> dict[str, Any]:
+        loss, block_stats, site_stats, norms = layout.unpack(values)
         layers: dict[str, dict[str, Any]] = {n: {} for n in self.block_names}
+        ran = iter(block_stats)
         for name, present in zip(self.block_names, act_present):
             if present:
-                mean, m2, mx, cos = values[pos:pos + 4]
-                pos += 4
-                var = m2 - mean * mean
-                var = max(var, 0.0) if math.isfinite(var) else var
-                layers[name].update(act_mean=mean, act_var=var, act_max_abs=mx, token_cos=cos)
-        attention = {}
-        for name, a in zip(self.site_names, attn):
-            if a is None:
-                continue
-            h = a.shape[-1]
-            attention[name] = {"entropy": values[pos:pos + h], "max_weight": values[pos + h:pos + 2 * h],
-                               "uniform_entropy": values[pos + 2 * h]}
-            pos += 3 * h
-        norms = values[pos:]
+                layers[name].update(next(ran))
+        sampled = [name for name, a in zip(self.site_names, attn) if a is not None]
+        attention = dict(zip(sampled, site_stats))
         sq = [0.0] * len(self.block_names)
         bad_param = None
         for i, n in zip(grad_idx, norms):

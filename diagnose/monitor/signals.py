@@ -1,7 +1,7 @@
 """What the monitor measures, reduced on the device so that a logged step costs one host sync.
 
 Three probes, each owning its hooks and removing them in `remove()`:
-  ActivationProbe  forward hooks on the residual blocks -> hidden_stats [4] per forward
+  ActivationProbe  forward hooks on the residual blocks -> hidden_stats [S] per forward
   AttentionProbe   the adapters' watch_pattern, entered only on sampled steps -> entropy, max weight
   GradNorms        per-parameter gradient norms read at step(), grouped into blocks on the host
 """
@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from ..activations import hidden_finish, hidden_partial
+from .layout import ATTENTION_ROWS, pool, to_pooled
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -98,25 +99,24 @@ class ActivationProbe:
         return hook
 
     def collect(self) -> tuple[torch.Tensor | None, list[bool]]:
-        """Stats [L, 4] as (mean, E[x^2], max_abs, token_cos) pooled over this step's forwards,
-        and which blocks ran; clears the buffers. The second moment (not the variance) is
-        returned so that micro-batches and ranks pool exactly by averaging."""
+        """Stats [L, S] (STAT_NAMES, the variance as E[x^2]: layout.to_pooled) pooled over this
+        step's forwards, and which blocks ran; clears the buffers. The second moment (not the
+        variance) is returned so that micro-batches and ranks pool exactly by averaging."""
         present = [bool(s) for s in self._stats]
         if not any(present):
             return None, present
         stats = self._finished()
         if all(len(st) <= 1 for st in stats):  # the usual case: one forward per step
             # float64 before forming E[x^2]: var = E[x^2] - mean^2 must not lose var to rounding
-            s = torch.stack([st[0] for st in stats if st]).double()  # [L_present, 4]: mean, var, max_abs, cos
-            rows = torch.stack([s[:, 0], s[:, 1] + s[:, 0] ** 2, s[:, 2], s[:, 3]], dim=1)
+            rows = to_pooled(torch.stack([st[0] for st in stats if st]).double())  # [L_present, S]
         else:  # micro-batches (gradient accumulation): pool them
-            rows = torch.stack([self._pool(torch.stack(st).double()) for st in stats if st])
+            rows = torch.stack([pool(to_pooled(torch.stack(st).double())) for st in stats if st])
         self._stats = [[] for _ in self._stats]
         self.mask = None
-        return rows, present  # [L_present, 4]
+        return rows, present  # [L_present, S]
 
     def _finished(self) -> list[list[torch.Tensor]]:
-        """Per block, per forward, hidden_stats [4]: one hidden_finish for all blocks of one forward
+        """Per block, per forward, hidden_stats [S]: one hidden_finish for all blocks of one forward
         when their shapes agree (the usual stack of identical blocks), else one each."""
         out: list[list[torch.Tensor]] = [[] for _ in self._stats]
         n = max(len(st) for st in self._stats)
@@ -127,7 +127,7 @@ class ActivationProbe:
             if all(p[0].shape == first[0].shape and p[1].shape == first[1].shape and p[3] is first[3]
                    for _, p in parts):
                 done = hidden_finish(torch.stack([p[0] for _, p in parts]), torch.stack([p[1] for _, p in parts]),
-                                     first[2])  # [L, 4]
+                                     first[2])  # [L, S]
                 for (i, _), row in zip(parts, done):
                     out[i].append(row)
             else:
@@ -140,11 +140,6 @@ class ActivationProbe:
         if any(self._stats):
             self._stats = [[] for _ in self._stats]
         self.mask = None
-
-    @staticmethod
-    def _pool(f: torch.Tensor) -> torch.Tensor:
-        """[n_forwards, 4] -> [4] (mean, E[x^2], max_abs, token_cos): equal-size forwards pool exactly."""
-        return torch.stack([f[:, 0].mean(), (f[:, 1] + f[:, 0] ** 2).mean(), f[:, 2].amax(), f[:, 3].mean()])
 
     def remove(self) -> None:
         for h in self._handles:
@@ -193,7 +188,8 @@ class AttentionProbe:
                 mask = None
             ent, mx = entropy_and_max(probs, key_mask=mask)  # [H], [H]
             uni = uniform_entropy(probs, key_mask=mask).float().expand_as(ent)  # [H]
-            self._seen[i].append(torch.stack([ent.float(), mx.float(), uni]))  # [3, H]
+            rows = {"entropy": ent.float(), "max_weight": mx.float(), "uniform_entropy": uni}
+            self._seen[i].append(torch.stack([rows[r] for r in ATTENTION_ROWS]))  # [3, H]
         return callback
 
     def collect(self) -> list[torch.Tensor | None]:
