@@ -120,8 +120,9 @@ def robust_center(values) -> tuple[float, float]:
     return med, mad
 
 
-class _Gate:
-    """Deduplication of one alert kind: fire once, re-arm after the condition clears."""
+class _Latch:
+    """De-duplication of one alert kind: fire once, re-arm after the condition clears and
+    `cooldown` steps have passed. (Not the ablation's head gate.)"""
 
     def __init__(self, cooldown: int):
         self.cooldown, self.active, self.last = cooldown, False, None
@@ -142,7 +143,7 @@ class AlertEngine:
     def __init__(self, thresholds: Thresholds, blocks: list[str]):
         self.t = thresholds
         self.blocks = blocks
-        self.gates = {k: _Gate(thresholds.cooldown) for k in KINDS}
+        self.latches = {k: _Latch(thresholds.cooldown) for k in KINDS}
         self.hist: dict[str, deque] = {}
         self.streak: dict[str, int] = {}
         self.first_loss: float | None = None  # the scale a loss spike is measured against
@@ -182,18 +183,36 @@ class AlertEngine:
 
         def emit(kind: str, condition: bool, severity: str, where: str, message: str,
                  hint: str | None = None) -> None:
-            if self.gates[kind](condition, step):
+            if self.latches[kind](condition, step):
                 out.append({"step": step, "kind": kind, "severity": severity, "where": where,
                             "message": message, "hint": hint or HINTS[kind]})
 
+        if not self._check_nonfinite(rec, amp, emit):
+            return out  # everything downstream of a NaN is NaN: other detectors would only echo it
         layers = rec.get("layers") or {}
+        self._check_grad_spike(rec, layers, emit)
+        self._check_loss_spike(rec, emit)
+        self._check_vanishing(layers, emit)
+        self._check_growth(layers, emit)
+        self._check_attention(rec, emit)
+        self._check_rank(layers, emit)
+        self._check_warmup(rec, emit)
+        self._push("grad_norm", rec.get("grad_norm"))
+        self._push("loss", rec.get("loss"))
+        for n, st in layers.items():
+            self._push(f"var/{n}", st.get("act_var"))
+            self._push(f"gn/{n}", st.get("grad_norm"))
+        return out
+
+    def _check_nonfinite(self, rec: dict[str, Any], amp: bool, emit) -> bool:
+        """Emits nonfinite; True when the step is finite (the other detectors may run)."""
         bad = self._nonfinite_where(rec, amp)
         emit("nonfinite", bad is not None, "error", bad or "",
-             f"NaN/Inf first seen at step {step} in {bad}")
-        if bad is not None:
-            return out  # everything downstream of a NaN is NaN: other detectors would only echo it
+             f"NaN/Inf first seen at step {rec['step']} in {bad}")
+        return bad is None
 
-        loss, gn = rec.get("loss"), rec.get("grad_norm")
+    def _check_grad_spike(self, rec: dict[str, Any], layers: dict[str, Any], emit) -> None:
+        gn = rec.get("grad_norm")
         if self.first_grad_norm is None and _finite(gn):
             self.first_grad_norm = gn
         r = self._spike("grad_norm", gn, self.t.grad_spike_ratio, self.t.grad_spike_mads)
@@ -206,6 +225,9 @@ class AlertEngine:
         emit("grad_spike", r is not None, "warning", where,
              f"gradient norm {gn:.3g} is {r:.1f}x its recent median{clipping}" if r else "",
              CLIPPING_SPIKE_HINT if clipping else None)
+
+    def _check_loss_spike(self, rec: dict[str, Any], emit) -> None:
+        loss = rec.get("loss")
         if self.first_loss is None and _finite(loss):
             self.first_loss = loss
         r = self._spike("loss", loss, self.t.loss_spike_ratio, self.t.loss_spike_mads)
@@ -214,39 +236,32 @@ class AlertEngine:
         emit("loss_spike", r is not None, "warning", "loss",
              f"loss {loss:.4g} is {r:.2f}x its recent median" if r else "")
 
-        gnorms = {n: s.get("grad_norm") for n, s in layers.items() if _finite(s.get("grad_norm"))}
+    def _check_vanishing(self, layers: dict[str, Any], emit) -> None:
+        gnorms = {n: st.get("grad_norm") for n, st in layers.items() if _finite(st.get("grad_norm"))}
         lo = min(gnorms, key=gnorms.get) if gnorms else None
         hi = max(gnorms.values()) if gnorms else 0.0
         vanish = lo is not None and hi > 0 and gnorms[lo] < self.t.vanishing_ratio * hi
         emit("vanishing_grad", self._persist("vanish", vanish, self.t.vanishing_patience), "warning",
              lo or "", f"grad norm of {lo} is {gnorms[lo] / hi:.1e} of the largest block's" if vanish else "")
 
-        grown = [(n, s["act_var"] / m) for n, s in layers.items()
-                 if _finite(s.get("act_var")) and len(h := self._h(f"var/{n}")) >= self.t.min_history
-                 and s["act_var"] > self.t.growth_ratio * min(h)  # cheap pre-check before the median
-                 and (m := statistics.median(h)) > 0 and s["act_var"] > self.t.growth_ratio * m]
+    def _check_growth(self, layers: dict[str, Any], emit) -> None:
+        grown = [(n, st["act_var"] / m) for n, st in layers.items()
+                 if _finite(st.get("act_var")) and len(h := self._h(f"var/{n}")) >= self.t.min_history
+                 and st["act_var"] > self.t.growth_ratio * min(h)  # cheap pre-check before the median
+                 and (m := statistics.median(h)) > 0 and st["act_var"] > self.t.growth_ratio * m]
         emit("activation_growth", bool(grown), "warning", grown[0][0] if grown else "",
              f"activation variance of {grown[0][0]} is {grown[0][1]:.0f}x its recent median" if grown else "")
 
-        self._check_attention(rec, emit)
-
+    def _check_rank(self, layers: dict[str, Any], emit) -> None:
         # the last block is exempt: a pooled classifier's last block rightly converges on its answer,
         # and a true collapse (no residuals, divergence) shows in the blocks before it too
         watched = list(layers.items())[:-1] if len(layers) > 1 else list(layers.items())
-        cos = [(n, s["token_cos"]) for n, s in watched if _finite(s.get("token_cos"))]
+        cos = [(n, st["token_cos"]) for n, st in watched if _finite(st.get("token_cos"))]
         collapsed = [(n, c) for n, c in cos if c >= self.t.rank_cos]
         emit("rank_collapse", self._persist("rank", bool(collapsed), self.t.rank_patience), "error",
              collapsed[0][0] if collapsed else "",
              f"mean cosine similarity between token positions is {collapsed[0][1]:.3f} at "
              f"{collapsed[0][0]} (1 = all positions identical)" if collapsed else "")
-
-        self._check_warmup(rec, emit)
-        self._push("grad_norm", gn)
-        self._push("loss", loss)
-        for n, s in layers.items():
-            self._push(f"var/{n}", s.get("act_var"))
-            self._push(f"gn/{n}", s.get("grad_norm"))
-        return out
 
     def _nonfinite_where(self, rec: dict[str, Any], amp: bool) -> str | None:
         """Where the first NaN/Inf of this step is: the first block (forward order) whose
