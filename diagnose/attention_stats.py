@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from .adapters.base import AttentionSite
-from .objectives import call_model
+from .objectives import batch_size_of, call_model
 
 STATS = ("entropy", "max_weight", "first_token", "self", "prev_token", "padding", "mean_distance")
 SCHEMA = "diagnose.attention/1"
@@ -207,23 +207,13 @@ def attention_summary(model: nn.Module, data: Any, *, keep: int = 4, batch_size:
             for part in split_batch(inputs, micro_batch):
                 state["mask"] = key_mask_of(part)
                 call_model(model, part)
-                B = _batch_size(part)
+                B = batch_size_of(part)
                 n += B
                 state["room"] = max(0, state["room"] - B)
             batch = next(it, None)
     examples = [torch.cat(k) if k else torch.empty(0) for k in kept]
     info = [{"layer": s.layer, "name": s.name, "n_heads": s.n_heads, "head_dim": s.head_dim} for s in sites]
     return AttentionSummary(info, [a.result() for a in accs], examples, n)
-
-
-def _batch_size(inputs: Any) -> int:
-    if isinstance(inputs, torch.Tensor):
-        return int(inputs.shape[0])
-    if isinstance(inputs, Mapping):
-        for v in inputs.values():
-            if isinstance(v, torch.Tensor) and v.dim() > 0:
-                return int(v.shape[0])
-    return 1
 
 
 def _auto_micro_batch(inputs: Any, n_heads: int) -> int:
@@ -240,7 +230,7 @@ def _seq_len(inputs: Any) -> int | None:
 
 def split_batch(inputs: Any, size: int) -> list[Any]:
     """Consecutive slices of `size` examples (all of it when size is 0 or covers the batch)."""
-    B = _batch_size(inputs)
+    B = batch_size_of(inputs)
     if size <= 0 or size >= B:
         return [inputs]
     if isinstance(inputs, torch.Tensor):

@@ -27,6 +27,22 @@ def call_model(model: torch.nn.Module, inputs: Any) -> Any:
     return model(inputs)
 
 
+def batch_size_of(inputs: Any) -> int:
+    """B of a batch as call_model passes it: the first dim of the Tensor, or of input_ids (else
+    the first tensor with a batch dim) in a Mapping. Anything else raises DataError: a guessed
+    count would be a made-up number of examples."""
+    if isinstance(inputs, torch.Tensor) and inputs.dim() > 0:
+        return int(inputs.shape[0])
+    if isinstance(inputs, Mapping):
+        t = inputs.get("input_ids")
+        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+            t = next((v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() > 0), None)
+        if t is not None:
+            return int(t.shape[0])
+    raise DataError(f"cannot tell the batch size of inputs of type {type(inputs).__name__}; pass a "
+                    "Tensor [B, ...] or a Mapping of them (e.g. input_ids, attention_mask)")
+
+
 def logits_of(output: Any) -> torch.Tensor:
     """A model's output: a Tensor, a tuple/list (first element), or an object with .logits."""
     if isinstance(output, torch.Tensor):

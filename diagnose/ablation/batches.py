@@ -7,6 +7,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from ..errors import DataError
+from ..objectives import batch_size_of
 
 DEFAULT_BATCH = 32
 
@@ -34,19 +35,6 @@ def as_batches(data: Any, batch_size: int | None, device: torch.device | None = 
     if not pairs:
         raise DataError("the data holds no examples")
     return [(_to(x, device), _to(y, device)) for x, y in pairs]
-
-
-def batch_size_of(inputs: Any) -> int:
-    """B of a batch: the first dim of the tensor, or of input_ids / the first tensor in a mapping."""
-    if isinstance(inputs, torch.Tensor):
-        return int(inputs.shape[0])
-    if isinstance(inputs, Mapping):
-        t = inputs.get("input_ids")
-        if not isinstance(t, torch.Tensor):
-            t = next((v for v in inputs.values() if isinstance(v, torch.Tensor)), None)
-        if t is not None:
-            return int(t.shape[0])
-    raise DataError(f"cannot tell the batch size of inputs of type {type(inputs).__name__}")
 
 
 def padding_mask(inputs: Any) -> torch.Tensor | None:
