@@ -58,10 +58,7 @@ def check(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     ds = load_data_for(net, data, max_length=max_length) if data else None
     result = check_model(net, ds, causal=causal, attention_module=attention_module, n_heads=n_heads)
     if run_dir:
-        setup = check_training_setup(run_dir=run_dir, checks=("warmup", "grad_clipping"))
-        result.extend(setup)
-        result.passed.extend(setup.passed)
-        result.skipped.extend(setup.skipped)
+        result.merge(check_training_setup(run_dir=run_dir, checks=("warmup", "grad_clipping")))
     result.model["source"] = model
     if json_path:
         result.write_json(json_path)

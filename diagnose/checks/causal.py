@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ._probe import SAME, Probe, eval_mode, forward, relative_change, token_level
+from ..modes import eval_mode
+from ._subject import SAME, Subject, forward, relative_change, token_level
 from .finding import Finding, SkipCheck
 
 NAME = "causal"
@@ -62,30 +63,30 @@ def _is_hf_config(cfg) -> bool:
                for c in type(cfg).__mro__)
 
 
-def check_causal(probe: Probe, causal: bool | None = None) -> list[Finding]:
+def check_causal(subject: Subject, causal: bool | None = None) -> list[Finding]:
     """Findings of the causal-leak test; raises SkipCheck when it cannot run."""
     if causal is False:
         raise SkipCheck("causal=False: the model is meant to be bidirectional")
-    declared = declared_causal(probe.model)
+    declared = declared_causal(subject.model)
     meant = causal is True or declared is True
-    ids = probe.rows  # [B, T]
+    ids = subject.rows  # [B, T]
     B, T = ids.shape
-    g = probe.generator(1)
+    g = subject.generator(1)
     variants, cuts, kinds = [ids], [], []
     for t in range(T - 1):
         nxt = ids.clone()
-        nxt[:, t + 1] = probe.different_tokens(ids[:, t + 1], g)
+        nxt[:, t + 1] = subject.different_tokens(ids[:, t + 1], g)
         variants.append(nxt)
         cuts.append(t)
         kinds.append("next")
         if t + 2 < T:
             far = ids.clone()
-            far[:, t + 2:] = probe.different_tokens(ids[:, t + 2:], g)
+            far[:, t + 2:] = subject.different_tokens(ids[:, t + 2:], g)
             variants.append(far)
             cuts.append(t)
             kinds.append("later")
-    with eval_mode(probe.model):
-        out = forward(probe.model, probe.info, torch.cat(variants))  # [(1 + V) * B, ...]
+    with eval_mode(subject.model), torch.no_grad():
+        out = forward(subject.model, subject.info, torch.cat(variants))  # [(1 + V) * B, ...]
     if not token_level(out[:B], ids):
         raise SkipCheck(f"outputs are pooled {tuple(out.shape[1:])}: there is no output per position to test")
     clean = out[:B]  # [B, T, V]
@@ -102,7 +103,7 @@ def check_causal(probe: Probe, causal: bool | None = None) -> list[Finding]:
                 "positions_tested": T, "positions_leaking": int(leaking.sum()),
                 "first_leaking_position": int(leaking.nonzero()[0, 0]), "threshold": SAME,
                 "declared_causal": declared}
-    lm_shaped = out.shape[-1] == probe.info.vocab_size
+    lm_shaped = out.shape[-1] == subject.info.vocab_size
     evidence["lm_shaped_outputs"] = lm_shaped
     if not meant and declared is None and lm_shaped:
         return [Finding(NAME, "warning", "Outputs at position t depend on later tokens, and the outputs are a "

@@ -59,6 +59,23 @@ class Findings(list):
     def problems(self) -> list[Finding]:
         return [f for f in self if f.is_problem]
 
+    def merge(self, other: "Findings", *, part: str | None = None) -> "Findings":
+        """Add another run's findings and its passed and skipped checks; this run's model is kept.
+
+        part: the model part the other run examined (an encoder-decoder's "encoder"); it is
+        named in each title, in the evidence, and before each check name in passed and skipped.
+        """
+        if part is None:
+            self.extend(other)
+            self.passed += other.passed
+            self.skipped += other.skipped
+            return self
+        self.extend(Finding(f.check, f.severity, f"{part}: {f.title}", {**f.evidence, "part": part}, f.fix)
+                    for f in other)
+        self.passed += [f"{part}.{n}" for n in other.passed]
+        self.skipped += [{"check": f"{part}.{s['check']}", "why": s["why"]} for s in other.skipped]
+        return self
+
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "model": _plain(self.model), "findings": [f.to_json() for f in self],
                 "passed": list(self.passed), "skipped": [dict(s) for s in self.skipped]}

@@ -21,7 +21,8 @@ import torch.nn as nn
 
 from ..errors import DataError, DiagnoseError
 from ..objectives import require_finite
-from ._probe import SAME, device_of, eval_mode, float64_copy
+from ..modes import eval_mode
+from ._subject import SAME, device_of, float64_copy
 from .finding import Finding, Findings, SkipCheck
 from .parts import part_output
 from .positions import _FIX as _POSITIONS_FIX
@@ -68,7 +69,7 @@ def check_continuous(model: nn.Module, data: Any, names: list[str], kind: str, o
 
     x = probe_inputs(model, data, kind, min(opts["n_examples"], 4), opts["seed"])
     try:
-        with eval_mode(model):
+        with eval_mode(model), torch.no_grad():
             clean = _call(model, kind, x)
     except DiagnoseError:
         raise
@@ -120,7 +121,7 @@ def _patch_positions(model: nn.Module, x: torch.Tensor, seed: int) -> list[Findi
     threshold = SAME
     net = model if copy is None else copy
     dtype = torch.float64 if copy is not None else x.dtype
-    with eval_mode(net):
+    with eval_mode(net), torch.no_grad():
         out = _call(net, "pixel_values", torch.cat([x] + shuffled).to(dtype)).double()
     clean = out[:n]
     per_token = clean.dim() == 3 and clean.shape[1] in (N, N + 1)

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from ._probe import SAME, Probe, device_of, eval_mode, forward, inputs_for, relative_change, token_level
+from ..modes import eval_mode
+from ._subject import SAME, Subject, device_of, forward, inputs_for, relative_change, token_level
 from .finding import Finding, SkipCheck
 
 NAME = "padding"
@@ -39,14 +40,14 @@ def _pad(real: torch.Tensor, lengths: torch.Tensor, total: int, pad_id: int,
     return ids, mask
 
 
-def check_padding(probe: Probe) -> list[Finding]:
+def check_padding(subject: Subject) -> list[Finding]:
     """Findings of the padding-leak test; raises SkipCheck when it cannot run."""
-    info = probe.info
+    info = subject.info
     if not info.takes_mask:
         raise SkipCheck("the model's forward takes no attention_mask, so padding cannot be told apart from tokens")
-    real = probe.rows  # [B, T]
+    real = subject.rows  # [B, T]
     B, T = real.shape
-    g = probe.generator(2)
+    g = subject.generator(2)
     room = (info.max_len - T) if info.max_len else EXTRA
     base = T if room >= EXTRA else T - (EXTRA - room)  # leave room for the extra padding
     if base < 3:
@@ -55,16 +56,16 @@ def check_padding(probe: Probe) -> list[Finding]:
     cases: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
     for side in ("right", "left"):
         ids, mask = _pad(real, lengths, base, info.pad_id, left=side == "left")
-        other = torch.where(mask.bool(), ids, probe.different_tokens(ids, g))  # padded positions hold other tokens
+        other = torch.where(mask.bool(), ids, subject.different_tokens(ids, g))  # padded positions hold other tokens
         cases[f"content_{side}"] = (ids, mask, other, mask)
     ids, mask = cases["content_right"][:2]
     longer = torch.cat([ids, torch.full((B, EXTRA), info.pad_id, dtype=torch.long)], 1)  # [B, base + EXTRA]
     cases["length"] = (ids, mask, longer, torch.cat([mask, torch.zeros(B, EXTRA, dtype=torch.long)], 1))
 
-    with eval_mode(probe.model):
+    with eval_mode(subject.model), torch.no_grad():
         outs = {}
         for name, (a, am, b, bm) in cases.items():
-            outs[name] = (forward(probe.model, info, a, am), forward(probe.model, info, b, bm))
+            outs[name] = (forward(subject.model, info, a, am), forward(subject.model, info, b, bm))
     per_token = token_level(outs["content_right"][0], cases["content_right"][0])
     change: dict[str, float] = {}
     evidence_nonfinite: list[str] = []
@@ -86,7 +87,7 @@ def check_padding(probe: Probe) -> list[Finding]:
     if evidence_nonfinite:
         evidence["variants_with_nonfinite_outputs"] = len(evidence_nonfinite)
     sides = ("content_right", "content_left") if per_token else ("content_right",)
-    masses = [padding_mass(probe, *cases[side][:2]) for side in sides]
+    masses = [padding_mass(subject, *cases[side][:2]) for side in sides]
     mass = None if any(m is None for m in masses) else [max(v) for v in zip(*masses)]
     if mass is not None:
         evidence["attention_mass_on_padding_per_layer"] = mass
@@ -106,15 +107,15 @@ def check_padding(probe: Probe) -> list[Finding]:
                     evidence, _FIX)]
 
 
-def padding_mass(probe: Probe, ids: torch.Tensor, mask: torch.Tensor) -> list[float] | None:
+def padding_mass(subject: Subject, ids: torch.Tensor, mask: torch.Tensor) -> list[float] | None:
     """Per layer, the largest (over heads) mean attention mass real queries put on padded keys."""
     from ..attention_stats import attention_summary
     from ..errors import DiagnoseError
 
     try:
-        with eval_mode(probe.model):
-            inputs = inputs_for(probe.info, ids, mask, device_of(probe.model))
-            summary = attention_summary(probe.model, [inputs], keep=0)
+        with eval_mode(subject.model), torch.no_grad():
+            inputs = inputs_for(subject.info, ids, mask, device_of(subject.model))
+            summary = attention_summary(subject.model, [inputs], keep=0)
     except DiagnoseError:  # no attention layer found: the output test stands alone
         return None
     return [max(site["padding"]) for site in summary.stats]

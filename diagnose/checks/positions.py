@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from ._probe import SAME, Probe, eval_mode, float64_copy, forward, token_level
+from ..modes import eval_mode
+from ._subject import SAME, Subject, float64_copy, forward, token_level
 from .finding import Finding
 
 NAME = "positions"
@@ -29,22 +30,22 @@ _FIX = ("Add positional information: learned or sinusoidal position embeddings a
         "attention layer. Without them self-attention is permutation-equivariant and cannot use word order.")
 
 
-def check_positions(probe: Probe) -> list[Finding]:
+def check_positions(subject: Subject) -> list[Finding]:
     """Findings of the permutation test (per-position: equivariance; pooled: invariance)."""
-    ids = probe.rows  # [B, T]
+    ids = subject.rows  # [B, T]
     B, T = ids.shape
-    g = probe.generator(3)
+    g = subject.generator(3)
     perms = []
     for _ in range(N_PERMUTATIONS):
         rest = torch.randperm(T - 1, generator=g) + 1
         while T > 2 and bool((rest == torch.arange(1, T)).all()):
             rest = torch.randperm(T - 1, generator=g) + 1
         perms.append(torch.cat([torch.zeros(1, dtype=torch.long), rest]))  # [T], position 0 fixed
-    model = float64_copy(probe.model)
+    model = float64_copy(subject.model)
     threshold = SAME if model is None else SAME_FLOAT64
-    model = probe.model if model is None else model
-    with eval_mode(model):
-        out = forward(model, probe.info, torch.cat([ids] + [ids[:, p] for p in perms]))
+    model = subject.model if model is None else model
+    with eval_mode(model), torch.no_grad():
+        out = forward(model, subject.info, torch.cat([ids] + [ids[:, p] for p in perms]))
     clean = out[:B]
     per_token = token_level(clean, ids)
     scale = clean.std().clamp_min(1e-12)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import torch
 import torch.nn as nn
 
 from ..errors import ConfigError, DiagnoseError
 from ..objectives import require_finite
-from ._probe import Probe, eval_mode, forward, model_info, real_rows
+from ..modes import eval_mode
+from ._subject import Subject, forward, model_info, real_rows
 from .causal import check_causal
 from .finding import Findings, SkipCheck
 from .inputs import check_continuous, input_kind
@@ -59,25 +61,25 @@ def check_tokens(model: nn.Module, data: Any, names: list[str], causal: bool | N
                  skip: dict[str, str] | None = None) -> Findings:
     """The four checks on a model that takes token ids; `skip` names checks not to run, with why."""
     info = model_info(model)
-    probe = Probe(model, info, real_rows(data, info, n=opts["n_examples"], length=opts["length"], seed=opts["seed"]),
-                  seed=opts["seed"])
+    rows = real_rows(data, info, n=opts["n_examples"], length=opts["length"], seed=opts["seed"])
+    subject = Subject(model, info, rows, seed=opts["seed"])
     try:
-        with eval_mode(model):
-            clean = forward(model, info, probe.rows[:1])
+        with eval_mode(model), torch.no_grad():
+            clean = forward(model, info, subject.rows[:1])
     except DiagnoseError:
         raise
     except Exception as exc:  # the model's own error: say what it was fed
-        raise DiagnoseError(f"{info.family} failed on probe input_ids {tuple(probe.rows.shape)}: "
+        raise DiagnoseError(f"{info.family} failed on probe input_ids {tuple(subject.rows.shape)}: "
                             f"{type(exc).__name__}: {exc}") from None
-    require_finite(model, clean, f"on probe input_ids {tuple(probe.rows[:1].shape)}")
+    require_finite(model, clean, f"on probe input_ids {tuple(subject.rows[:1].shape)}")
     runs = {
-        "causal": lambda: check_causal(probe, causal),
-        "padding": lambda: check_padding(probe),
-        "scaling": lambda: check_scaling(probe, attention_module=opts["attention_module"], n_heads=opts["n_heads"]),
-        "positions": lambda: check_positions(probe),
+        "causal": lambda: check_causal(subject, causal),
+        "padding": lambda: check_padding(subject),
+        "scaling": lambda: check_scaling(subject, attention_module=opts["attention_module"], n_heads=opts["n_heads"]),
+        "positions": lambda: check_positions(subject),
     }
     summary = {**info.to_json(), "n_parameters": sum(p.numel() for p in model.parameters()),
-               "probe": {"examples": int(probe.rows.shape[0]), "length": int(probe.rows.shape[1]),
+               "probe": {"examples": int(subject.rows.shape[0]), "length": int(subject.rows.shape[1]),
                          "data": "random tokens" if data is None else "given"},
                "causal_requested": causal}
     return run_checks(names, runs, Findings(model=summary), skip)

@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..objectives import call_model
-from ._probe import Probe, device_of, eval_mode, inputs_for
+from ..modes import eval_mode
+from ._subject import Subject, device_of, inputs_for
 from .finding import Finding, SkipCheck
 
 NAME = "scaling"
@@ -176,11 +177,12 @@ def _row_stats(probs: torch.Tensor) -> tuple[float, float]:
     return float(var.sqrt()[rows].median()), float((p.amax(-1) > SATURATED)[rows].float().mean())
 
 
-def check_scaling(probe: Probe, *, attention_module: str | None = None, n_heads: int | None = None) -> list[Finding]:
+def check_scaling(subject: Subject, *, attention_module: str | None = None,
+                  n_heads: int | None = None) -> list[Finding]:
     """Findings of the scaling check; raises SkipCheck when no layer could be measured."""
-    ids = probe.rows  # [B, T]
-    inputs = inputs_for(probe.info, ids, torch.ones_like(ids), device_of(probe.model))
-    return measure_scaling(probe.model, inputs, attention_module=attention_module, n_heads=n_heads)
+    ids = subject.rows  # [B, T]
+    inputs = inputs_for(subject.info, ids, torch.ones_like(ids), device_of(subject.model))
+    return measure_scaling(subject.model, inputs, attention_module=attention_module, n_heads=n_heads)
 
 
 def measure_scaling(model: torch.nn.Module, inputs: Any, *, attention_module: str | None = None,
@@ -197,7 +199,7 @@ def measure_scaling(model: torch.nn.Module, inputs: Any, *, attention_module: st
     from ..adapters.torch_mha import no_fastpath
 
     # the fused MHA / TransformerEncoder fast path runs no Python inside attention: switch it off
-    with eval_mode(model), no_fastpath(), ExitStack() as stack:
+    with eval_mode(model), torch.no_grad(), no_fastpath(), ExitStack() as stack:
         for s, out in zip(sites, seen):
             stack.enter_context(_watch(s.module, s, out))
         call_model(model, inputs)

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ._probe import model_info, real_rows
-from .finding import Finding, Findings
+from ._subject import model_info, real_rows
+from .finding import Findings
 from .inputs import check_continuous, input_kind, probe_inputs
 from .parts import DecoderView, EncoderView
 
@@ -52,9 +52,4 @@ def check_encoder_decoder(model: nn.Module, data: Any, names: list[str], causal:
     result = Findings(model={"family": type(model).__name__, "input": kind, "encoder_decoder": True,
                              "n_parameters": sum(p.numel() for p in model.parameters()),
                              "encoder": enc.model, "decoder": dec.model, "causal_requested": causal})
-    for part, found in (("encoder", enc), ("decoder", dec)):
-        result.extend(Finding(f.check, f.severity, f"{part}: {f.title}", {**f.evidence, "part": part}, f.fix)
-                      for f in found)
-        result.passed += [f"{part}.{n}" for n in found.passed]
-        result.skipped += [{"check": f"{part}.{s['check']}", "why": s["why"]} for s in found.skipped]
-    return result
+    return result.merge(enc, part="encoder").merge(dec, part="decoder")

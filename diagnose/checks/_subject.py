@@ -3,22 +3,22 @@
 Inputs follow DESIGN.md (a Mapping is passed as keyword arguments, a Tensor positionally): a
 model whose forward takes `attention_mask` gets {ids_name: ids [B, T], "attention_mask": mask
 [B, T]} (1 real, 0 padding), where ids_name is `input_ids` or else forward's first parameter
-(TransformerLens's `input`); any other model gets the ids positionally. Every probe runs in eval mode under
-no_grad (dropout would make two identical inputs differ) and restores the training flag.
+(TransformerLens's `input`); any other model gets the ids positionally. Every probe runs in eval
+mode (diagnose.modes.eval_mode) under no_grad (dropout would make two identical inputs differ) and
+restores the training flag. A `Subject` is the model under check with the real-token rows fed to it.
 """
 
 from __future__ import annotations
 
 import inspect
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import torch
 import torch.nn as nn
 
-from .. import modes
 from ..errors import DataError
+from ..io.model import vocab_size_of
 from .parts import part_output
 
 # Relative output change (max |delta| / std of the clean outputs) below which two outputs are
@@ -47,16 +47,8 @@ class ModelInfo:
 
 def model_info(model: nn.Module) -> ModelInfo:
     """Vocabulary (from the input embedding), padding id, maximum length and call convention."""
-    emb = None
-    if callable(getattr(model, "get_input_embeddings", None)):
-        try:
-            emb = model.get_input_embeddings()
-        except (NotImplementedError, AttributeError):
-            emb = None
-    if not isinstance(emb, nn.Embedding):
-        # The token embedding is registered first in every family we know (tok_emb, wte, word_embeddings).
-        emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
-    if emb is None:
+    vocab = vocab_size_of(model)
+    if vocab is None:
         raise DataError(f"{type(model).__name__} has no nn.Embedding, so its vocabulary is unknown; "
                         "pass data with input_ids to the check")
     cfg = getattr(model, "cfg", None) or getattr(model, "config", None)
@@ -73,15 +65,8 @@ def model_info(model: nn.Module) -> ModelInfo:
              if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
     ids_name = "input_ids" if "input_ids" in params else (named[0] if named else None)
     takes_mask = "attention_mask" in params and ids_name not in (None, "attention_mask")
-    return ModelInfo(int(emb.num_embeddings), int(pad) if isinstance(pad, int) else 0, max_len,
+    return ModelInfo(vocab, int(pad) if isinstance(pad, int) else 0, max_len,
                      takes_mask, takes_mask, type(model).__name__, ids_name or "input_ids")
-
-
-@contextmanager
-def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Eval mode (see diagnose.modes) and no_grad for the duration."""
-    with modes.eval_mode(model), torch.no_grad():
-        yield
 
 
 def device_of(model: nn.Module) -> torch.device:
@@ -103,7 +88,7 @@ def inputs_for(info: ModelInfo, ids: torch.Tensor, mask: torch.Tensor | None,
 
 
 def forward(model: nn.Module, info: ModelInfo, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Float32 logits for ids [N, T], in chunks; the caller holds eval_mode.  # [N, T, V] or [N, C]"""
+    """Float32 logits for ids [N, T], in chunks; the caller holds eval_mode and no_grad.  # [N, T, V] or [N, C]"""
     dev = device_of(model)
     outs = []
     for s in range(0, ids.shape[0], MAX_ROWS_PER_FORWARD):
@@ -179,8 +164,8 @@ def _ids_and_mask(data: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 @dataclass
-class Probe:
-    """A model, what we know about it, and real-token rows [B, T] to probe it with."""
+class Subject:
+    """The model under check, what we know about it, and real-token rows [B, T] to probe it with."""
 
     model: nn.Module
     info: ModelInfo
