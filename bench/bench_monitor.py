@@ -1,8 +1,8 @@
 """Step-time overhead of TrainingMonitor (every step logged) at attention_every 10 and 50, on
 the reference model's training loop or a hand-written nanoGPT-style decoder (--model hand: no
-adapter, found by the generic probe, attention read through the softmax intercept), against the
-same loop unmonitored and the same loop under wandb.watch(log="all", log_freq=1) in offline
-mode. Goals: diagnose <= 3 % at attention_every=10, and <= 1/5 of wandb's.
+adapter, found by the generic adapter's traced forward, attention read through the softmax
+intercept), against the same loop unmonitored and the same loop under
+wandb.watch(log="all", log_freq=1) in offline mode. Goals: diagnose <= 3 % at attention_every=10, and <= 1/5 of wandb's.
 
 Identical models, one per variant; repetitions are interleaved (plain, diagnose@10,
 diagnose@50, wandb, plain, ...) so that load on the machine hits all alike; each variant's time

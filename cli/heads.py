@@ -58,13 +58,13 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     from diagnose._terminal import plain
     from diagnose.ablation import ablate_heads, ablate_together
     from diagnose.ablation.task import default_task
-    from diagnose.io import check_task, load_data_for, load_model, probe
+    from diagnose.io import check_task, load_data_for, load_model, trial_forward
     from diagnose.sites import find_heads
 
     closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
     net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
     ds = load_data_for(net, data, max_length=max_length)
-    probe(net, ds)
+    trial_forward(net, ds)
     sites = find_heads(net, attention_module=attention_module, n_heads=n_heads, example=ds.inputs(0, 2))
     task = task or default_task(net, ds)
     check_task(ds, task)

@@ -25,7 +25,7 @@ def info(model: str, factory: str | None, trust_pickle: bool, attn_implementatio
         describe_model,
         load_data_for,
         load_model,
-        probe,
+        trial_forward,
     )
 
     net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
@@ -40,7 +40,7 @@ def info(model: str, factory: str | None, trust_pickle: bool, attn_implementatio
     if data is None:
         return
     ds = load_data_for(net, data, max_length=max_length)
-    fit = probe(net, ds)
+    fit = trial_forward(net, ds)
     d = describe_data(ds)
     _echo(f"data        {d['source']}")
     _echo(f"examples    N={d['n_examples']}  T={d['seq_len']}  token ids {d['token_ids'][0]}..{d['token_ids'][1]}")

@@ -1,5 +1,5 @@
 """The fallback for hand-written attention: a site is any module inside which a softmax over
-[B, H, Tq, Tk] or an F.scaled_dot_product_attention call happens during a small probe
+[B, H, Tq, Tk] or an F.scaled_dot_product_attention call happens during a small tracing
 forward; its output projection is the last nn.Linear called inside it whose in_features is
 H * D. Probabilities come from the intercept (see _intercept.py), the gate is a pre-hook on
 that projection.
@@ -47,7 +47,7 @@ class InterceptAdapter(ABC):
         return blocks_around(model, self.find(model) or [])
 
 
-def probe_input(model: nn.Module) -> torch.Tensor | None:
+def sample_input(model: nn.Module) -> torch.Tensor | None:
     """A tiny input a model is likely to take: token ids for its first Embedding, or
     features for its first Linear.  # [2, 8] or [2, 8, C]"""
     for m in model.modules():
@@ -59,7 +59,7 @@ def probe_input(model: nn.Module) -> torch.Tensor | None:
 
 
 def first_example(inputs: Any) -> Any:
-    """The first example of a batch (probing needs no more).  # Tensor [1, ...] or Mapping of them"""
+    """The first example of a batch (tracing needs no more).  # Tensor [1, ...] or Mapping of them"""
     if isinstance(inputs, torch.Tensor):
         return inputs[:1]
     if isinstance(inputs, Mapping):
@@ -75,11 +75,11 @@ def _attr(module: nn.Module, names: tuple[str, ...]) -> int | None:
     return None
 
 
-def probe(model: nn.Module, example: Any = None) -> list[dict]:
+def trace_attention(model: nn.Module, example: Any = None) -> list[dict]:
     """Run one forward and record, per module that computes attention (innermost running
     module at the softmax/SDPA call), in first-call order: name, module, n_heads, head_dim,
     and the output projection. Training flags and the RNG are restored after."""
-    example = probe_input(model) if example is None else first_example(example)
+    example = sample_input(model) if example is None else first_example(example)
     if example is None:
         return []
     names = {m: n for n, m in model.named_modules()}
@@ -111,7 +111,7 @@ def probe(model: nn.Module, example: Any = None) -> list[dict]:
         model.eval()
         with torch.random.fork_rng(devices=[]), torch.no_grad(), hooks(*regs), AttentionMode(on_call):
             call_model(model, example)
-    except Exception:  # a model that does not take the probe input: nothing found
+    except Exception:  # a model that does not take the sample input: nothing found
         return []
     finally:
         for m, t in flags.items():
@@ -140,11 +140,11 @@ class GenericAdapter(InterceptAdapter):
 
     def __init__(self, example: Any = None):
         self.example = example
-        self._found: tuple[int, list[AttentionSite]] | None = None  # (id(model), sites): blocks() needs no new probe
-        self.applied_more_than_once = False  # a site module ran twice in the probe forward (shared.py splits it)
+        self._found: tuple[int, list[AttentionSite]] | None = None  # (id(model), sites): blocks() needs no new trace
+        self.applied_more_than_once = False  # a site module ran twice in the traced forward (shared.py splits it)
 
     def find(self, model: nn.Module) -> list[AttentionSite] | None:
-        recs = probe(model, self.example)
+        recs = trace_attention(model, self.example)
         if not recs:
             return None
         sites = [AttentionSite(i, r["name"], r["n_heads"], r["head_dim"], r["module"], self, out_proj=r["out_proj"])
@@ -173,17 +173,17 @@ def named_sites(model: nn.Module, pattern: str, n_heads: int | None, example: An
     if not matched:
         raise NoAttentionFoundError(f"no module name matches --attention-module {pattern!r}; "
                                     "names look like 'encoder.layers.0.self_attn' (see model.named_modules())")
-    probed = {r["name"]: r for r in probe(model, example)}
+    traced = {r["name"]: r for r in trace_attention(model, example)}
     generic, mha = GenericAdapter(example), MHAAdapter()
     sites = []
     for i, (name, mod) in enumerate(matched):
         if isinstance(mod, nn.MultiheadAttention):
             sites.append(mha.site(i, name, mod))
             continue
-        H = n_heads or probed.get(name, {}).get("n_heads") or _attr(mod, _HEADS_ATTRS)
+        H = n_heads or traced.get(name, {}).get("n_heads") or _attr(mod, _HEADS_ATTRS)
         if H is None:
             raise NoAttentionFoundError(f"cannot tell how many heads {name!r} has; pass --heads N (n_heads=N)")
-        rec = probed.get(name, {})
+        rec = traced.get(name, {})
         D = rec.get("head_dim") if rec.get("n_heads") == H else None
         D = D or _attr(mod, _HEAD_DIM_ATTRS)
         lins = [m for m in mod.modules() if isinstance(m, nn.Linear)]

@@ -83,8 +83,8 @@ _LAYER_COUNTS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 
 def _may_share(model: nn.Module, sites: list[AttentionSite]) -> bool:
     """Cheap evidence of sharing, so that the counting forward runs only when it may find some:
-    the generic probe saw a site module run twice, or the config counts more layers than there
-    are attention modules (ALBERT: num_hidden_layers 12, one layer)."""
+    the generic adapter's traced forward saw a site module run twice, or the config counts more
+    layers than there are attention modules (ALBERT: num_hidden_layers 12, one layer)."""
     if any(getattr(s.adapter, "applied_more_than_once", False) for s in sites):
         return True
     cfg = getattr(model, "config", None) or getattr(model, "cfg", None)
@@ -94,11 +94,11 @@ def _may_share(model: nn.Module, sites: list[AttentionSite]) -> bool:
 
 def split_shared(model: nn.Module, sites: list[AttentionSite], example: Any = None) -> list[AttentionSite]:
     """The sites with every module applied n > 1 times per forward split into n sites, in call order."""
-    from .generic import first_example, probe_input
+    from .generic import first_example, sample_input
 
     if not sites or not _may_share(model, sites):
         return sites
-    example = probe_input(model) if example is None else first_example(example)
+    example = sample_input(model) if example is None else first_example(example)
     if example is None:
         return sites
     order = _call_order(model, sites, example)

@@ -3,7 +3,7 @@
 from .checkpoint import save_checkpoint
 from .data import DataSet, check_labels, check_task, check_vocab, load_data, save_tensors
 from .model import label2id_of, load_model, max_positions_of, tokenizer_of
-from .summary import describe_data, describe_model, probe
+from .summary import describe_data, describe_model, trial_forward
 
 
 def load_data_for(model, path, *, max_length=None) -> DataSet:
@@ -18,5 +18,5 @@ def load_data_for(model, path, *, max_length=None) -> DataSet:
 
 __all__ = [
     "DataSet", "check_labels", "check_task", "check_vocab", "describe_data", "describe_model", "label2id_of", "load_data",
-    "load_data_for", "load_model", "max_positions_of", "probe", "save_checkpoint", "save_tensors", "tokenizer_of",
+    "load_data_for", "load_model", "max_positions_of", "save_checkpoint", "save_tensors", "tokenizer_of", "trial_forward",
 ]

@@ -78,7 +78,7 @@ def describe_data(data: DataSet) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def probe(model: nn.Module, data: DataSet, n: int = 2) -> dict[str, Any]:
+def trial_forward(model: nn.Module, data: DataSet, n: int = 2) -> dict[str, Any]:
     """Run the first n examples through the model; check token ids and labels against its outputs."""
     vocab = vocab_size_of(model)
     if vocab is not None:

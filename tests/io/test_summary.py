@@ -1,4 +1,4 @@
-"""describe_model / describe_data / probe against numbers worked out independently."""
+"""describe_model / describe_data / trial_forward against numbers worked out independently."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 import diagnose
 from diagnose.errors import DataError
-from diagnose.io import DataSet, describe_data, describe_model, probe
+from diagnose.io import DataSet, describe_data, describe_model, trial_forward
 from diagnose.zoo import ModelConfig, Transformer
 
 
@@ -34,20 +34,20 @@ def test_describe_reference_model_and_data(tmp_path):
     assert d["padding_share"] == pytest.approx(0.2) and d["token_ids"] == [0, 5]
     assert d["labels"] == {"shape": [2, 5], "kind": "token", "min": 2, "max": 5, "distinct": 4,
                            "scored_share": pytest.approx(0.6)}
-    assert probe(loaded, _data(labels)) == {"output_shape": [2, 5, 8], "labels_fit": True}
+    assert trial_forward(loaded, _data(labels)) == {"output_shape": [2, 5, 8], "labels_fit": True}
 
 
 def test_probe_catches_misfits():
     model = Transformer(ModelConfig(kind="classifier", vocab_size=6, n_classes=2, max_len=4, n_layers=1,
                                     n_heads=1, d_model=4)).eval()
-    assert probe(model, _data(torch.tensor([0, 1]), T=4))["output_shape"] == [2, 2]
-    assert probe(model, _data(None, T=4))["labels_fit"] is None
+    assert trial_forward(model, _data(torch.tensor([0, 1]), T=4))["output_shape"] == [2, 2]
+    assert trial_forward(model, _data(None, T=4))["labels_fit"] is None
     with pytest.raises(DataError, match=r"mem.pt: labels go up to 2, but the model has 2 outputs"):
-        probe(model, _data(torch.tensor([0, 2]), T=4))
+        trial_forward(model, _data(torch.tensor([0, 2]), T=4))
     with pytest.raises(DataError, match="mem.pt: labels of shape .N, T. do not match"):
-        probe(model, _data(torch.zeros(2, 4, dtype=torch.long), T=4))
+        trial_forward(model, _data(torch.zeros(2, 4, dtype=torch.long), T=4))
     with pytest.raises(DataError, match="mem.pt: the model fails on the first examples .ValueError: sequence length 5"):
-        probe(model, _data(torch.tensor([0, 1]), T=5))
+        trial_forward(model, _data(torch.tensor([0, 1]), T=5))
 
 
 def test_describe_hf_model(gpt2_folder):
