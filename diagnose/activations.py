@@ -63,4 +63,5 @@ def hidden_finish(rows: torch.Tensor, unit_sum: torch.Tensor, w: torch.Tensor) -
     pairs = (k * (k - 1)).clamp_min(1)
     has_pairs = (k > 1).float()
     token_cos = ((unit_sum.square().sum(-1) - self_sim) / pairs * has_pairs).sum(-1) / has_pairs.sum().clamp_min(1)
-    return torch.stack([mean.float(), var.float(), max_abs, token_cos], dim=-1)  # [L, 4]
+    stats = {"mean": mean.float(), "var": var.float(), "max_abs": max_abs, "token_cos": token_cos}
+    return torch.stack([stats[name] for name in STAT_NAMES], dim=-1)  # [L, S], in STAT_NAMES order
