@@ -49,6 +49,11 @@ def model_info(model: nn.Module) -> ModelInfo:
     """Vocabulary (from the input embedding), padding id, maximum length and call convention."""
     vocab = vocab_size_of(model)
     if vocab is None:
+        # the checks must draw random tokens, so they guess where the model states nothing: the token
+        # embedding is registered first in every family we know (tok_emb, wte, word_embeddings)
+        emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+        vocab = None if emb is None else int(emb.num_embeddings)
+    if vocab is None:
         raise DataError(f"{type(model).__name__} has no nn.Embedding, so its vocabulary is unknown; "
                         "pass data with input_ids to the check")
     cfg = getattr(model, "cfg", None) or getattr(model, "config", None)

@@ -40,8 +40,9 @@ def _pad(real: torch.Tensor, lengths: torch.Tensor, total: int, pad_id: int,
     return ids, mask
 
 
-def check_padding(subject: Subject) -> list[Finding]:
-    """Findings of the padding-leak test; raises SkipCheck when it cannot run."""
+def _cases(subject: Subject) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per variant (clean ids, clean mask, changed ids, changed mask): other tokens in right and in
+    left padding, and more padding; raises SkipCheck when the model cannot take padding."""
     info = subject.info
     if not info.takes_mask:
         raise SkipCheck("the model's forward takes no attention_mask, so padding cannot be told apart from tokens")
@@ -61,14 +62,14 @@ def check_padding(subject: Subject) -> list[Finding]:
     ids, mask = cases["content_right"][:2]
     longer = torch.cat([ids, torch.full((B, EXTRA), info.pad_id, dtype=torch.long)], 1)  # [B, base + EXTRA]
     cases["length"] = (ids, mask, longer, torch.cat([mask, torch.zeros(B, EXTRA, dtype=torch.long)], 1))
+    return cases
 
-    with eval_mode(subject.model), torch.no_grad():
-        outs = {}
-        for name, (a, am, b, bm) in cases.items():
-            outs[name] = (forward(subject.model, info, a, am), forward(subject.model, info, b, bm))
-    per_token = token_level(outs["content_right"][0], cases["content_right"][0])
+
+def _changes(outs: dict[str, tuple[torch.Tensor, torch.Tensor]], cases: dict, per_token: bool
+             ) -> tuple[dict[str, float], list[str]]:
+    """(relative change at real positions per variant, variants whose clean outputs are not finite)."""
     change: dict[str, float] = {}
-    evidence_nonfinite: list[str] = []
+    nonfinite: list[str] = []
     for name, (clean, changed) in outs.items():
         if name == "content_left" and not per_token:
             continue  # a pooled model may read position 0 (CLS pooling), which left padding fills with padding
@@ -77,9 +78,22 @@ def check_padding(subject: Subject) -> list[Finding]:
             clean, changed = clean[m], changed[:, : m.shape[1]][m]  # [n_real, V]
         if not bool(torch.isfinite(clean).all()):
             # e.g. a fully masked row under SDPA gives NaN that spreads: not a padding leak, not testable
-            evidence_nonfinite.append(name)
+            nonfinite.append(name)
             continue
         change[name] = float(relative_change(clean, changed).max())
+    return change, nonfinite
+
+
+def check_padding(subject: Subject) -> list[Finding]:
+    """Findings of the padding-leak test; raises SkipCheck when it cannot run."""
+    info = subject.info
+    cases = _cases(subject)
+    with eval_mode(subject.model), torch.no_grad():
+        outs = {}
+        for name, (a, am, b, bm) in cases.items():
+            outs[name] = (forward(subject.model, info, a, am), forward(subject.model, info, b, bm))
+    per_token = token_level(outs["content_right"][0], cases["content_right"][0])
+    change, evidence_nonfinite = _changes(outs, cases, per_token)
     if not change:
         raise SkipCheck("the model's outputs at real positions are not finite on padded input")
     evidence: dict[str, Any] = {f"max_relative_change_{k}": v for k, v in change.items()}

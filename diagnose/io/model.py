@@ -88,10 +88,9 @@ def label2id_of(model: nn.Module) -> dict[str, int] | None:
 
 
 def vocab_size_of(model: nn.Module) -> int | None:
-    """The input vocabulary size: the rows of the input embedding (get_input_embeddings), else the
-    config's vocab_size (diagnose and Hugging Face configs), else the rows of the first
-    nn.Embedding (the token embedding is registered first in every family we know: tok_emb, wte,
-    word_embeddings); None when the model has none of them."""
+    """The input vocabulary size where the model states it: the rows of its input embedding
+    (get_input_embeddings), else its config's vocab_size (diagnose and Hugging Face configs), else
+    None (a --factory model: callers that must have a size guess it themselves, see checks)."""
     get_emb = getattr(model, "get_input_embeddings", None)
     if callable(get_emb):
         try:
@@ -102,10 +101,7 @@ def vocab_size_of(model: nn.Module) -> int | None:
             return int(emb.num_embeddings)
     cfg = getattr(model, "cfg", None) or getattr(model, "config", None)
     size = getattr(cfg, "vocab_size", None)
-    if isinstance(size, int):
-        return size
-    emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
-    return None if emb is None else int(emb.num_embeddings)
+    return size if isinstance(size, int) else None
 
 
 def max_positions_of(model: nn.Module) -> int | None:

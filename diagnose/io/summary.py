@@ -92,7 +92,7 @@ def trial_forward(model: nn.Module, data: DataSet, n: int = 2) -> dict[str, Any]
                else "check that the data was made for this model")
         raise DataError(f"{data.source}: the model fails on the first examples ({type(exc).__name__}: "
                         f"{one_line(exc)}); {fix}") from None
-    _probe_largest_id(model, data, n)
+    _try_largest_id(model, data, n)
     out = {"output_shape": list(logits.shape), "labels_fit": None}
     labels = data.labels
     if labels is not None:
@@ -107,7 +107,7 @@ def trial_forward(model: nn.Module, data: DataSet, n: int = 2) -> dict[str, Any]
 
 
 @torch.no_grad()
-def _probe_largest_id(model: nn.Module, data: DataSet, n: int) -> None:
+def _try_largest_id(model: nn.Module, data: DataSet, n: int) -> None:
     """Run the example that holds the data set's largest token id too, when it is not among the
     first n: a model whose vocabulary diagnose cannot read (a --factory model) would otherwise
     fail with an IndexError in the middle of a sweep. One extra forward pass of one example."""
