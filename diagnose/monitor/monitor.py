@@ -21,8 +21,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .alerts import AlertEngine, Thresholds, print_alert
-from .runfolder import RunWriter
 from .layout import StepLayout
+from .runfolder import RunWriter
 from .signals import ActivationProbe, AttentionProbe, GradNorms, find_blocks, find_sites, scaler_divisor, unwrap
 
 
