@@ -21,7 +21,7 @@ import torch
 
 from ..activations import STAT_NAMES
 
-ATTENTION_ROWS = ("entropy", "max_weight", "uniform_entropy")  # AttentionProbe's [3, H] rows
+ATTENTION_ROWS = ("entropy", "max_weight", "uniform_entropy")  # AttentionWatch's [3, H] rows
 _PER_SITE = ("uniform_entropy",)  # rows that hold one number repeated over heads
 _MAX_POOLED = ("max_abs",)  # statistics pooled by the maximum (the others by the mean)
 _RECORD_KEY = {"token_cos": "token_cos"}  # step-record key of a statistic, default act_<name>

@@ -23,7 +23,7 @@ import torch.nn as nn
 from .alerts import AlertEngine, Thresholds, print_alert
 from .layout import StepLayout
 from .runfolder import RunWriter
-from .signals import ActivationProbe, AttentionProbe, GradNorms, find_blocks, find_sites, scaler_divisor, unwrap
+from .signals import ActivationWatch, AttentionWatch, GradNorms, find_blocks, find_sites, scaler_divisor, unwrap
 
 
 def _dist_world() -> tuple[int, int]:
@@ -62,8 +62,8 @@ class TrainingMonitor:
         self.block_names = [n for n, _ in blocks]
         self.site_names = [s.name for s in sites]
         self._grads = GradNorms(self.model, self.block_names)
-        self._acts = ActivationProbe(self.model, blocks)
-        self._attn = AttentionProbe(sites, self._acts)
+        self._acts = ActivationWatch(self.model, blocks)
+        self._attn = AttentionWatch(sites, self._acts)
         self._alerts = AlertEngine(self.thresholds, self.block_names)
         self.writer: RunWriter | None = None
         try:

@@ -1,8 +1,8 @@
 """What the monitor measures, reduced on the device so that a logged step costs one host sync.
 
-Three probes, each owning its hooks and removing them in `remove()`:
-  ActivationProbe  forward hooks on the residual blocks -> hidden_stats [S] per forward
-  AttentionProbe   the adapters' watch_pattern, entered only on sampled steps -> entropy, max weight
+Three watchers, each owning its hooks and removing them in `remove()`:
+  ActivationWatch  forward hooks on the residual blocks -> hidden_stats [S] per forward
+  AttentionWatch   the adapters' watch_pattern, entered only on sampled steps -> entropy, max weight
   GradNorms        per-parameter gradient norms read at step(), grouped into blocks on the host
 """
 
@@ -62,7 +62,7 @@ def _first_tensor(out: Any) -> torch.Tensor | None:
     return getattr(out, "last_hidden_state", None)
 
 
-class ActivationProbe:
+class ActivationWatch:
     """Forward hooks reduce each block's output over channels (hidden_partial: [4, B, T] and a [B, C]
     sum) and keep nothing of its size; collect() finishes all blocks' statistics in one batched call.
 
@@ -147,7 +147,7 @@ class ActivationProbe:
         self._handles = []
 
 
-class AttentionProbe:
+class AttentionWatch:
     """Per-head entropy, max weight and uniform entropy of every site, on sampled steps only.
 
     arm() enters each adapter's watch_pattern (so nothing is hooked on other steps);
@@ -155,7 +155,7 @@ class AttentionProbe:
     row: the entropy of uniform attention over the visible keys, the same for every head).
     """
 
-    def __init__(self, sites: list, activations: ActivationProbe | None = None):
+    def __init__(self, sites: list, activations: ActivationWatch | None = None):
         self.sites = sites
         self._acts = activations
         self._stack: ExitStack | None = None
