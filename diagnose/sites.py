@@ -1,6 +1,6 @@
 """find_heads: the attention layers of any model, in forward order, each with the adapter
 that knows its family. Adapters are tried in order (user-registered, built-in families,
-the generic softmax/SDPA probe last); the first that recognises the model wins."""
+the generic softmax/SDPA tracer last); the first that recognises the model wins."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def find_heads(model: nn.Module, *, attention_module: str | None = None, n_heads
     """One AttentionSite per attention layer, in forward order.
 
     attention_module (a glob over qualified module names) and n_heads name layers diagnose
-    cannot recognise. `example` (model inputs) lets the generic fallback probe the model with
+    cannot recognise. `example` (model inputs) lets the generic fallback trace the model with
     real inputs instead of guessed token ids. A module applied several times per forward (ALBERT's
     shared layer) gives one site per application, named `NAME#k` (see adapters/shared.py).
     """
