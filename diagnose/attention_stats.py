@@ -3,7 +3,9 @@
 For each head, averaged over real (non-padding) query rows of every example seen:
 entropy (nats), max_weight, first_token (mass on key 0), self (mass on the query's own
 position), prev_token (mass on the position before; rows with one), padding (mass on padded
-keys) and mean_distance (E|q - k| in positions). Full maps are kept for the first `keep`
+keys), mean_distance (E|q - k| in positions), next_token (mass on the position after; rows
+with one), last_token (mass on the example's last real key: [SEP] in BERT-style inputs) and
+local (mass within LOCAL positions of the query, itself excluded). Full maps are kept for the first `keep`
 examples only, so memory does not grow with the data set.
 """
 
@@ -20,7 +22,9 @@ import torch.nn as nn
 from .adapters.base import AttentionSite
 from .objectives import batch_size_of, call_model
 
-STATS = ("entropy", "max_weight", "first_token", "self", "prev_token", "padding", "mean_distance")
+STATS = ("entropy", "max_weight", "first_token", "self", "prev_token", "padding", "mean_distance",
+         "next_token", "last_token", "local")
+LOCAL = 2  # "local": keys at most this many positions away (not the query itself)
 SCHEMA = "diagnose.attention/1"
 _CHUNK = 1 << 20  # elements of probability per reduction step: bounds the temporaries (4 MB)
 _MAP_BUDGET = 1 << 24  # attention elements per map and forward in attention_summary (64 MB float32)
@@ -70,7 +74,7 @@ class HeadStats:
     def __init__(self, n_heads: int):
         self.n_heads = n_heads
         self.sums: torch.Tensor | None = None  # [len(STATS), H]
-        self.rows: torch.Tensor | None = None  # [2]: real query rows, real rows with a previous position
+        self.rows: torch.Tensor | None = None  # [3]: real query rows, ... with a previous, ... with a next position
 
     @torch.no_grad()
     def update(self, probs: torch.Tensor, key_mask: torch.Tensor | None = None) -> None:
@@ -81,10 +85,13 @@ class HeadStats:
         acc_dtype = torch.float32 if probs.device.type == "mps" else torch.float64
         if self.sums is None:
             self.sums = torch.zeros(len(STATS), H, dtype=acc_dtype, device=probs.device)
-            self.rows = torch.zeros(2, dtype=acc_dtype, device=probs.device)
+            self.rows = torch.zeros(3, dtype=acc_dtype, device=probs.device)
         q_pos = torch.arange(Tq, device=probs.device) + off
         dist = (q_pos[:, None] - torch.arange(Tk, device=probs.device)[None, :]).abs().float()  # [Tq, Tk]
         has_prev = (q_pos >= 1).float()[None, None, :]  # [1, 1, Tq]
+        has_next = (q_pos + 1 < Tk).float()[None, None, :]  # [1, 1, Tq]
+        near = ((dist > 0) & (dist <= LOCAL)).float()  # [Tq, Tk]
+        last = (keys * torch.arange(1, Tk + 1, device=probs.device)).argmax(-1)  # [B] last real key
         step = max(1, _CHUNK // max(1, H * Tq * Tk))
         for s in range(0, B, step):
             p = probs[s:s + step].detach().float()  # [b, H, Tq, Tk]
@@ -94,6 +101,11 @@ class HeadStats:
             if Tk > 1 and off + Tq > 1:
                 d = p.diagonal(off - 1, -2, -1)  # only rows whose previous position exists
                 prev[..., Tq - d.shape[-1]:] = d
+            nxt = p.new_zeros(p.shape[:3])  # [b, H, Tq]
+            if Tk > off + 1:
+                d = p.diagonal(off + 1, -2, -1)  # rows whose next position exists
+                nxt[..., :d.shape[-1]] = d
+            idx = last[s:s + step].view(-1, 1, 1, 1).expand(p.shape[0], H, Tq, 1)
             per_row = {  # each [b, H, Tq]
                 "entropy": torch.special.entr(p).sum(-1),
                 "max_weight": p.amax(-1),
@@ -102,11 +114,15 @@ class HeadStats:
                 "prev_token": prev,
                 "padding": (p @ pad)[..., 0] if key_mask is not None else p.new_zeros(p.shape[:3]),
                 "mean_distance": (p * dist).sum(-1),
+                "next_token": nxt,
+                "last_token": p.gather(-1, idx)[..., 0],
+                "local": (p * near).sum(-1),
             }
-            with_prev = qw * has_prev  # [b, 1, Tq]
-            sums = [(per_row[k] * (with_prev if k == "prev_token" else qw)).sum((0, 2)) for k in STATS]  # [H] each
+            with_prev, with_next = qw * has_prev, qw * has_next  # [b, 1, Tq]
+            rows = {"prev_token": with_prev, "next_token": with_next}
+            sums = [(per_row[k] * rows.get(k, qw)).sum((0, 2)) for k in STATS]  # [H] each
             self.sums += torch.stack(sums).to(acc_dtype)
-            self.rows += torch.stack([qw.sum(), with_prev.sum()]).to(acc_dtype)
+            self.rows += torch.stack([qw.sum(), with_prev.sum(), with_next.sum()]).to(acc_dtype)
 
     def result(self) -> dict[str, list[float]]:
         """Mean per head of each statistic (one host sync)."""
@@ -115,6 +131,7 @@ class HeadStats:
         rows = self.rows.clamp_min(1.0)
         means = self.sums / rows[0]
         means[STATS.index("prev_token")] = self.sums[STATS.index("prev_token")] / rows[1]
+        means[STATS.index("next_token")] = self.sums[STATS.index("next_token")] / rows[2]
         values = means.tolist()
         return {k: values[i] for i, k in enumerate(STATS)}
 

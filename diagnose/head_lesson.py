@@ -1,9 +1,10 @@
 """The head-ablation lesson: what the attention map suggests against what removing the head does.
 
 On one trained model, diagnose ablates every head and sets two side by side: (b) the head that
-puts the most weight on the first token among those whose removal changes nothing significant,
-and (a) the head that puts the most weight on the first token among those whose removal does
-change the answer: two maps that read alike, two opposite effects. Then it closes both together,
+puts the most weight on the first token among those whose removal is negligible (both 95 %
+intervals inside the negligible band: shown to be small, not merely not shown to be large),
+and (a) the head that puts the most weight on the first token among those whose removal
+significantly changes the answer: two maps that read alike, two opposite effects. Then it closes both together,
 to tell an idle head from a backup: if removing b after a costs more than nothing, b was
 covering for a. The claim is written from the run's numbers, so it says what this run found,
 whatever the seed.
@@ -26,14 +27,16 @@ def name(h: HeadEffect) -> str:
 
 
 def pick(result: HeadsResult) -> tuple[HeadEffect | None, HeadEffect | None]:
-    """(a) among the heads whose removal is significant and (b) among the others, the head with the
-    most weight on the first token (ties: the larger delta loss); None where no head qualifies."""
+    """(a) among the heads whose removal is significant and not negligible, and (b) among the negligible
+    ones, the head with the most weight on the first token (ties: the larger delta loss); None where no
+    head qualifies."""
     known = [h for h in result.heads if h.verified and h.attention.get("first_token") is not None]
 
     def most_first(heads: list[HeadEffect]) -> HeadEffect | None:
         return max(heads, key=lambda h: (h.attention["first_token"], h.delta_loss), default=None)
 
-    return most_first([h for h in known if h.significant]), most_first([h for h in known if not h.significant])
+    return (most_first([h for h in known if h.significant and not h.negligible]),
+            most_first([h for h in known if h.negligible]))
 
 
 def measure(model: torch.nn.Module, data: dict[str, torch.Tensor], task: str) -> dict[str, Any]:
@@ -41,7 +44,7 @@ def measure(model: torch.nn.Module, data: dict[str, torch.Tensor], task: str) ->
     result = ablate_heads(model, data, task=task, progress=False)
     a, b = pick(result)
     if a is None or b is None:
-        missing = "no head has a significant effect" if a is None else "every head has a significant effect"
+        missing = "no head has a significant effect" if a is None else "no head's effect is shown to be negligible"
         return {"a": "-", "b": "-", "rows": [], "claim": f"Nothing to contrast in this run: {missing}."}
     both = ablate_together(model, data, [(a.layer, a.head), (b.layer, b.head)], task=task)
     flags = {(f["layer"], f["head"]): f["kind"] for f in result.flags}
@@ -56,7 +59,7 @@ def measure(model: torch.nn.Module, data: dict[str, torch.Tensor], task: str) ->
     rows += [
         row("Δ accuracy, head removed", a.delta_accuracy, b.delta_accuracy, "+.3f"),
         row("Δ loss, head removed", a.delta_loss, b.delta_loss, "+.3f"),
-        row("p (Holm-corrected)", a.p_value_adjusted, b.p_value_adjusted, ".2g"),
+        row("p, Δ loss test (Holm-corrected)", a.p_value_loss_adjusted, b.p_value_loss_adjusted, ".2g"),
         row("Δ accuracy, removed after the other head", after_other["a"], after_other["b"], "+.3f"),
         row("diagnose flag", flags.get((a.layer, a.head), "none"), flags.get((b.layer, b.head), "none"), "s"),
     ]
@@ -70,7 +73,7 @@ def claim(a: HeadEffect, b: HeadEffect, top: HeadEffect, b_after_a: float, basel
     text = (f"{name(a)} and {name(b)} both look at the first token ({a.attention['first_token']:.0%} and "
             f"{b.attention['first_token']:.0%} of their attention). Removing {name(a)} moves accuracy "
             f"{a.delta_accuracy * 100:+.1f} points from {baseline_accuracy:.1%}; removing {name(b)} moves it "
-            f"{b.delta_accuracy * 100:+.1f} points (p = {b.p_value:.2g}). ")
+            f"{b.delta_accuracy * 100:+.1f} points and loss {b.delta_loss:+.4f}, both shown negligible. ")
     if abs(b_after_a) < TINY_ACCURACY:
         text += f"With {name(a)} gone, removing {name(b)} too changes nothing more: it is not {name(a)}'s backup. "
     else:

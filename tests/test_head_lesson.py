@@ -25,6 +25,8 @@ def test_pick_the_first_token_heads_that_matter_and_that_do_not():
              head(0, 1, dacc=-0.1, dloss=0.2, p=1e-4, att={"first_token": 0.9}),  # vital: never (b)
              head(0, 2, dacc=0.0, dloss=0.0, p=0.9, att={"first_token": 0.6}),
              head(0, 3, dacc=0.0, dloss=0.001, p=1.0, att={"first_token": 0.3})]
+    for h in heads:  # what the engine decides from the intervals
+        h.negligible = abs(h.delta_loss) < 0.01
     a, b = pick(_result(heads))
     assert (name(a), name(b)) == ("L0H1", "L0H2")
     assert pick(_result(heads[2:])) == (None, heads[2])  # nothing carries the task
@@ -48,7 +50,9 @@ def test_the_lesson_on_the_demo_order_model(tmp_path: Path):
     after_a = rows["Δ accuracy, removed after the other head"]["b"]
     assert after_a == pytest.approx(both.delta_accuracy - a.delta_accuracy)
     # what the lesson is about: (a) matters, (b) does not, and the claim says so in numbers
-    assert a.significant and a.delta_accuracy < -0.02 and not b.significant and abs(b.delta_accuracy) < 0.01
+    assert a.significant and a.delta_accuracy < -0.02 and b.negligible and abs(b.delta_accuracy) < 0.01
+    # ... and with margins, so that it shows on any CPU: (b) looks more like (a) than like the model's other heads
+    assert b.attention["first_token"] > 0.5 and a.delta_loss > 20 * max(b.delta_loss_ci[1], 1e-4)
     assert f"{b.attention['first_token']:.0%}" in out["claim"] and name(a) in out["claim"]
     # the sweep itself tests the flag's suspicion: (b) closed with the heads that look the same
     flag = next(f for f in result.flags if (f["layer"], f["head"]) == (b.layer, b.head))

@@ -1,13 +1,22 @@
 """Heatmap versus causal effect: rank correlations, and the heads where they disagree.
 
 The causal effect of a head is its delta loss under ablation (positive: the model needs
-it); it is finer-grained than delta accuracy, which saturates. A head is flagged
-`striking_but_inert` when its attention looks decisive (most weight on one key, on the
-first token, itself or the previous token) yet removing it changes nothing significant
-and nothing sizeable; `diffuse_but_vital` is the reverse: spread-out attention, and a
-significant, sizeable effect. Look-alike heads (one layer, the same decisive pattern) are
-also closed together: `redundant_group` flags a set that each barely matters alone and
-takes the answer with it together.
+it); it is finer-grained than delta accuracy, which saturates. Both halves of a flag are
+judged against something a reviewer can check:
+
+- "striking" is relative to the model itself: the head puts at least DECISIVE of its weight
+  on one key or one role (first token, last token, itself, previous or next token) AND that
+  share stands out among the model's own heads (robust z-score >= STRIKING_Z). In BERT-class
+  models most heads pile weight on [CLS] and [SEP]; a peak there is the norm, not a finding.
+- "inert" is equivalence, not a failed test: both 95 % intervals (delta accuracy and delta
+  loss) lie inside the negligible band (`negligible`), so the data show the effect is small,
+  rather than merely not showing that it is large.
+
+`striking_but_inert` is such a head; `diffuse_but_vital` is the reverse (weight spread out
+compared with the model's other heads, and a significant, sizeable effect). Flags are ranked
+(`rank`, `score`) so the few heads worth a look come first. Look-alike striking heads of one
+layer are also closed together: `redundant_group` flags a set that each barely matters alone
+and takes the answer with it together.
 """
 
 from __future__ import annotations
@@ -22,15 +31,18 @@ from scipy.stats import spearmanr
 from .result import ATTENTION_STATS, HeadEffect
 
 EFFECT = "delta_loss"
-DECISIVE = 0.6  # a pattern "looks decisive" when this share of weight goes to one key / one role
-DIFFUSE = 0.35  # ... and "looks diffuse" when no key and no role gets this much
-TINY_ACCURACY = 0.01  # |delta accuracy| below 1 point is tiny ...
-TINY_LOSS = 0.02  # ... and so is |delta loss| below 2 % of the baseline loss (+ 0.001 nats)
+DECISIVE = 0.5  # a pattern "looks decisive" when at least half its weight goes to one key / one role ...
+STRIKING_Z = 2.0  # ... and it stands out among the model's heads (robust z-score of that share)
+SPREAD_FLOOR = 0.05  # the robust spread never counts as under 5 points: a tight crowd makes no outlier of noise
+DIFFUSE = 0.35  # "looks diffuse": no key and no role gets this much, and entropy above the model's median
+TINY_ACCURACY = 0.01  # |delta accuracy| below 1 point: closing a head after another added nothing
 VITAL_ACCURACY = 0.02  # vital: significant and at least 2 points of accuracy ...
 VITAL_LOSS = 0.10  # ... or 10 % of the baseline loss
 ROLE_SLACK = 0.05  # a named role's share this close to the max weight means the peak is on that role's key
 _ROLES = {"max_weight": "on a single key", "first_token": "on the first token", "self": "on itself",
-          "prev_token": "on the previous token"}
+          "prev_token": "on the previous token", "next_token": "on the next token",
+          "last_token": "on the last real token ([SEP] in BERT-style inputs)"}
+_ORDER = {"diffuse_but_vital": 0, "striking_but_inert": 1, "redundant_group": 2}
 
 
 def spearman(x: Sequence[float | None], y: Sequence[float | None]) -> dict[str, Any]:
@@ -61,32 +73,85 @@ def correlations(heads: Sequence[HeadEffect]) -> dict[str, Any]:
     return out
 
 
-def flags(heads: Sequence[HeadEffect], baseline_loss: float) -> list[dict[str, Any]]:
-    """Heads whose heatmap and ablation disagree, each with the reason in words."""
+def flags(heads: Sequence[HeadEffect], baseline_loss: float, band: dict[str, float] | None = None
+          ) -> list[dict[str, Any]]:
+    """Heads whose heatmap and ablation disagree, each with the reason in words, ranked."""
+    band = band or default_band(baseline_loss)
     out = []
+    stand_out = striking(heads)
     group_of = {m: members for _, members in look_alikes(heads) for m in members}
+    entropy = [h.attention.get("entropy") for h in heads if _known(h.attention.get("entropy"))]
+    mid_entropy = float(np.median(entropy)) if entropy else float("nan")
     for h in heads:
         if not h.verified:
             continue
         role, share = _dominant(h.attention)
-        if role is not None and share >= DECISIVE and _tiny(h, baseline_loss) and not h.significant:
-            twins = [list(m) for m in group_of.get((h.layer, h.head), []) if m != (h.layer, h.head)]
+        key = (h.layer, h.head)
+        inert = h.negligible if h.negligible is not None else negligible(h, band)
+        if key in stand_out and inert:
+            _, z, typical = stand_out[key]
+            twins = [list(m) for m in group_of.get(key, []) if m != key]
             cover = (f"; {len(twins)} other head(s) of layer {h.layer} look the same and may cover for it "
                      "(single-head ablation misses redundancy)") if twins else ""
-            flag = _flag("striking_but_inert", h, f"{share:.0%} of its attention goes {_ROLES[role]}, yet removing "
-                         f"it changes accuracy by {_effect(h)} and loss by {h.delta_loss:+.4f}{cover}")
+            flag = _flag("striking_but_inert", h, f"{share:.0%} of its attention goes {_ROLES[role]} (typical for "
+                         f"this model: {typical:.0%}), yet removing it changes accuracy by {_effect(h)} and loss by "
+                         f"{_loss_effect(h)}, both inside the negligible band (±{band['accuracy']:.0%} accuracy, "
+                         f"±{band['loss']:.3g} loss){cover}", z)
             out.append({**flag, "twins": twins} if twins else flag)
-        elif share is not None and share < DIFFUSE and h.significant and _vital(h, baseline_loss):
+        elif (share is not None and share < DIFFUSE and _known(h.attention.get("entropy"))
+              and h.attention["entropy"] > mid_entropy and h.significant and not inert and _vital(h, baseline_loss)):
             out.append(_flag("diffuse_but_vital", h,
                              f"its attention is spread out (at most {share:.0%} on any key or role, "
-                             f"entropy {h.attention.get('entropy', float('nan')):.2f} nats), yet removing it "
-                             f"changes accuracy by {_effect(h)} and loss by {h.delta_loss:+.4f}"))
+                             f"entropy {h.attention.get('entropy', float('nan')):.2f} nats against a median "
+                             f"{mid_entropy:.2f} in this model), yet removing it changes accuracy by {_effect(h)} "
+                             f"and loss by {_loss_effect(h)}", h.delta_loss / max(baseline_loss, 1e-12)))
+    return rank(out)
+
+
+def rank(flags_: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Most telling first: vital heads by effect, then inert ones by how far they stand out, then groups;
+    each flag gets its 1-based `rank`."""
+    ordered = sorted(flags_, key=lambda f: (_ORDER.get(f["kind"], 9), -(f.get("score") or 0.0)))
+    return [{**f, "rank": i} for i, f in enumerate(ordered, 1)]
+
+
+def default_band(baseline_loss: float, min_effect: float = 0.05) -> dict[str, float]:
+    """The negligible band: |delta loss| under min_effect of the baseline loss (at least 0.001 nats)
+    and |delta accuracy| under 2 points."""
+    return {"loss": max(min_effect * baseline_loss, 1e-3), "accuracy": 0.02, "min_effect": min_effect}
+
+
+def negligible(h: HeadEffect, band: dict[str, float]) -> bool:
+    """Equivalence: both 95 % intervals inside the band (the point estimate where no interval is known)."""
+    acc = h.delta_accuracy_ci or [h.delta_accuracy, h.delta_accuracy]
+    loss = h.delta_loss_ci or [h.delta_loss, h.delta_loss]
+    if None in (*acc, *loss):
+        return False
+    return max(abs(acc[0]), abs(acc[1])) < band["accuracy"] and max(abs(loss[0]), abs(loss[1])) < band["loss"]
+
+
+def striking(heads: Sequence[HeadEffect]) -> dict[tuple[int, int], tuple[str, float, float]]:
+    """(layer, head) -> (role, robust z-score, the model's median share on that role) for each head
+    whose dominant pattern is decisive and stands out among the model's own heads."""
+    values = {k: [h.attention.get(k) for h in heads if _known(h.attention.get(k))] for k in _ROLES}
+    centre = {k: float(np.median(v)) for k, v in values.items() if v}
+    spread = {k: max(1.4826 * float(np.median(np.abs(np.array(v) - centre[k]))), SPREAD_FLOOR)
+              for k, v in values.items() if v}
+    out = {}
+    for h in heads:
+        role, share = _dominant(h.attention)
+        if role is None or share < DECISIVE:
+            continue
+        z = (share - centre[role]) / spread[role]
+        if z >= STRIKING_Z:
+            out[(h.layer, h.head)] = (role, float(z), centre[role])
     return out
 
 
 def look_alikes(heads: Sequence[HeadEffect]) -> list[tuple[str, list[tuple[int, int]]]]:
-    """(role, heads) for each set of two or more heads of one layer whose most striking pattern is
-    the same role (first token, itself, previous token, or one key), each decisive; sorted heads."""
+    """(role, heads) for each set of two or more heads of one layer whose dominant pattern is the same
+    role (first token, itself, previous token, ... or one key), each decisive; sorted heads. Decisive is
+    enough here (not striking): these are the heads worth closing together, whatever the model's norm."""
     groups: dict[tuple[int, str], list[tuple[int, int]]] = {}
     for h in heads:
         role, share = _dominant(h.attention)
@@ -111,8 +176,9 @@ def redundant_flag(role: str, members: list[tuple[int, int]], heads: dict[tuple[
               f"moves accuracy by under {VITAL_ACCURACY:.0%} ({', '.join(f'{h.delta_accuracy:+.1%}' for h in hs)}); "
               f"closed together, accuracy moves {together['delta_accuracy']:+.1%} and loss "
               f"{together['delta_loss']:+.4f}: they back each other up, which single-head ablation cannot see")
-    return {"kind": "redundant_group", "layer": hs[0].layer, "head": hs[0].head,
-            "heads": [list(m) for m in members], "reason": reason, "together": together}
+    return {"kind": "redundant_group", "layer": hs[0].layer, "head": hs[0].head, "role": hs[0].role,
+            "score": singles - together["delta_accuracy"], "heads": [list(m) for m in members], "reason": reason,
+            "together": together}
 
 
 def _dominant(att: dict[str, float | None]) -> tuple[str | None, float | None]:
@@ -129,12 +195,16 @@ def _dominant(att: dict[str, float | None]) -> tuple[str | None, float | None]:
     return role, float(known[role])
 
 
-def _tiny(h: HeadEffect, baseline_loss: float) -> bool:
-    return abs(h.delta_accuracy) < TINY_ACCURACY and abs(h.delta_loss) < TINY_LOSS * baseline_loss + 1e-3
-
-
 def _vital(h: HeadEffect, baseline_loss: float) -> bool:
     return -h.delta_accuracy >= VITAL_ACCURACY or h.delta_loss >= VITAL_LOSS * baseline_loss
+
+
+def _loss_effect(h: HeadEffect) -> str:
+    if not h.delta_loss_ci:
+        return f"{h.delta_loss:+.4f}"
+    lo, hi = h.delta_loss_ci
+    p = "" if h.p_value_loss is None else f", p = {h.p_value_loss:.2g}"
+    return f"{h.delta_loss:+.4f} (95 % CI [{lo:+.4f}, {hi:+.4f}]{p})"
 
 
 def _effect(h: HeadEffect) -> str:
@@ -158,8 +228,8 @@ def backup_test(flag: dict[str, Any], together: dict[str, Any], singles: float |
     return {**flag, "reason": reason, "together": together}
 
 
-def _flag(kind: str, h: HeadEffect, reason: str) -> dict[str, Any]:
-    return {"kind": kind, "layer": h.layer, "head": h.head, "reason": reason}
+def _flag(kind: str, h: HeadEffect, reason: str, score: float) -> dict[str, Any]:
+    return {"kind": kind, "layer": h.layer, "head": h.head, "role": h.role, "score": score, "reason": reason}
 
 
 def _known(v: Any) -> bool:

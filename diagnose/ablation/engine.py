@@ -5,7 +5,9 @@ One clean pass per batch through the head gates gives the baseline, d loss / d g
 several heads per forward. Mean ablation first averages each head's output over all
 real tokens of the data set (examples and positions pooled, the usual choice: a
 per-position mean would leak position information a head did not carry). `fast=True`
-ranks every head by gradient importance and ablates only the top ones exactly.
+ranks every head by a cheap estimate from that one clean pass (FAST_RANK: the first-order
+change of the loss, which tracked the exact effect best on real and demo models; see
+bench/bench_estimators.py) and ablates only the top ones exactly.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..errors import ConfigError
 from ..modes import eval_mode
 from ..objectives import TASKS
 from ..sites import find_heads
-from . import contrast, significance
+from . import contrast, roles, significance
 from .batches import as_batches
 from .gate import METHODS, gated
 from .together import ablate_together
@@ -32,6 +34,8 @@ from .result import ATTENTION_STATS, HeadEffect, HeadsResult
 from .sweep import Sweep
 
 DEFAULT_TOP = 5
+FAST_RANK = "estimated_delta_loss"  # or "grad_importance_raw" (Michel et al.); measured in bench_estimators
+MIN_EFFECT = 0.05  # negligible: |delta loss| under 5 % of the baseline loss (contrast.default_band)
 KEEP_BYTES = 512 * 2 ** 20  # --fast keeps clean batches (logits, block outputs) up to this for verification
 
 
@@ -39,7 +43,8 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
                  batch_size: int | None = None, progress: bool | Callable[[int, int], None] = True,
                  fast: bool = False, top: int | None = None, alpha: float = 0.05, n_boot: int = 2000,
                  seed: int = 0, attention: bool = True, keep: int = 3, sites: Sequence[AttentionSite] | None = None,
-                 reuse: bool = True, tokens: Sequence[Sequence[str]] | None = None) -> HeadsResult:
+                 reuse: bool = True, tokens: Sequence[Sequence[str]] | None = None, correction: str = "holm",
+                 min_effect: float = MIN_EFFECT, rank_by: str = FAST_RANK) -> HeadsResult:
     """Ablate every head (or, with fast=True, the `top` heads by gradient importance) and test each effect.
 
     data: a DataSet / TaskData / dict with input_ids (cut into batch_size batches) or an iterable of
@@ -47,11 +52,19 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
     attention: also summarise each head's attention (keeping `keep` examples' maps for the report).
     reuse: replay the unchanged blocks below each ablated layer (off only to measure its worth).
     tokens: token strings per example for the kept maps (default: data.tokens, else the ids).
+    correction: "holm" (default) or "bh" across the heads tested. min_effect: the negligible band for
+    `striking_but_inert`, as a fraction of the baseline loss. rank_by: the --fast estimate.
     """
     if task not in TASKS:
         raise ConfigError(f"task {task!r} is not one of {', '.join(TASKS)}")
     if method not in METHODS:
         raise ConfigError(f"method {method!r} is not one of {', '.join(METHODS)}")
+    if correction not in significance.CORRECTIONS:
+        raise ConfigError(f"correction {correction!r} is not one of {', '.join(significance.CORRECTIONS)}")
+    if not (min_effect >= 0):
+        raise ConfigError(f"min_effect must be 0 or more (a fraction of the baseline loss), got {min_effect}")
+    if rank_by not in ("estimated_delta_loss", "grad_importance_raw"):
+        raise ConfigError(f"rank_by {rank_by!r} is not estimated_delta_loss or grad_importance_raw")
     if top is not None and int(top) < 0:
         raise ConfigError(f"top must be 0 or more, got {top}")
     started = time.perf_counter()
@@ -85,7 +98,7 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
                         kept = None  # too big: the verification recomputes each clean pass instead
                 bar.tick()
             ranking_seconds = time.perf_counter() - started
-            chosen = list(np.argsort(-acc.fast_score(), kind="stable")[:n_top])
+            chosen = list(np.argsort(-acc.fast_score(rank_by), kind="stable")[:n_top])
             for i, (inputs, labels) in enumerate(batches if chosen else []):
                 clean = kept[i] if kept is not None else sweep.clean(inputs, labels, grad=False, record=True)
                 acc.add_ablated(sweep.ablate(clean, chosen), i)
@@ -97,19 +110,23 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
                                 else getattr(data, "tokens", None))
     else:
         summary = None
-    heads = _heads(acc, sweep, chosen, alpha, n_boot, seed, summary)
+    heads = _heads(acc, sweep, chosen, alpha, n_boot, seed, summary, correction)
     n_sig = sum(bool(h.significant) for h in heads)
     baseline = {"accuracy": acc.clean_accuracy(), "loss": acc.clean_loss()}
+    band = contrast.default_band(baseline["loss"], min_effect)
+    for h in heads:
+        h.negligible = contrast.negligible(h, band) if h.verified else None
+    roles.assign(heads)
     fast_info = None
     if fast:
         verified = [h for h in heads if h.verified]
-        fast_info = {"top": n_top, "ranked_by": "grad_importance_raw", "seconds_ranking": ranking_seconds,
-                     "spearman_vs_exact": contrast.spearman([h.grad_importance_raw for h in verified],
+        fast_info = {"top": n_top, "ranked_by": rank_by, "seconds_ranking": ranking_seconds,
+                     "spearman_vs_exact": contrast.spearman([getattr(h, rank_by) for h in verified],
                                                             [h.delta_loss for h in verified])}
     correlations = contrast.correlations([h for h in heads if h.verified])
     correlations["fast_vs_exact"] = contrast.spearman(
-        [h.grad_importance_raw for h in heads if h.verified], [h.delta_loss for h in heads if h.verified])
-    flags = _flags_with_groups(heads, model, batches, task, method, sites, baseline)
+        [getattr(h, rank_by) for h in heads if h.verified], [h.delta_loss for h in heads if h.verified])
+    flags = _flags_with_groups(heads, model, batches, task, method, sites, baseline, band)
     family = sites[0].adapter.family if sites else "unknown"
     n_heads = sorted({s.n_heads for s in sites})
     model_info = {"family": family, "n_layers": len(sites), "n_heads": n_heads[0] if len(n_heads) == 1 else
@@ -124,9 +141,7 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
         timing={"seconds": time.perf_counter() - started, "ablation_seconds": ablation_seconds,
                 "forward_passes": sweep.forwards, "examples_forwarded": sweep.examples_forwarded,
                 "prefix_reuse": sweep.reuse, "batches": len(batches)},
-        significance={"test": significance.TEST, "correction": significance.CORRECTION, "alpha": alpha,
-                      "n_tested": len(chosen), "n_significant": n_sig, "ci": f"paired bootstrap, {n_boot} "
-                      f"resamples of examples, seed {seed}"},
+        significance=_significance_info(heads, len(chosen), acc.n_examples, alpha, correction, n_boot, seed, band),
         fast=fast_info, examples=summary["examples"] if summary else [])
 
 
@@ -191,12 +206,31 @@ class _Accumulator:
     def estimated_delta_loss(self) -> np.ndarray:
         return -self.linear / self.units()  # first order: L(xi = 0) - L(xi = 1) = -dL/dxi
 
-    def fast_score(self) -> np.ndarray:
-        return self.grad_raw()
+    def fast_score(self, rank_by: str = FAST_RANK) -> np.ndarray:
+        return self.estimated_delta_loss() if rank_by == "estimated_delta_loss" else self.grad_raw()
+
+
+def _significance_info(heads: list[HeadEffect], n_tested: int, n_examples: int, alpha: float, correction: str,
+                       n_boot: int, seed: int, band: dict) -> dict:
+    """How `significant` was decided, and the smallest accuracy effect this much data can show."""
+    k = significance.min_detectable_examples(n_tested, alpha)
+    detectable = k / max(n_examples, 1)
+    return {"test": significance.TEST, "loss_test": significance.LOSS_TEST, "drives": significance.DRIVES,
+            "correction": correction, "alpha": alpha, "n_tested": n_tested,
+            "n_significant": sum(bool(h.significant) for h in heads),
+            "n_significant_accuracy": sum(h.p_value_adjusted is not None and h.p_value_adjusted < alpha
+                                          for h in heads),
+            "n_flips": significance.flips_needed(n_tested, alpha),
+            "ci": f"paired bootstrap, {n_boot} resamples of examples, seed {seed}",
+            "min_detectable_examples": k, "min_detectable_accuracy": detectable,
+            "power_note": (f"with {n_examples} examples and {n_tested} heads tested, the accuracy test cannot tell a "
+                           f"head from noise unless at least {k} examples change one way ({detectable:.1%} of the "
+                           f"examples for one scored unit each); pass more data to see smaller accuracy effects"),
+            "negligible_band": band}
 
 
 def _heads(acc: _Accumulator, sweep: Sweep, chosen: list[int], alpha: float, n_boot: int, seed: int,
-           summary: dict | None) -> list[HeadEffect]:
+           summary: dict | None, correction: str = "holm") -> list[HeadEffect]:
     loss_sum, correct, count, ab_loss, ab_correct = acc.arrays()
     units = acc.units()
     idx = np.array(sorted(int(m) for m in chosen), dtype=int)
@@ -204,8 +238,13 @@ def _heads(acc: _Accumulator, sweep: Sweep, chosen: list[int], alpha: float, n_b
     scored = count > 0
     diff_acc = d_correct[scored] / count[scored, None]
     p = significance.sign_test(diff_acc) if len(idx) else np.zeros(0)
-    p_adj = significance.holm(p)
+    p_adj = significance.adjust(p, correction)
     ci = significance.bootstrap_ci(d_correct, count, n_boot=n_boot, seed=seed) if len(idx) else np.zeros((0, 2))
+    d_loss = ab_loss[:, idx] - loss_sum[:, None]  # [N, M_chosen] summed over each example's units
+    p_loss = significance.sign_flip_test(d_loss[scored], n_flips=significance.flips_needed(len(idx), alpha),
+                                         seed=seed) if len(idx) else np.zeros(0)
+    p_loss_adj = significance.adjust(p_loss, correction)
+    loss_ci = significance.bootstrap_ci(d_loss, count, n_boot=n_boot, seed=seed) if len(idx) else np.zeros((0, 2))
     raw = acc.grad_raw()
     est = acc.estimated_delta_loss()
     norm = np.zeros_like(raw)
@@ -223,8 +262,9 @@ def _heads(acc: _Accumulator, sweep: Sweep, chosen: list[int], alpha: float, n_b
             acc_m, loss_m = float(ab_correct[:, m].sum()) / units, float(ab_loss[:, m].sum()) / units
             heads.append(HeadEffect(
                 s, h, acc_m, acc_m - base_acc, [float(ci[j, 0]), float(ci[j, 1])], float(p[j]), float(p_adj[j]),
-                bool(p_adj[j] < alpha), loss_m, loss_m - base_loss, float(acc.kl[m]) / units, float(norm[m]),
-                float(raw[m]), float(est[m]), True, stats))
+                bool(p_loss_adj[j] < alpha), loss_m, loss_m - base_loss, float(acc.kl[m]) / units, float(norm[m]),
+                float(raw[m]), float(est[m]), True, stats, [float(loss_ci[j, 0]), float(loss_ci[j, 1])],
+                float(p_loss[j]), float(p_loss_adj[j])))
         else:
             heads.append(HeadEffect(s, h, None, None, None, None, None, None, None, None, None, float(norm[m]),
                                     float(raw[m]), float(est[m]), False, stats))
@@ -232,12 +272,12 @@ def _heads(acc: _Accumulator, sweep: Sweep, chosen: list[int], alpha: float, n_b
 
 
 def _flags_with_groups(heads: list[HeadEffect], model: torch.nn.Module, batches: list, task: str, method: str,
-                       sites: Sequence[AttentionSite], baseline: dict[str, float]) -> list[dict]:
+                       sites: Sequence[AttentionSite], baseline: dict[str, float], band: dict) -> list[dict]:
     """The contrast flags, with look-alike heads closed together (one forward per batch and group)
     where that can change the story: a striking-but-inert member may be a backup, and heads that each
     barely matter alone may carry the answer together."""
     by_head = {(h.layer, h.head): h for h in heads}
-    flags = contrast.flags(heads, baseline["loss"])
+    flags = contrast.flags(heads, baseline["loss"], band)
     inert = {(f["layer"], f["head"]) for f in flags if f["kind"] == "striking_but_inert"}
     effects: dict[tuple, dict] = {}
 
@@ -261,7 +301,7 @@ def _flags_with_groups(heads: list[HeadEffect], model: torch.nn.Module, batches:
             group_flag = contrast.redundant_flag(role, members, by_head, closed_together(tuple(members)))
             if group_flag is not None:
                 out.append(group_flag)
-    return out
+    return contrast.rank(out)
 
 
 def _stats_for(summary: dict | None, s: int, h: int) -> dict[str, float | None]:

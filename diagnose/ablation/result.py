@@ -11,7 +11,8 @@ from .. import _json
 from .._write import atomic_write
 
 SCHEMA = "diagnose.heads/1"
-ATTENTION_STATS = ("entropy", "max_weight", "first_token", "self", "prev_token", "padding", "mean_distance")
+ATTENTION_STATS = ("entropy", "max_weight", "first_token", "self", "prev_token", "padding", "mean_distance",
+                   "next_token", "last_token", "local")
 
 
 @dataclass
@@ -24,8 +25,8 @@ class HeadEffect:
     delta_accuracy: float | None
     delta_accuracy_ci: list[float] | None  # [lo, hi], 95 %
     p_value: float | None  # paired sign test / exact McNemar, uncorrected
-    p_value_adjusted: float | None  # Holm across the heads tested
-    significant: bool | None  # p_value_adjusted < alpha
+    p_value_adjusted: float | None  # corrected (Holm, or BH) across the heads tested
+    significant: bool | None  # p_value_loss_adjusted < alpha: the delta-loss test decides
     loss: float | None
     delta_loss: float | None
     kl: float | None  # KL(clean || ablated) per scored unit, nats
@@ -34,6 +35,11 @@ class HeadEffect:
     estimated_delta_loss: float  # attribution patching: first-order change of the loss
     verified: bool  # exact ablation computed
     attention: dict[str, float | None] = field(default_factory=dict)
+    delta_loss_ci: list[float] | None = None  # [lo, hi], 95 %, paired bootstrap over examples
+    p_value_loss: float | None = None  # sign-flip permutation test on per-example delta loss, uncorrected
+    p_value_loss_adjusted: float | None = None  # corrected across the heads tested; drives `significant`
+    negligible: bool | None = None  # both 95 % CIs inside the negligible band (equivalence)
+    role: str | None = None  # what its attention does, named from the model's own heads (roles.py)
 
 
 @dataclass
@@ -63,8 +69,8 @@ class HeadsResult:
 
     def ranked(self) -> list[HeadEffect]:
         """Verified heads first, by how much their removal hurts (delta loss), then the rest as --fast ranked them."""
-        return sorted(self.heads, key=lambda h: (not h.verified,
-                                                 -(h.delta_loss if h.verified else h.grad_importance_raw)))
+        by = (self.fast or {}).get("ranked_by", "estimated_delta_loss")
+        return sorted(self.heads, key=lambda h: (not h.verified, -(h.delta_loss if h.verified else getattr(h, by))))
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -92,9 +98,10 @@ class HeadsResult:
 
         rows = []
         for h in self.heads:
-            row = {k: v for k, v in asdict(h).items() if k not in ("attention", "delta_accuracy_ci")}
+            row = {k: v for k, v in asdict(h).items() if k not in ("attention", "delta_accuracy_ci", "delta_loss_ci")}
             ci = h.delta_accuracy_ci or [None, None]
             row["ci_low"], row["ci_high"] = ci
+            row["loss_ci_low"], row["loss_ci_high"] = h.delta_loss_ci or [None, None]
             row.update({f"attn_{k}": h.attention.get(k) for k in ATTENTION_STATS})
             rows.append(row)
         return pd.DataFrame(rows)

@@ -8,6 +8,13 @@ this is exactly McNemar's exact test on the discordant pairs. For token tasks it
 the median per-example change without assuming a symmetric distribution (which Wilcoxon
 would). The 95 % interval for the change in unit-level accuracy comes from a seeded
 paired bootstrap over examples; Holm's step-down method corrects across heads.
+
+The accuracy test throws away what the loss knows, and with a few hundred examples it can
+only see large effects (`min_detectable_accuracy` says how large). So each head's change in
+loss is tested too, with a sign-flip permutation test on the per-example change in summed
+loss (exact under the null that the change is symmetric about zero; no normality assumed);
+that test drives `significant`. Holm is the default correction; Benjamini-Hochberg (false
+discovery rate) is the option for screening many heads.
 """
 
 from __future__ import annotations
@@ -16,7 +23,11 @@ import numpy as np
 from scipy.stats import binom
 
 TEST = "exact sign test on per-example accuracy (= exact McNemar when one unit per example)"
+LOSS_TEST = "sign-flip permutation test on the per-example change in loss"
+DRIVES = "delta_loss"  # which test decides `significant`
 CORRECTION = "holm"
+CORRECTIONS = ("holm", "bh")
+N_FLIPS = 9999  # at least; raised so that the smallest p can pass the strictest corrected level
 
 
 def sign_test(diff: np.ndarray) -> np.ndarray:
@@ -64,3 +75,54 @@ def holm(p: np.ndarray) -> np.ndarray:
     out = np.empty(m)
     out[order] = adjusted
     return out
+
+
+def sign_flip_test(diff: np.ndarray, *, n_flips: int = N_FLIPS, seed: int = 0) -> np.ndarray:
+    """Two-sided paired permutation test of sum(diff) = 0 per column: each example's change keeps
+    its size and gets a random sign; p = (1 + #{|flipped sum| >= |observed|}) / (1 + n_flips).
+    The same flips serve every column (one matrix product per chunk).  diff [N, M] -> p [M]"""
+    diff = np.asarray(diff, dtype=np.float64)
+    n, m = diff.shape
+    if n == 0 or m == 0:
+        return np.ones(m)
+    observed = np.abs(diff.sum(0))  # [M]
+    slack = 1e-9 * np.abs(diff).sum(0)  # rounding of the flipped sums must not count against a tie
+    rng = np.random.default_rng(seed)
+    chunk = max(1, min(n_flips, 4_000_000 // n))
+    hits = np.zeros(m)
+    for start in range(0, n_flips, chunk):
+        signs = rng.integers(0, 2, size=(min(chunk, n_flips - start), n)).astype(np.float64) * 2 - 1  # [R, N]
+        hits += (np.abs(signs @ diff) >= observed - slack).sum(0)
+    p = (1.0 + hits) / (1.0 + n_flips)
+    return np.where(np.abs(diff).sum(0) == 0, 1.0, p)
+
+
+def flips_needed(m: int, alpha: float) -> int:
+    """Flips so that the smallest attainable p, 1 / (1 + n), clears alpha / m (with margin)."""
+    return max(N_FLIPS, int(np.ceil(20 * max(m, 1) / alpha)))
+
+
+def bh(p: np.ndarray) -> np.ndarray:
+    """Benjamini-Hochberg adjusted p-values (false discovery rate; same order as p)."""
+    p = np.asarray(p, dtype=np.float64)
+    m = p.size
+    if m == 0:
+        return p
+    order = np.argsort(p, kind="stable")
+    scaled = p[order] * m / np.arange(1, m + 1)
+    adjusted = np.minimum(1.0, np.minimum.accumulate(scaled[::-1])[::-1])
+    out = np.empty(m)
+    out[order] = adjusted
+    return out
+
+
+def adjust(p: np.ndarray, correction: str) -> np.ndarray:
+    """Holm (family-wise error) or Benjamini-Hochberg (false discovery rate)."""
+    return {"holm": holm, "bh": bh}[correction](p)
+
+
+def min_detectable_examples(m: int, alpha: float) -> int:
+    """The fewest examples that must all change one way before the exact sign test can pass the
+    first (strictest) corrected level alpha / m, for Holm and Benjamini-Hochberg alike:
+    two-sided p = 2 * 0.5 ** k < alpha / m."""
+    return int(np.floor(np.log2(2 * max(m, 1) / alpha))) + 1

@@ -76,8 +76,8 @@ def test_ablation_finds_the_planted_mechanism(trained):
     # the rest of layer 0 carries nothing: inert one by one, and closed together with nothing lost
     others = {(0, h) for h in range(answer.shape[1]) if h != top.head}
     assert _accuracy_with_closed(model, ev, others) > 0.95
-    for key in others:
-        assert abs(effect[key].delta_accuracy) < 0.01 and not effect[key].significant, key
+    for key in others:  # tiny beside the top head (a powerful loss test may still call a tiny effect real)
+        assert abs(effect[key].delta_accuracy) < 0.01 and effect[key].delta_loss < 0.01 * top.delta_loss, key
 
     # heads that park on the first token come out inert
     for h in result.heads:

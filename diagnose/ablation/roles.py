@@ -1,0 +1,71 @@
+"""Each head's role, named from its attention statistics by clustering the model's own heads.
+
+A head's pattern is described by where its weight goes: the first token (a sink, or [CLS]),
+the last real token ([SEP] in BERT-style inputs), itself, the previous token, the next token,
+two positions away (a local window), or anywhere else (broad). Where one fixed cut-off
+("60 % on the previous token") would be arbitrary, the heads of the model are clustered on
+those shares (k-means, k chosen by silhouette) and each cluster is named after the largest
+share of its centre; a head takes its cluster's name. The heads of one model are then named
+relative to each other, the way a reader compares maps side by side.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Sequence
+
+import numpy as np
+
+from .result import HeadEffect
+
+SHARES = ("first_token", "last_token", "self", "prev_token", "next_token", "local", "broad")
+LABELS = {"first_token": "first token", "last_token": "last token", "self": "itself", "prev_token": "previous token",
+          "next_token": "next token", "local": "local window", "broad": "broad"}
+MAX_CLUSTERS = 8
+
+
+def shares(att: dict[str, float | None]) -> np.ndarray | None:
+    """[7] weight on each of SHARES (they overlap a little on short rows; broad is what is left)."""
+    get = {k: att.get(k) for k in ("first_token", "last_token", "self", "prev_token", "next_token", "local")}
+    if any(v is None or not math.isfinite(v) for v in get.values()):
+        return None
+    near = max(0.0, get["local"] - get["prev_token"] - get["next_token"])  # two positions away
+    named = [get["first_token"], get["last_token"], get["self"], get["prev_token"], get["next_token"], near]
+    return np.array([*named, max(0.0, 1.0 - sum(named))])
+
+
+def assign(heads: Sequence[HeadEffect]) -> None:
+    """Set `role` on every head whose statistics are known (None otherwise)."""
+    known = [(h, shares(h.attention)) for h in heads]
+    known = [(h, x) for h, x in known if x is not None]
+    if not known:
+        return
+    X = np.stack([x for _, x in known])  # [n_heads, 7]
+    for (h, _), role in zip(known, name_clusters(X)):
+        h.role = role
+
+
+def name_clusters(X: np.ndarray) -> list[str]:
+    """One role per row of X [n, 7]: the name of the largest share of its cluster's centre."""
+    labels, centres = _cluster(X)
+    names = [SHARES[int(np.argmax(c))] for c in centres]
+    return [names[k] for k in labels]
+
+
+def _cluster(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    distinct = len(np.unique(X.round(6), axis=0))
+    if distinct < 3:
+        return np.arange(len(X)), X  # too few distinct heads to cluster: each is its own group
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import silhouette_score
+
+    best = None
+    for k in range(2, min(MAX_CLUSTERS, distinct - 1) + 1):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            km = KMeans(n_clusters=k, n_init=10, random_state=0).fit(X)
+        score = silhouette_score(X, km.labels_)
+        if best is None or score > best[0] + 1e-9:
+            best = (score, km)
+    return best[1].labels_, best[1].cluster_centers_
