@@ -32,7 +32,14 @@ METHODS = ("zero", "mean")
               help="Write the diagnose.heads/1 JSON here (atomically).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per batch (default 32).")
 @click.option("--fast", is_flag=True, default=False,
-              help="Rank heads by gradient importance; ablate only the --top ones exactly.")
+              help="Rank heads by the first-order estimate of their delta loss (one clean pass with "
+                   "gradients); ablate only the --top ones exactly.")
+@click.option("--correction", type=click.Choice(("holm", "bh")), default="holm", show_default=True,
+              help="Multiple-testing correction across heads: holm (family-wise) or bh (Benjamini-Hochberg, "
+                   "false discovery rate).")
+@click.option("--min-effect", type=click.FloatRange(min=0), default=0.05, show_default=True,
+              help="Negligible band, as a fraction of the baseline loss: a head is called inert only when the "
+                   "95 % CI of its delta loss lies inside it (and that of its delta accuracy within 2 points).")
 @click.option("--top", type=click.IntRange(min=0), default=None, help="Heads to verify with --fast (default 5).")
 @click.option("--together", "groups", multiple=True, metavar="HEADS",
               help="Also close these heads at once, e.g. L0.H3,L0.H0 (repeatable): a head that costs nothing "
@@ -40,14 +47,16 @@ METHODS = ("zero", "mean")
 @html_option
 def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
           max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
-          method: str, json_path: str | None, batch_size: int | None, fast: bool, top: int | None,
-          groups: tuple[str, ...], html_path: str | None) -> None:
+          method: str, json_path: str | None, batch_size: int | None, fast: bool, correction: str,
+          min_effect: float, top: int | None, groups: tuple[str, ...], html_path: str | None) -> None:
     """Remove each attention head in turn and measure what the model loses.
 
     Prints every head ranked by its effect: change in accuracy with 95 % CI and
-    p-value (paired, Holm-corrected), change in loss, KL, gradient importance, and
-    the attention statistics a heatmap would suggest; then the heads whose heatmap
-    and effect disagree.
+    p-value (paired sign test, corrected), change in loss with its p-value (paired
+    permutation test; this one decides "significant"), KL, the head's role, and the
+    attention statistics a heatmap would suggest; then the heads whose heatmap and
+    effect disagree, most telling first, and the smallest accuracy effect the data
+    can show.
 
     \b
     Example: diagnose heads demo-out/induction/model.pt --data demo-out/induction/eval.pt --json heads.json
@@ -71,7 +80,8 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     together = [ablate_together(net, ds, heads_closed, task=task, method=method, batch_size=batch_size,
                                 sites=sites).to_json() for heads_closed in closed]  # first: cheap, and checks names
     result = ablate_heads(net, ds, task=task, method=method, batch_size=batch_size,
-                          fast=fast, top=top, sites=sites, progress=True)
+                          fast=fast, top=top, sites=sites, progress=True, correction=correction,
+                          min_effect=min_effect)
     result.together = together
     if json_path:
         result.save(json_path)
@@ -98,29 +108,33 @@ def _print(result, json_path: str | None) -> None:
 
     if shared_note(result.model):
         out.print(text(f"shared layers: {shared_note(result.model)}"))
-    table = Table("rank", "head", "Δacc [95 % CI]", "p (Holm)", "Δloss", "KL", "grad", "entropy", "max w",
-                  "first")
+    corr = result.significance["correction"].upper() if result.significance["correction"] == "bh" else "Holm"
+    table = Table("rank", "head", "role", "Δacc [95 % CI]", f"p acc ({corr})", "Δloss", f"p loss ({corr})", "KL",
+                  "entropy", "max w", "first")
     for rank, h in enumerate(result.ranked(), 1):
         a = h.attention
         if h.verified:
             lo, hi = h.delta_accuracy_ci
-            effect = [f"{h.delta_accuracy:+.2%} [{lo:+.2%}, {hi:+.2%}]", _p(h), f"{h.delta_loss:+.4f}", f"{h.kl:.4f}"]
+            effect = [f"{h.delta_accuracy:+.2%} [{lo:+.2%}, {hi:+.2%}]", f"{h.p_value_adjusted:.2g}",
+                      f"{h.delta_loss:+.4f}", _p(h), f"{h.kl:.4f}"]
         else:
-            effect = ["not verified", "", "", ""]
-        cells = [str(rank), f"L{h.layer}.H{h.head}", *effect, f"{h.grad_importance:.3f}",
+            effect = ["not verified", "", "", "", ""]
+        cells = [str(rank), f"L{h.layer}.H{h.head}", (h.role or "").replace("_", " "), *effect,
                  _f(a.get("entropy")), _f(a.get("max_weight")), _f(a.get("first_token"))]
         table.add_row(*(Text(c) for c in cells))
     out.print(table)
     sig = result.significance
-    out.print(Text(f"{sig['n_significant']} of {sig['n_tested']} heads tested change accuracy significantly after "
-                   f"{sig['correction'].title()} correction (alpha {sig['alpha']})."))
+    out.print(Text(f"{sig['n_significant']} of {sig['n_tested']} heads tested change the loss significantly "
+                   f"({sig.get('n_significant_accuracy', 0)} the accuracy) after {corr} correction (alpha "
+                   f"{sig['alpha']}); the loss test decides. Note: {sig.get('power_note', '')}."))
     if result.fast:
         rho = result.fast["spearman_vs_exact"]["rho"]
-        out.print(Text(f"--fast: ranked {len(result.heads)} heads by gradient importance, verified the top "
+        out.print(Text(f"--fast: ranked {len(result.heads)} heads by {result.fast['ranked_by']}, verified the top "
                        f"{result.fast['top']}" + ("" if rho is None else f" (Spearman to exact {rho:+.2f})")))
     for f in result.flags:
         names = " + ".join(f"L{layer}.H{head}" for layer, head in f.get("heads") or [(f["layer"], f["head"])])
-        out.print(Text.assemble((plain(f["kind"]), "bold"), plain(f" {names}: {f['reason']}")))
+        out.print(Text.assemble(f"{f.get('rank', '-')}. ", (plain(f["kind"]), "bold"),
+                                plain(f" {names}: {f['reason']}")))
     if not result.flags:
         out.print(Text("No head's heatmap contradicts its ablation effect."))
     for g in result.together:
@@ -151,7 +165,8 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
 
 
 def _p(h) -> str:
-    return f"{h.p_value_adjusted:.2g}" + (" *" if h.significant else "")
+    p = h.p_value_loss_adjusted
+    return ("" if p is None else f"{p:.2g}") + (" *" if h.significant else "")
 
 
 def _f(v) -> str:

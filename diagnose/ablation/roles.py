@@ -4,8 +4,10 @@ A head's pattern is described by where its weight goes: the first token (a sink,
 the last real token ([SEP] in BERT-style inputs), itself, the previous token, the next token,
 two positions away (a local window), or anywhere else (broad). Where one fixed cut-off
 ("60 % on the previous token") would be arbitrary, the heads of the model are clustered on
-those shares (k-means, k chosen by silhouette) and each cluster is named after the largest
-share of its centre; a head takes its cluster's name. The heads of one model are then named
+those shares (k-means, k chosen by silhouette) and each cluster is named after the share in
+which its centre stands out most from the model's average head (in standard deviations across
+heads); a head takes its cluster's name. In a model where every head sends half its weight to
+[CLS], the cluster that also looks at the previous token is "previous token": heads are named
 relative to each other, the way a reader compares maps side by side.
 """
 
@@ -23,6 +25,7 @@ SHARES = ("first_token", "last_token", "self", "prev_token", "next_token", "loca
 LABELS = {"first_token": "first token", "last_token": "last token", "self": "itself", "prev_token": "previous token",
           "next_token": "next token", "local": "local window", "broad": "broad"}
 MAX_CLUSTERS = 8
+SPREAD_FLOOR = 0.02  # a share that hardly varies across heads names no cluster
 
 
 def shares(att: dict[str, float | None]) -> np.ndarray | None:
@@ -47,9 +50,10 @@ def assign(heads: Sequence[HeadEffect]) -> None:
 
 
 def name_clusters(X: np.ndarray) -> list[str]:
-    """One role per row of X [n, 7]: the name of the largest share of its cluster's centre."""
+    """One role per row of X [n, 7]: the share in which its cluster's centre most exceeds the average head."""
     labels, centres = _cluster(X)
-    names = [SHARES[int(np.argmax(c))] for c in centres]
+    spread = np.maximum(X.std(0), SPREAD_FLOOR)
+    names = [SHARES[int(np.argmax((c - X.mean(0)) / spread))] for c in centres]
     return [names[k] for k in labels]
 
 

@@ -11,9 +11,11 @@ paired bootstrap over examples; Holm's step-down method corrects across heads.
 
 The accuracy test throws away what the loss knows, and with a few hundred examples it can
 only see large effects (`min_detectable_accuracy` says how large). So each head's change in
-loss is tested too, with a sign-flip permutation test on the per-example change in summed
-loss (exact under the null that the change is symmetric about zero; no normality assumed);
-that test drives `significant`. Holm is the default correction; Benjamini-Hochberg (false
+loss is tested too, with a sign-flip permutation test on the signed ranks of the per-example
+change in summed loss (Wilcoxon's statistic, its null distribution by flipping signs: exact
+under the null that the change is symmetric about zero, no normality assumed, and robust to
+the few examples whose loss moves a lot, which swamp a test on the raw mean); that test
+drives `significant`. Holm is the default correction; Benjamini-Hochberg (false
 discovery rate) is the option for screening many heads.
 """
 
@@ -23,7 +25,7 @@ import numpy as np
 from scipy.stats import binom
 
 TEST = "exact sign test on per-example accuracy (= exact McNemar when one unit per example)"
-LOSS_TEST = "sign-flip permutation test on the per-example change in loss"
+LOSS_TEST = "sign-flip permutation test on the signed ranks of the per-example change in loss (Wilcoxon statistic)"
 DRIVES = "delta_loss"  # which test decides `significant`
 CORRECTION = "holm"
 CORRECTIONS = ("holm", "bh")
@@ -95,6 +97,16 @@ def sign_flip_test(diff: np.ndarray, *, n_flips: int = N_FLIPS, seed: int = 0) -
         hits += (np.abs(signs @ diff) >= observed - slack).sum(0)
     p = (1.0 + hits) / (1.0 + n_flips)
     return np.where(np.abs(diff).sum(0) == 0, 1.0, p)
+
+
+def signed_ranks(diff: np.ndarray) -> np.ndarray:
+    """Per column: sign(d) * rank of |d| among the non-zero entries (ties averaged), 0 where d is 0."""
+    from scipy.stats import rankdata
+
+    diff = np.asarray(diff, dtype=np.float64)
+    mag = np.abs(diff)
+    ranks = rankdata(np.where(mag > 0, mag, np.nan), axis=0, nan_policy="omit")
+    return np.where(mag > 0, np.sign(diff) * np.nan_to_num(ranks), 0.0)
 
 
 def flips_needed(m: int, alpha: float) -> int:

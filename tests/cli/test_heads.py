@@ -56,11 +56,25 @@ def test_lm_checkpoint_table_and_json(files):
     assert "reference model, 2 layers; lm, zero ablation, 20 examples" in out
     for name in ("L0.H0", "L0.H1", "L1.H0", "L1.H1"):
         assert name in out
-    assert "heads tested change accuracy significantly after Holm correction" in out
+    assert "heads tested change the loss significantly" in out and "after Holm correction" in out
     data = json.loads((files / "out" / "heads.json").read_text())
     assert data["schema"] == "diagnose.heads/1" and data["task"] == "lm" and data["n_examples"] == 20
     assert len(data["heads"]) == 4 and data["model"]["family"] == "reference"
+    assert data["significance"]["min_detectable_examples"] == 6  # 4 heads, alpha 0.05: 2 * 0.5 ** 6 < 0.05 / 4
+    assert "examples change one way" in " ".join(out.split())
     assert list(files.joinpath("out").iterdir()) == [files / "out" / "heads.json"]  # no temporary left
+
+
+def test_benjamini_hochberg_and_the_negligible_band(files):
+    result = _run("lm.pt", "--data", "lm_data.pt", "--correction", "bh", "--min-effect", "0.2", "--json", "bh.json")
+    assert result.exit_code == 0, result.output
+    data = json.loads((files / "bh.json").read_text())
+    assert data["significance"]["correction"] == "bh" and data["significance"]["drives"] == "delta_loss"
+    assert data["significance"]["negligible_band"]["min_effect"] == 0.2 and "after BH correction" in result.stdout
+    for h in data["heads"]:
+        assert h["significant"] == (h["p_value_loss_adjusted"] < 0.05) and h["role"] and len(h["delta_loss_ci"]) == 2
+    bad = _run("lm.pt", "--data", "lm_data.pt", "--correction", "bonferroni")
+    assert bad.exit_code == 2 and "bonferroni" in bad.output
 
 
 def test_classifier_default_task_mean_and_fast(files):
