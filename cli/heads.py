@@ -32,8 +32,8 @@ METHODS = ("zero", "mean")
               help="Write the diagnose.heads/1 JSON here (atomically).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per batch (default 32).")
 @click.option("--fast", is_flag=True, default=False,
-              help="Rank heads by the first-order estimate of their delta loss (one clean pass with "
-                   "gradients); ablate only the --top ones exactly.")
+              help="Rank heads by a second-order estimate of their delta loss (one clean pass with "
+                   "per-example gradients); ablate only the --top ones exactly.")
 @click.option("--correction", type=click.Choice(("holm", "bh")), default="holm", show_default=True,
               help="Multiple-testing correction across heads: holm (family-wise) or bh (Benjamini-Hochberg, "
                    "false discovery rate).")

@@ -75,9 +75,30 @@ def head_grids(v: HeadsView) -> str | None:
         return to_data_uri(fig)
 
 
+ROLE_LETTERS = {"first_token": "F", "last_token": "L", "self": "S", "prev_token": "P", "next_token": "N",
+                "local": "W", "broad": "B"}
+ROLE_KEY = "F first token, L last token, S itself, P previous, N next, W local window, B broad"
+
+
+def _role_grid(ax, v: HeadsView) -> None:
+    """Each head's role (diagnose.ablation.roles) as a letter on a categorical colour."""
+    names = list(ROLE_LETTERS)
+    codes = np.array([[names.index(r) if r in names else np.nan for r in row] for row in v.roles], dtype=float)
+    ax.imshow(np.ma.masked_invalid(codes), cmap="tab10", vmin=0, vmax=9, aspect="auto", alpha=0.55)
+    for (layer, head), r in np.ndenumerate(v.roles):
+        if r in ROLE_LETTERS:
+            ax.text(head, layer, ROLE_LETTERS[r], ha="center", va="center", fontsize=7)
+    ax.set_title("role\n" + ROLE_KEY.replace(", W", ",\nW"), fontsize=7)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.tick_params(labelsize=7)
+
+
 def attention_grids(v: HeadsView) -> str | None:
-    """The other attention statistics, so each head's map can be read at a glance."""
+    """The other attention statistics and each head's role, so each head's map can be read at a glance."""
     keys = [k for k in ("entropy", "first_token", "prev_token", "self") if np.isfinite(v.grids[k]).any()]
+    if v.roles is not None:
+        keys.append("role")
     if not keys:
         return None
     cell = 0.22 if v.n_heads > 6 else 0.4
@@ -87,7 +108,7 @@ def attention_grids(v: HeadsView) -> str | None:
         fig = new_figure(w * len(keys), h, left=0.5, right=0.1, top=0.5, bottom=0.45, wspace=0.35)
         axes = fig.subplots(1, len(keys), squeeze=False)[0]
         for ax, key in zip(axes, keys):
-            _grid(ax, v, key, False)
+            _role_grid(ax, v) if key == "role" else _grid(ax, v, key, False)
         return to_data_uri(fig)
 
 

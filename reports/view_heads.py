@@ -79,6 +79,7 @@ class HeadsView:
     examples_note: str = ""
     together: list[Group] = field(default_factory=list)
     shared: str = ""  # layers applied at several depths (ALBERT), said in words; "" when none
+    roles: np.ndarray | None = None  # [n_layers, n_heads] role names ("" unknown), from the heads JSON
 
     @property
     def n_significant(self) -> int:
@@ -247,8 +248,10 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
     grids = {k: np.full((n_layers, n_heads), np.nan) for k in (*HEAD_NUMBERS, *ATTENTION_STATS)}
     given_sig = np.zeros((n_layers, n_heads), dtype=bool)
     has_given_sig = False
+    roles = np.full((n_layers, n_heads), "", dtype=object)
     for h in data["heads"]:
         at = (h["layer"], h["head"])
+        roles[at] = h.get("role") if isinstance(h.get("role"), str) else ""
         for k in HEAD_NUMBERS:
             grids[k][at] = _num(h.get(k))
         for k in ATTENTION_STATS:
@@ -268,4 +271,5 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
         baseline=data.get("baseline") or {}, seconds=_num(timing.get("seconds")) if timing else None,
         grids=grids, significant=significant, ranked=ranked, flags=_flags(data.get("flags")),
         correlations=_correlations(grids, data.get("correlations")), examples=examples, example_texts=texts,
-        examples_note=note, together=_groups(data.get("together"), data["heads"]))
+        examples_note=note, together=_groups(data.get("together"), data["heads"]),
+        roles=roles if roles.astype(bool).any() else None)

@@ -46,6 +46,25 @@ def test_one_hot_previous_token():
     assert s["mean_distance"] == pytest.approx([(T - 1) / T] * 2)
 
 
+def test_next_last_and_local():
+    """Head 0 looks at the next position (the last row at itself), head 1 at the last real key."""
+    mask = torch.ones(2, T, dtype=torch.long)
+    mask[1, 4:] = 0  # example 1: 4 real tokens, its last real key is position 3
+    probs = torch.zeros(2, 2, T, T)
+    for q in range(T):
+        probs[:, 0, q, min(q + 1, T - 1)] = 1.0
+    probs[0, 1, :, T - 1] = 1.0
+    probs[1, 1, :, 3] = 1.0
+    s = stats(probs, mask)
+    # next_token over the real rows that have a next position: T - 1 in example 0, all 4 in example 1
+    assert s["next_token"][0] == pytest.approx(1.0)
+    assert s["last_token"][1] == pytest.approx(1.0)
+    # head 0 lands on the last real key from rows T-2, T-1 of example 0 and row 2 of example 1
+    assert s["last_token"][0] == pytest.approx(3 / (T + 4))
+    assert s["local"][0] == pytest.approx((T - 1 + 4) / (T + 4))  # one step away, except example 0's last row
+    assert s["local"][1] == pytest.approx((2 + 2) / (T + 4))  # rows T-3, T-2 of ex. 0; rows 1, 2 of ex. 1
+
+
 def test_causal_uniform_entropy():
     probs = torch.ones(T, T).tril()
     probs = (probs / probs.sum(-1, keepdim=True))[None, None]  # row q uniform over q + 1 keys

@@ -70,6 +70,7 @@ def correlations(heads: Sequence[HeadEffect]) -> dict[str, Any]:
     out["grad_importance"] = spearman([h.grad_importance for h in heads], effect)
     out["grad_importance_raw"] = spearman([h.grad_importance_raw for h in heads], effect)
     out["estimated_delta_loss"] = spearman([h.estimated_delta_loss for h in heads], effect)
+    out["second_order_delta_loss"] = spearman([h.second_order_delta_loss for h in heads], effect)
     return out
 
 

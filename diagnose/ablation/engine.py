@@ -5,9 +5,10 @@ One clean pass per batch through the head gates gives the baseline, d loss / d g
 several heads per forward. Mean ablation first averages each head's output over all
 real tokens of the data set (examples and positions pooled, the usual choice: a
 per-position mean would leak position information a head did not carry). `fast=True`
-ranks every head by a cheap estimate from that one clean pass (FAST_RANK: the first-order
-change of the loss, which tracked the exact effect best on real and demo models; see
-bench/bench_estimators.py) and ablates only the top ones exactly.
+ranks every head by a cheap estimate from that one clean pass (FAST_RANK: the change of the
+loss to second order, the curvature from the same per-example gradients; it tracked the
+exact effect best on real and demo models, see bench/bench_estimators.py) and ablates only
+the top ones exactly.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from .result import ATTENTION_STATS, HeadEffect, HeadsResult
 from .sweep import Sweep
 
 DEFAULT_TOP = 5
-FAST_RANK = "estimated_delta_loss"  # or "grad_importance_raw" (Michel et al.); measured in bench_estimators
+FAST_RANK = "second_order_delta_loss"  # the cheap estimate closest to exact ablation (bench/bench_estimators.py)
+RANKINGS = ("second_order_delta_loss", "estimated_delta_loss", "grad_importance_raw")
 MIN_EFFECT = 0.05  # negligible: |delta loss| under 5 % of the baseline loss (contrast.default_band)
 KEEP_BYTES = 512 * 2 ** 20  # --fast keeps clean batches (logits, block outputs) up to this for verification
 
@@ -63,8 +65,8 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
         raise ConfigError(f"correction {correction!r} is not one of {', '.join(significance.CORRECTIONS)}")
     if not (min_effect >= 0):
         raise ConfigError(f"min_effect must be 0 or more (a fraction of the baseline loss), got {min_effect}")
-    if rank_by not in ("estimated_delta_loss", "grad_importance_raw"):
-        raise ConfigError(f"rank_by {rank_by!r} is not estimated_delta_loss or grad_importance_raw")
+    if rank_by not in RANKINGS:
+        raise ConfigError(f"rank_by {rank_by!r} is not one of {', '.join(RANKINGS)}")
     if top is not None and int(top) < 0:
         raise ConfigError(f"top must be 0 or more, got {top}")
     started = time.perf_counter()
@@ -155,6 +157,7 @@ class _Accumulator:
         self.kl = np.zeros(n_heads)
         self.michel = np.zeros(n_heads)  # sum over examples of |d L_b / d xi_h|, L_b the example's mean loss
         self.linear = np.zeros(n_heads)  # sum over examples of d loss_sum_b / d xi_h
+        self.fisher = np.zeros(n_heads)  # sum over examples of (d loss_sum_b / d xi_h) ** 2 / units_b
         self.n_scored_examples = 0
 
     def add_clean(self, clean) -> None:
@@ -167,6 +170,7 @@ class _Accumulator:
             scored = count > 0
             self.michel += (np.abs(g[scored]) / count[scored, None]).sum(0)
             self.linear += g.sum(0)
+            self.fisher += (g[scored] ** 2 / count[scored, None]).sum(0)
             self.n_scored_examples += int(scored.sum())
 
     def add_ablated(self, ablated: dict, batch_index: int | None = None) -> None:
@@ -206,8 +210,14 @@ class _Accumulator:
     def estimated_delta_loss(self) -> np.ndarray:
         return -self.linear / self.units()  # first order: L(xi = 0) - L(xi = 1) = -dL/dxi
 
+    def second_order_delta_loss(self) -> np.ndarray:
+        """Taylor to second order, L(0) - L(1) = -L' + L''/2, the curvature by the empirical Fisher
+        (Gauss-Newton for cross-entropy: E (d loss_b / d xi) ** 2, per scored unit)."""
+        return (-self.linear + 0.5 * self.fisher) / self.units()
+
     def fast_score(self, rank_by: str = FAST_RANK) -> np.ndarray:
-        return self.estimated_delta_loss() if rank_by == "estimated_delta_loss" else self.grad_raw()
+        return {"estimated_delta_loss": self.estimated_delta_loss, "grad_importance_raw": self.grad_raw,
+                "second_order_delta_loss": self.second_order_delta_loss}[rank_by]()
 
 
 def _significance_info(heads: list[HeadEffect], n_tested: int, n_examples: int, alpha: float, correction: str,
@@ -247,6 +257,7 @@ def _heads(acc: _Accumulator, sweep: Sweep, chosen: list[int], alpha: float, n_b
     loss_ci = significance.bootstrap_ci(d_loss, count, n_boot=n_boot, seed=seed) if len(idx) else np.zeros((0, 2))
     raw = acc.grad_raw()
     est = acc.estimated_delta_loss()
+    est2 = acc.second_order_delta_loss()
     norm = np.zeros_like(raw)
     for s in range(len(sweep.sites)):
         members = [m for m, (ss, _) in enumerate(sweep.heads) if ss == s]
@@ -264,10 +275,11 @@ def _heads(acc: _Accumulator, sweep: Sweep, chosen: list[int], alpha: float, n_b
                 s, h, acc_m, acc_m - base_acc, [float(ci[j, 0]), float(ci[j, 1])], float(p[j]), float(p_adj[j]),
                 bool(p_loss_adj[j] < alpha), loss_m, loss_m - base_loss, float(acc.kl[m]) / units, float(norm[m]),
                 float(raw[m]), float(est[m]), True, stats, [float(loss_ci[j, 0]), float(loss_ci[j, 1])],
-                float(p_loss[j]), float(p_loss_adj[j])))
+                float(p_loss[j]), float(p_loss_adj[j]), second_order_delta_loss=float(est2[m])))
         else:
             heads.append(HeadEffect(s, h, None, None, None, None, None, None, None, None, None, float(norm[m]),
-                                    float(raw[m]), float(est[m]), False, stats))
+                                    float(raw[m]), float(est[m]), False, stats,
+                                    second_order_delta_loss=float(est2[m])))
     return heads
 
 

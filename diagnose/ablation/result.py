@@ -40,6 +40,7 @@ class HeadEffect:
     p_value_loss_adjusted: float | None = None  # corrected across the heads tested; drives `significant`
     negligible: bool | None = None  # both 95 % CIs inside the negligible band (equivalence)
     role: str | None = None  # what its attention does, named from the model's own heads (roles.py)
+    second_order_delta_loss: float | None = None  # -dL/dxi + (empirical Fisher) / 2: the --fast ranking
 
 
 @dataclass
@@ -69,7 +70,7 @@ class HeadsResult:
 
     def ranked(self) -> list[HeadEffect]:
         """Verified heads first, by how much their removal hurts (delta loss), then the rest as --fast ranked them."""
-        by = (self.fast or {}).get("ranked_by", "estimated_delta_loss")
+        by = (self.fast or {}).get("ranked_by", "second_order_delta_loss")
         return sorted(self.heads, key=lambda h: (not h.verified, -(h.delta_loss if h.verified else getattr(h, by))))
 
     def to_json(self) -> dict[str, Any]:

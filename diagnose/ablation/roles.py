@@ -68,7 +68,7 @@ def _cluster(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for k in range(2, min(MAX_CLUSTERS, distinct - 1) + 1):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            km = KMeans(n_clusters=k, n_init=10, random_state=0).fit(X)
+            km = KMeans(n_clusters=k, n_init=4, random_state=0).fit(X)
         score = silhouette_score(X, km.labels_)
         if best is None or score > best[0] + 1e-9:
             best = (score, km)

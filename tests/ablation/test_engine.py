@@ -141,11 +141,16 @@ def test_grad_importance_matches_finite_differences(model, data):
 
     eps = 1e-5
     raw = np.zeros((2, H))
+    units = (targets != -100).sum(1).double()  # [N] scored units per example
     for l in range(2):
         for h in range(H):
             g = (per_example(1 + eps, l, h) - per_example(1 - eps, l, h)) / (2 * eps)  # [N]
             raw[l, h] = float(g.abs().mean())
             assert result.head(l, h).grad_importance_raw == pytest.approx(raw[l, h], rel=1e-4)
+            # second order: (-sum_b dS_b + sum_b dS_b ** 2 / units_b / 2) / units, S_b = g_b * units_b summed loss
+            d_sum = g * units
+            want = float((-d_sum + 0.5 * d_sum ** 2 / units).sum() / units.sum())
+            assert result.head(l, h).second_order_delta_loss == pytest.approx(want, rel=1e-4, abs=1e-9)
         norm = raw[l] / np.linalg.norm(raw[l])
         for h in range(H):
             assert result.head(l, h).grad_importance == pytest.approx(norm[h], rel=1e-4)
@@ -155,7 +160,7 @@ def test_fast_verifies_only_the_top_heads(model, data):
     full = ablate_heads(model, data, task="lm", progress=False, attention=False)
     fast = ablate_heads(model, data, task="lm", progress=False, attention=False, fast=True, top=3)
     key = fast.fast["ranked_by"]
-    assert key == "estimated_delta_loss"  # the estimator that tracked exact ablation best (bench_estimators)
+    assert key == "second_order_delta_loss"  # the estimator that tracked exact ablation best (bench_estimators)
     by_estimate = sorted(full.heads, key=lambda h: -getattr(h, key))[:3]
     assert {(h.layer, h.head) for h in fast.heads if h.verified} == {(h.layer, h.head) for h in by_estimate}
     by_grad = ablate_heads(model, data, task="lm", progress=False, attention=False, fast=True, top=3,
@@ -177,7 +182,7 @@ def test_fast_verifies_only_the_top_heads(model, data):
     assert fast.timing["examples_forwarded"] < full.timing["examples_forwarded"]
     ranked = fast.ranked()
     assert [h.verified for h in ranked] == [True] * 3 + [False] * (2 * H - 3)
-    rest = [h.estimated_delta_loss for h in ranked[3:]]
+    rest = [h.second_order_delta_loss for h in ranked[3:]]
     assert rest == sorted(rest, reverse=True)
     verified = [h.delta_loss for h in ranked[:3]]
     assert verified == sorted(verified, reverse=True)

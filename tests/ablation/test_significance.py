@@ -6,9 +6,10 @@ from math import comb
 
 import numpy as np
 import pytest
-from scipy.stats import binomtest
+from scipy.stats import binomtest, wilcoxon
 
-from diagnose.ablation.significance import bootstrap_ci, holm, sign_test
+from diagnose.ablation.significance import (adjust, bh, bootstrap_ci, holm, min_detectable_examples, sign_flip_test,
+                                           sign_test, signed_ranks)
 
 
 def mcnemar_exact(b: int, c: int) -> float:
@@ -58,3 +59,33 @@ def test_bootstrap_ci_is_seeded_and_covers_the_estimate():
     # the interval's width is about 2 * 1.96 standard errors of a ratio estimator
     se = np.sqrt(np.var(d[:, 0] - est * count) / len(count)) / count.mean()
     assert (ci[0, 1] - ci[0, 0]) == pytest.approx(2 * 1.96 * se, rel=0.2)
+
+
+def test_sign_flip_on_signed_ranks_is_wilcoxon():
+    """The permutation distribution of Wilcoxon's statistic, sampled: p near scipy's exact p."""
+    rng = np.random.default_rng(2)
+    d = np.stack([rng.standard_t(2, 40) + 0.5, rng.normal(0, 1, 40), rng.normal(0, 1, 40) * 1e-3 + 1e-3], 1)
+    d[:4, 1] = 0.0  # zeros drop out, as in wilcoxon(zero_method="wilcox")
+    p = sign_flip_test(signed_ranks(d), n_flips=40000, seed=1)
+    for m in range(3):
+        want = wilcoxon(d[:, m][d[:, m] != 0], method="exact").pvalue
+        assert p[m] == pytest.approx(want, abs=3 * np.sqrt(want * (1 - want) / 40000) + 2e-4), m
+    assert np.array_equal(p, sign_flip_test(signed_ranks(d), n_flips=40000, seed=1))  # seeded
+    assert sign_flip_test(np.zeros((10, 1)))[0] == 1.0
+    # one example per flip cannot beat 1 / (n_flips + 1): the smallest p is bounded by the flips
+    assert sign_flip_test(np.ones((30, 1)), n_flips=999)[0] == pytest.approx(1 / 1000)
+
+
+def test_benjamini_hochberg_by_hand():
+    p = np.array([0.01, 0.04, 0.03, 0.005])
+    # sorted 0.005, 0.01, 0.03, 0.04 -> * 4/1, 4/2, 4/3, 4/4 = 0.02, 0.02, 0.04, 0.04 (monotone from the top)
+    assert bh(p).tolist() == pytest.approx([0.02, 0.04, 0.04, 0.02])
+    assert adjust(p, "bh").tolist() == bh(p).tolist() and adjust(p, "holm").tolist() == holm(p).tolist()
+    assert (bh(p) <= holm(p)).all()  # BH never rejects fewer
+
+
+@pytest.mark.parametrize("m", [1, 4, 72, 144])
+def test_min_detectable_examples_is_the_first_passing_count(m):
+    k = min_detectable_examples(m, 0.05)
+    everyone = lambda n: sign_test(-np.ones((n, 1)))[0]  # n examples all lost, none gained
+    assert everyone(k) < 0.05 / m <= everyone(k - 1)

@@ -1,0 +1,51 @@
+"""Head roles: clusters of the model's own heads, each named by where its centre stands out."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from diagnose.ablation.roles import SHARES, assign, name_clusters, shares
+
+from .test_contrast import head
+
+ZERO = {"first_token": 0.0, "last_token": 0.0, "self": 0.0, "prev_token": 0.0, "next_token": 0.0, "local": 0.0}
+
+
+def att(**kw):
+    out = dict(ZERO)
+    out.update(kw)
+    if "local" not in kw:
+        out["local"] = out["prev_token"] + out["next_token"]
+    return out
+
+
+def test_shares_split_the_weight():
+    x = shares(att(first_token=0.5, prev_token=0.2, next_token=0.1, local=0.4))
+    assert dict(zip(SHARES, x.round(6))) == {"first_token": 0.5, "last_token": 0.0, "self": 0.0, "prev_token": 0.2,
+                                             "next_token": 0.1, "local": 0.1, "broad": 0.1}
+    assert shares({"first_token": None}) is None
+
+
+def test_distinct_patterns_get_their_names():
+    rng = np.random.default_rng(0)
+    kinds = ["prev_token", "first_token", "last_token", "broad"]
+    heads = []
+    for i, kind in enumerate(kinds * 3):
+        share = 0.75 + 0.05 * rng.random()
+        heads.append(head(i // 4, i % 4, dacc=0.0, dloss=0.0, p=1.0,
+                          att=att() if kind == "broad" else att(**{kind: share})))
+    assign(heads)
+    assert [h.role for h in heads] == kinds * 3
+
+
+def test_roles_are_relative_to_the_model():
+    """Every head sends about half its weight to [CLS]; the ones that also look back are previous-token heads."""
+    rows = [[0.5, 0.0, 0.05, 0.05, 0.05, 0.0, 0.35]] * 6 + [[0.45, 0.0, 0.05, 0.4, 0.0, 0.0, 0.1]] * 3 + \
+           [[0.8, 0.0, 0.05, 0.05, 0.05, 0.0, 0.05]] * 3
+    names = name_clusters(np.array(rows) + np.random.default_rng(1).normal(0, 0.005, (12, 7)))
+    assert names[6:9] == ["prev_token"] * 3 and names[9:] == ["first_token"] * 3 and names[0] == "broad"
+
+
+def test_too_few_heads_name_themselves():
+    names = name_clusters(np.array([[0.9, 0, 0, 0, 0, 0, 0.1], [0.1, 0, 0, 0.8, 0, 0, 0.1]]))
+    assert names == ["first_token", "prev_token"]
