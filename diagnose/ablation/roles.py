@@ -6,7 +6,8 @@ two positions away (a local window), or anywhere else (broad). Where one fixed c
 ("60 % on the previous token") would be arbitrary, the heads of the model are clustered on
 those shares (k-means, k chosen by silhouette) and each cluster is named after the share in
 which its centre stands out most from the model's average head (in standard deviations across
-heads); a head takes its cluster's name. In a model where every head sends half its weight to
+heads; a cluster that stands out nowhere is named by a share holding most of its weight, else
+"broad"); a head takes its cluster's name. In a model where every head sends half its weight to
 [CLS], the cluster that also looks at the previous token is "previous token": heads are named
 relative to each other, the way a reader compares maps side by side.
 """
@@ -26,6 +27,9 @@ LABELS = {"first_token": "first token", "last_token": "last token", "self": "its
           "next_token": "next token", "local": "local window", "broad": "broad"}
 MAX_CLUSTERS = 8
 SPREAD_FLOOR = 0.02  # a share that hardly varies across heads names no cluster
+STANDS_OUT = 1.0  # a centre at least one standard deviation (across heads) above the average head ...
+MAJORITY = 0.5  # ... else the cluster is named by a share it gives at least half its weight, else "broad"
+OWN_Z = 3.0  # a single head named by its own share: far out of the model's crowd (name_own)
 
 
 def shares(att: dict[str, float | None]) -> np.ndarray | None:
@@ -45,15 +49,36 @@ def assign(heads: Sequence[HeadEffect]) -> None:
     if not known:
         return
     X = np.stack([x for _, x in known])  # [n_heads, 7]
-    for (h, _), role in zip(known, name_clusters(X)):
+    for (h, _), role in zip(known, name_own(X, name_clusters(X))):
         h.role = role
+
+
+def name_own(X: np.ndarray, names: list[str]) -> list[str]:
+    """A head that gives most of its weight to one position (first, last, itself, previous, next), far
+    beyond the model's typical head (robust z >= OWN_Z), has that role whatever cluster it fell in:
+    a lone next-token head is too rare to form a cluster of its own."""
+    out = list(names)
+    for j in range(5):  # the positional shares
+        col = X[:, j]
+        centre = np.median(col)
+        spread = max(1.4826 * float(np.median(np.abs(col - centre))), 0.05)
+        for i in np.flatnonzero((col >= MAJORITY) & ((col - centre) / spread >= OWN_Z)):
+            if X[i, j] >= X[i, :5].max():
+                out[i] = SHARES[j]
+    return out
 
 
 def name_clusters(X: np.ndarray) -> list[str]:
     """One role per row of X [n, 7]: the share in which its cluster's centre most exceeds the average head."""
     labels, centres = _cluster(X)
     spread = np.maximum(X.std(0), SPREAD_FLOOR)
-    names = [SHARES[int(np.argmax((c - X.mean(0)) / spread))] for c in centres]
+    names = []
+    for c in centres:
+        z = (c - X.mean(0)) / spread
+        if z.max() >= STANDS_OUT:
+            names.append(SHARES[int(np.argmax(z))])
+        else:  # a cluster like the average head: named by where most of its weight goes, if anywhere
+            names.append(SHARES[int(np.argmax(c))] if c.max() >= MAJORITY else "broad")
     return [names[k] for k in labels]
 
 

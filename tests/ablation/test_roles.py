@@ -40,7 +40,7 @@ def test_distinct_patterns_get_their_names():
 
 def test_roles_are_relative_to_the_model():
     """Every head sends about half its weight to [CLS]; the ones that also look back are previous-token heads."""
-    rows = [[0.5, 0.0, 0.05, 0.05, 0.05, 0.0, 0.35]] * 6 + [[0.45, 0.0, 0.05, 0.4, 0.0, 0.0, 0.1]] * 3 + \
+    rows = [[0.45, 0.0, 0.05, 0.05, 0.05, 0.0, 0.4]] * 6 + [[0.45, 0.0, 0.05, 0.4, 0.0, 0.0, 0.1]] * 3 + \
            [[0.8, 0.0, 0.05, 0.05, 0.05, 0.0, 0.05]] * 3
     names = name_clusters(np.array(rows) + np.random.default_rng(1).normal(0, 0.005, (12, 7)))
     assert names[6:9] == ["prev_token"] * 3 and names[9:] == ["first_token"] * 3 and names[0] == "broad"
@@ -49,3 +49,13 @@ def test_roles_are_relative_to_the_model():
 def test_too_few_heads_name_themselves():
     names = name_clusters(np.array([[0.9, 0, 0, 0, 0, 0, 0.1], [0.1, 0, 0, 0.8, 0, 0, 0.1]]))
     assert names == ["first_token", "prev_token"]
+
+
+def test_a_lone_positional_head_keeps_its_role():
+    rows = [[0.5, 0.0, 0.1, 0.05, 0.05, 0.05, 0.25]] * 10 + [[0.2, 0.0, 0.05, 0.05, 0.6, 0.0, 0.1]]
+    X = np.array(rows) + np.random.default_rng(2).normal(0, 0.01, (11, 7))
+    assign_names = name_clusters(X)
+    from diagnose.ablation.roles import name_own
+
+    assert name_own(X, assign_names)[-1] == "next_token"
+    assert name_own(X, ["broad"] * 11)[:10] == ["broad"] * 10
