@@ -16,6 +16,7 @@ from ._options import (
 # literal so that --help needs no torch; a test checks them against the library's own lists
 TASKS = ("classification", "lm")
 METHODS = ("zero", "mean")
+RANKINGS = ("second_order_delta_loss", "estimated_delta_loss", "grad_importance_raw")
 
 
 @click.command()
@@ -34,6 +35,9 @@ METHODS = ("zero", "mean")
 @click.option("--fast", is_flag=True, default=False,
               help="Rank heads by a second-order estimate of their delta loss (one clean pass with "
                    "per-example gradients); ablate only the --top ones exactly.")
+@click.option("--rank-by", type=click.Choice(RANKINGS), default=RANKINGS[0], show_default=True,
+              help="The --fast estimate: second order (best on real models), first order, or gradient "
+                   "importance (Michel et al.; better on tiny models whose loss is near 0).")
 @click.option("--correction", type=click.Choice(("holm", "bh")), default="holm", show_default=True,
               help="Multiple-testing correction across heads: holm (family-wise) or bh (Benjamini-Hochberg, "
                    "false discovery rate).")
@@ -47,7 +51,7 @@ METHODS = ("zero", "mean")
 @html_option
 def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
           max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
-          method: str, json_path: str | None, batch_size: int | None, fast: bool, correction: str,
+          method: str, json_path: str | None, batch_size: int | None, fast: bool, rank_by: str, correction: str,
           min_effect: float, top: int | None, groups: tuple[str, ...], html_path: str | None) -> None:
     """Remove each attention head in turn and measure what the model loses.
 
@@ -81,7 +85,7 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
                                 sites=sites).to_json() for heads_closed in closed]  # first: cheap, and checks names
     result = ablate_heads(net, ds, task=task, method=method, batch_size=batch_size,
                           fast=fast, top=top, sites=sites, progress=True, correction=correction,
-                          min_effect=min_effect)
+                          min_effect=min_effect, rank_by=rank_by)
     result.together = together
     if json_path:
         result.save(json_path)

@@ -20,7 +20,11 @@ def test_help_does_not_import_torch_or_pandas():
 
 
 def test_cli_choices_match_the_library():
+    from diagnose.ablation import engine, significance
+
     assert heads.TASKS == TASKS and heads.METHODS == METHODS
+    assert heads.RANKINGS == engine.RANKINGS and heads.RANKINGS[0] == engine.FAST_RANK
+    assert significance.CORRECTIONS == ("holm", "bh")
 
 
 def test_every_public_name_resolves():
