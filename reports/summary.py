@@ -58,11 +58,11 @@ def heads_verdict(v: HeadsView) -> Verdict:
     top = ", ".join(_head_effect(h) for h in v.ranked[:3])
     if v.n_significant:
         out.lines.append(("What matters", f"{v.n_significant} of {v.n_total} heads change the result "
-                                          f"significantly when removed (Holm-corrected p < 0.05); the "
-                                          f"largest effects: {top}."))
+                                          f"significantly when removed (corrected p < 0.05, paired test on "
+                                          f"Δ loss); the largest effects: {top}."))
     else:
         out.lines.append(("What matters", f"No single head changes the result significantly when removed "
-                                          f"(Holm-corrected p < 0.05); the largest effects: {top}."))
+                                          f"(corrected p < 0.05, paired test on Δ loss); the largest effects: {top}."))
     inert = [f for f in v.flags if f.kind == "striking_but_inert"]
     vital = [f for f in v.flags if f.kind == "diffuse_but_vital"]
     together = [f for f in v.flags if f.kind == "redundant_group"]
