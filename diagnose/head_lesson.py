@@ -28,15 +28,17 @@ def name(h: HeadEffect) -> str:
 
 def pick(result: HeadsResult) -> tuple[HeadEffect | None, HeadEffect | None]:
     """(a) among the heads whose removal is significant and not negligible, and (b) among the negligible
-    ones, the head with the most weight on the first token (ties: the larger delta loss); None where no
-    head qualifies."""
+    ones (those flagged striking_but_inert first), the head with the most weight on the first token
+    (ties: the larger delta loss); None where no head qualifies."""
     known = [h for h in result.heads if h.verified and h.attention.get("first_token") is not None]
 
     def most_first(heads: list[HeadEffect]) -> HeadEffect | None:
         return max(heads, key=lambda h: (h.attention["first_token"], h.delta_loss), default=None)
 
+    flagged = {(f["layer"], f["head"]) for f in result.flags if f["kind"] == "striking_but_inert"}
+    inert = [h for h in known if h.negligible]
     return (most_first([h for h in known if h.significant and not h.negligible]),
-            most_first([h for h in known if h.negligible]))
+            most_first([h for h in inert if (h.layer, h.head) in flagged]) or most_first(inert))
 
 
 def measure(model: torch.nn.Module, data: dict[str, torch.Tensor], task: str) -> dict[str, Any]:
@@ -65,7 +67,8 @@ def measure(model: torch.nn.Module, data: dict[str, torch.Tensor], task: str) ->
     ]
     top = max(result.heads, key=lambda h: h.delta_loss if h.verified else float("-inf"))
     return {"a": f"{name(a)}, matters", "b": f"{name(b)}, does nothing alone", "rows": rows,
-            "claim": claim(a, b, top, after_other["b"], result.baseline["accuracy"])}
+            "claim": claim(a, b, top, after_other["b"], result.baseline["accuracy"]),
+            "shows": flags.get((b.layer, b.head)) == "striking_but_inert"}
 
 
 def claim(a: HeadEffect, b: HeadEffect, top: HeadEffect, b_after_a: float, baseline_accuracy: float) -> str:
@@ -76,9 +79,12 @@ def claim(a: HeadEffect, b: HeadEffect, top: HeadEffect, b_after_a: float, basel
             f"{b.delta_accuracy * 100:+.1f} points and loss {b.delta_loss:+.4f}, both shown negligible. ")
     if abs(b_after_a) < TINY_ACCURACY:
         text += f"With {name(a)} gone, removing {name(b)} too changes nothing more: it is not {name(a)}'s backup. "
-    else:
+    elif b_after_a < 0:
         text += (f"With {name(a)} gone, removing {name(b)} too moves accuracy a further {b_after_a * 100:+.1f} "
                  f"points: it backs {name(a)} up, which single-head ablation cannot see. ")
+    else:
+        text += (f"With {name(a)} gone, removing {name(b)} too gives back {b_after_a * 100:+.1f} points: the two "
+                 "interact, which single-head ablation cannot see. ")
     if top is not a:
         text += (f"The head the task needs most, {name(top)} ({top.delta_accuracy * 100:+.1f} points), puts "
                  f"{top.attention.get('first_token') or 0:.0%} of its attention there. ")

@@ -174,6 +174,29 @@ def _check(t: Trained, name: str) -> dict[str, Any]:
 TRAINING = [("accuracy", "eval accuracy", ".3f"), ("loss", "eval loss", ".3f"),
             ("max_grad_norm_first_60", "max grad norm, steps 0-59", ".2f"), ("alerts", "monitor alerts", "s")]
 
+RETRY_SEEDS = (1, 2, 3)  # the heads lesson's fallback recipes (positions model, other seeds)
+
+
+def heads_lesson(a: Trained, seeds: tuple[int, ...] = RETRY_SEEDS) -> dict[str, Any]:
+    """The attention-map lesson on the positions model; when this run has no striking-but-inert head
+    beside a vital one (another CPU rounds differently, and a small model may not grow one), the same
+    recipe is trained with the next seed, and the claim says which seed showed it."""
+    out = head_lesson.measure(a.model, a.eval_data.tensors(), a.eval_data.task)
+    tried = [a.variant.train.seed]
+    for seed in seeds:
+        if out.get("shows"):
+            break
+        v = replace(a.variant, name=f"{a.variant.name}-seed{seed}", train=replace(a.variant.train, seed=seed))
+        t = train_variant(v, a.run_dir.parent, {})
+        out = head_lesson.measure(t.model, t.eval_data.tensors(), t.eval_data.task)
+        tried.append(seed)
+    if len(tried) > 1:
+        before = ", ".join(str(s) for s in tried[:-1])
+        out["claim"] = (f"(Positions model trained with seed {tried[-1]}: with seed(s) {before} no head was both "
+                        f"striking and shown negligible on this machine.) " + out["claim"])
+    return out
+
+
 LESSONS = [
     Lesson("warmup", "Learning-rate warmup", "Post-LN at a high lr needs warmup; without it training stalls.",
            "warmup-post-ln", "no-warmup-post-ln", lambda a, b: _rows(a, b, TRAINING)),
@@ -206,7 +229,7 @@ LESSONS = [
                               {"a": _check(a, "padding"), "b": _check(b, "padding")})),
     Lesson("heads", head_lesson.TITLE, "A head that puts its weight on the first token may do nothing at all; "
            "only removing heads shows which carry the task.", "positions", "positions",
-           lambda a, _: head_lesson.measure(a.model, a.eval_data.tensors(), a.eval_data.task)),
+           lambda a, _: heads_lesson(a)),
 ]
 
 

@@ -86,11 +86,11 @@ def flags(heads: Sequence[HeadEffect], baseline_loss: float, band: dict[str, flo
     for h in heads:
         if not h.verified:
             continue
-        role, share = _dominant(h.attention)
+        _, share = _dominant(h.attention)
         key = (h.layer, h.head)
         inert = h.negligible if h.negligible is not None else negligible(h, band)
         if key in stand_out and inert:
-            _, z, typical = stand_out[key]
+            role, share, z, typical = stand_out[key]
             twins = [list(m) for m in group_of.get(key, []) if m != key]
             cover = (f"; {len(twins)} other head(s) of layer {h.layer} look the same and may cover for it "
                      "(single-head ablation misses redundancy)") if twins else ""
@@ -131,21 +131,28 @@ def negligible(h: HeadEffect, band: dict[str, float]) -> bool:
     return max(abs(acc[0]), abs(acc[1])) < band["accuracy"] and max(abs(loss[0]), abs(loss[1])) < band["loss"]
 
 
-def striking(heads: Sequence[HeadEffect]) -> dict[tuple[int, int], tuple[str, float, float]]:
-    """(layer, head) -> (role, robust z-score, the model's median share on that role) for each head
-    whose dominant pattern is decisive and stands out among the model's own heads."""
+def striking(heads: Sequence[HeadEffect]) -> dict[tuple[int, int], tuple[str, float, float, float]]:
+    """(layer, head) -> (role, share, robust z-score, the model's median share on that role) for each
+    head that puts at least DECISIVE of its weight on one role (first / last token, itself, previous /
+    next token) or one key, where that share stands out among the model's own heads. A named role is
+    preferred to "a single key" when both stand out: it says what the map shows."""
     values = {k: [h.attention.get(k) for h in heads if _known(h.attention.get(k))] for k in _ROLES}
     centre = {k: float(np.median(v)) for k, v in values.items() if v}
     spread = {k: max(1.4826 * float(np.median(np.abs(np.array(v) - centre[k]))), SPREAD_FLOOR)
               for k, v in values.items() if v}
     out = {}
     for h in heads:
-        role, share = _dominant(h.attention)
-        if role is None or share < DECISIVE:
-            continue
-        z = (share - centre[role]) / spread[role]
-        if z >= STRIKING_Z:
-            out[(h.layer, h.head)] = (role, float(z), centre[role])
+        best = None
+        for k in _ROLES:
+            share = h.attention.get(k)
+            if not _known(share) or share < DECISIVE:
+                continue
+            z = (share - centre[k]) / spread[k]
+            if z >= STRIKING_Z and (best is None or (best[0] == "max_weight" and k != "max_weight") or
+                                    (k != "max_weight" and z > best[2])):
+                best = (k, float(share), float(z), centre[k])
+        if best is not None:
+            out[(h.layer, h.head)] = best
     return out
 
 
