@@ -251,7 +251,8 @@ def _heads(acc: _Accumulator, sweep: Sweep, chosen: list[int], alpha: float, n_b
     p_adj = significance.adjust(p, correction)
     ci = significance.bootstrap_ci(d_correct, count, n_boot=n_boot, seed=seed) if len(idx) else np.zeros((0, 2))
     d_loss = ab_loss[:, idx] - loss_sum[:, None]  # [N, M_chosen] summed over each example's units
-    p_loss = significance.sign_flip_test(significance.signed_ranks(d_loss[scored]), n_flips=significance.flips_needed(len(idx), alpha),
+    flips = significance.flips_needed(len(idx), alpha)
+    p_loss = significance.sign_flip_test(significance.signed_ranks(d_loss[scored]), n_flips=flips,
                                          seed=seed) if len(idx) else np.zeros(0)
     p_loss_adj = significance.adjust(p_loss, correction)
     loss_ci = significance.bootstrap_ci(d_loss, count, n_boot=n_boot, seed=seed) if len(idx) else np.zeros((0, 2))

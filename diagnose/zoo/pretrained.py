@@ -73,7 +73,8 @@ def build_classifier(out_dir: str | Path, *, n_train: int = 400, n_dev: int = 13
     folder, dev_path = out_dir / "minilm-sentiment", out_dir / "dev.jsonl"
     tokenizer = AutoTokenizer.from_pretrained(base, trust_remote_code=False)
     config = BertConfig.from_pretrained(base, trust_remote_code=False, num_labels=2,
-                                        id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1})
+                                        id2label={0: "negative", 1: "positive"},
+                                        label2id={"negative": 0, "positive": 1})
     model = BertForSequenceClassification.from_pretrained(base, config=config, trust_remote_code=False).eval()
     with torch.no_grad():
         pooler = model.bert.pooler.dense
