@@ -2,9 +2,13 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# The CPU build of torch must be installed before anything that depends on torch;
-# a bare `torch` requirement can pull a multi-GB CUDA build.
+# torch is installed first, on its own, so that nothing else picks its build. From PyPI on Linux
+# x86_64 `torch==2.13.0` is the CUDA build (several GB; it runs on a CPU too); macOS and Windows
+# wheels are CPU builds. TORCH_INDEX picks another build from PyTorch's own index, e.g.
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu     (CPU only, far smaller)
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cu126   (a given CUDA version)
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
 STAMP := $(VENV)/.diagnose-installed
 
 .PHONY: demo test bench families clean
@@ -12,7 +16,7 @@ STAMP := $(VENV)/.diagnose-installed
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[all,test]"
 	touch $(STAMP)
 
@@ -20,7 +24,7 @@ demo: $(STAMP)
 	$(BIN)/diagnose demo --out demo-out
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -rs -n 2 --dist loadfile
 
 bench: $(STAMP)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

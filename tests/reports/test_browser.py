@@ -18,11 +18,26 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disa
         "--disable-component-update", "--disable-sync"]
 
 
+def in_ci() -> bool:
+    """CI systems set CI=true (GitHub, GitLab, ...; .ci/run sets it too)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def no_browser(reason: str) -> None:
+    """In CI a missing browser fails the run; on a user's machine the tests skip, saying why."""
+    if in_ci():
+        pytest.fail(f"CI is set and {reason}: the browser tests must run in CI", pytrace=False)
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="module")
 def browser():
     if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium); .ci/run installs it")
-    from playwright.sync_api import sync_playwright
+        no_browser(f"{CHROMIUM} is not installed (apt-get install chromium; .ci/run installs it)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        no_browser("playwright is not installed (pip install -e '.[test]'; make test installs it)")
 
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
@@ -171,3 +186,13 @@ def test_right_to_left_override_reverses_only_its_own_token(browser, tmp_path):
         assert pg.eval_on_selector_all("#map-info bdi", "b => b.length") == 2
     finally:
         pg.close()
+
+
+def test_a_missing_browser_fails_in_ci_and_skips_elsewhere(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="must run in CI"):
+        no_browser("chromium is not installed")
+    for value in ("", "false", "0"):
+        monkeypatch.setenv("CI", value)
+        with pytest.raises(pytest.skip.Exception, match="chromium is not installed"):
+            no_browser("chromium is not installed")
