@@ -1,0 +1,94 @@
+"""The README is a first read that must stay true: its Python example runs, every command has an
+example whose flags exist, and every page under docs/ is reachable from it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _blocks(text: str, lang: str) -> list[str]:
+    """The fenced code blocks of `text` whose info string is `lang` ("" for bare fences)."""
+    blocks, current, info = [], None, ""
+    for line in text.splitlines(keepends=True):
+        if line.startswith("```"):
+            if current is None:
+                current, info = [], line[3:].strip()
+            else:
+                if info == lang:
+                    blocks.append("".join(current))
+                current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+def _section(title: str) -> str:
+    return README.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_is_a_first_read():
+    lines = README.splitlines()
+    assert len(lines) < 200
+    first_screen = "\n".join(lines[:40])
+    assert "](docs/report.png)" in first_screen
+    assert _blocks(_section("Quick start"), "") == ["make demo\n", "make test\n"]
+
+
+@pytest.mark.slow
+def test_your_own_model_example_runs(tmp_path, monkeypatch):
+    """The example, as printed, on a small Hugging Face classifier folder and a data file."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=16, num_labels=2)
+    transformers.BertForSequenceClassification(cfg).eval().save_pretrained(tmp_path / "my-model")
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 50, (24, 8), generator=g)
+    torch.save({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids[:, 0] % 2}, tmp_path / "eval.pt")
+    (code,) = _blocks(_section("Your own model"), "python")
+    assert len(code.splitlines()) <= 10
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    heads = json.loads((tmp_path / "heads.json").read_text())
+    assert heads["schema"] == "diagnose.heads/1" and len(heads["heads"]) == 4
+    assert (tmp_path / "report.html").read_text().lstrip().lower().startswith("<!doctype html")
+
+
+def test_every_command_has_an_example_whose_flags_exist():
+    from diagnose.cli.main import cli as main
+
+    examples: dict[str, list[list[str]]] = {}
+    for block in _blocks(README, ""):
+        for line in block.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line.startswith("diagnose "):
+                words = shlex.split(line)
+                examples.setdefault(words[1], []).append(words[2:])
+    assert set(main.commands) <= set(examples), f"commands without an example: {set(main.commands) - set(examples)}"
+    for name, uses in examples.items():
+        assert name in main.commands, f"README runs `diagnose {name}`, which does not exist"
+        flags = {opt for p in main.commands[name].params for opt in p.opts + p.secondary_opts}
+        for words in uses:
+            for w in words:
+                if w.startswith("-"):
+                    assert w in flags, f"README: `diagnose {name} {w}` is not an option of {name}"
+
+
+def test_every_docs_page_is_reachable_from_the_readme():
+    linked = set(re.findall(r"\]\(((?:docs|bench)/[^)#]+)", README))
+    for target in linked:
+        assert (ROOT / target).is_file(), f"README links to {target}, which does not exist"
+    pages = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")} | {"bench/README.md"}
+    assert pages <= linked, f"pages not linked from the README: {sorted(pages - linked)}"
+    for page in pages:  # links between pages point at files that exist
+        text = (ROOT / page).read_text()
+        for target in re.findall(r"\]\(([^)#:]+\.md)", text):
+            assert (ROOT / page).parent.joinpath(target).resolve().is_file(), f"{page} links to missing {target}"
