@@ -92,3 +92,25 @@ def test_every_docs_page_is_reachable_from_the_readme():
         text = (ROOT / page).read_text()
         for target in re.findall(r"\]\(([^)#:]+\.md)", text):
             assert (ROOT / page).parent.joinpath(target).resolve().is_file(), f"{page} links to missing {target}"
+
+
+def test_files_and_names_the_pages_mention_exist():
+    """Modules move: a page that names a file or a dotted name must name one that exists."""
+    import importlib
+
+    pages = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for page in pages:
+        text = page.read_text()
+        for path in set(re.findall(r"\b((?:diagnose|tests|bench|cli|reports)/[\w/]+\.py)\b", text)):
+            assert (ROOT / path).is_file(), f"{page.name} names {path}, which does not exist"
+        for dotted in set(re.findall(r"`(diagnose(?:\.\w+)+)(?![\w/-])", text)):
+            parts = dotted.split(".")
+            for cut in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
+                try:
+                    obj = importlib.import_module(".".join(parts[:cut]))
+                except ImportError:
+                    continue
+                for attr in parts[cut:]:
+                    assert hasattr(obj, attr), f"{page.name} names {dotted}: no {attr}"
+                    obj = getattr(obj, attr)
+                break
