@@ -62,17 +62,24 @@ def test_your_own_model_example_runs(tmp_path, monkeypatch):
     assert (tmp_path / "report.html").read_text().lstrip().lower().startswith("<!doctype html")
 
 
-def test_every_command_has_an_example_whose_flags_exist():
+def test_every_command_has_an_example_and_every_example_flag_exists():
     from diagnose.cli.main import cli as main
 
-    examples: dict[str, list[list[str]]] = {}
-    for block in _blocks(README, ""):
-        for line in block.splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line.startswith("diagnose "):
-                words = shlex.split(line)
-                examples.setdefault(words[1], []).append(words[2:])
+    def examples_in(text: str) -> dict[str, list[list[str]]]:
+        found: dict[str, list[list[str]]] = {}
+        for block in _blocks(text, ""):
+            for line in block.splitlines():
+                line = line.split("#", 1)[0].strip()
+                if line.startswith("diagnose "):
+                    words = shlex.split(line)
+                    found.setdefault(words[1], []).append(words[2:])
+        return found
+
+    examples = examples_in(README)
     assert set(main.commands) <= set(examples), f"commands without an example: {set(main.commands) - set(examples)}"
+    for page in sorted((ROOT / "docs").glob("*.md")):  # the reference pages' examples must run too
+        for name, uses in examples_in(page.read_text()).items():
+            examples.setdefault(name, []).extend(uses)
     for name, uses in examples.items():
         assert name in main.commands, f"README runs `diagnose {name}`, which does not exist"
         flags = {opt for p in main.commands[name].params for opt in p.opts + p.secondary_opts}
