@@ -10,6 +10,8 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.diagnose-installed
+# pytest workers (xdist); CI's second pass uses one worker with two torch threads.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test bench families clean
 
@@ -24,7 +26,7 @@ demo: $(STAMP)
 	$(BIN)/diagnose demo --out demo-out
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -rs -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

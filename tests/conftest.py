@@ -1,5 +1,6 @@
-"""Shared fixtures. Tests run on tiny models; torch is kept to one thread per worker
-because two workers x two threads on a 2-core machine thrash (100x slower, measured)."""
+"""Shared fixtures. Tests run on tiny models; torch runs DIAGNOSE_TEST_THREADS threads per worker
+(default 1: two workers x two threads on a 2-core machine thrash, 100x slower, measured). CI's
+second pass runs one worker with two threads, so in-process float sums take another path."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import pytest
 import torch
 
-torch.set_num_threads(1)
+torch.set_num_threads(int(os.environ.get("DIAGNOSE_TEST_THREADS", "1")))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

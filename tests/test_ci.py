@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_ci_run_stops_when_chromium_cannot_be_installed(tmp_path):
     script = (ROOT / ".ci" / "run").read_text()
-    assert "OMP_NUM_THREADS=1 make test" in script and "OMP_NUM_THREADS=2 make test" in script
+    assert "DIAGNOSE_TEST_THREADS=1 make test" in script
+    assert "DIAGNOSE_TEST_THREADS=2 make test TEST_WORKERS=1" in script
     assert "/usr/bin/chromium" in script
     # The same script, in a copy of the tree where chromium is absent and apt-get fails;
     # `make` is a stub that records that the suite was started.
