@@ -136,7 +136,7 @@ def gpt2_sweeps(train_steps: int, variants: bool, skip_peer: bool = False) -> No
 def demo_models() -> None:
     """Spearman between the fast ranking (gradient importance) and exact delta loss on the demo models."""
     from diagnose.demo import demo_variants
-    from diagnose.lessons import task_data
+    from diagnose.demo import task_data
     from diagnose.zoo import Transformer, train
 
     print("\ndemo models (quick training): Spearman of --fast's ranking to exact ablation, and time ratio")

@@ -64,7 +64,7 @@ def models(skip_gpt2: bool):
 
         yield "GPT-2 6x8, repeated halves", gpt2(steps=150), repeat_data(128, seed=7), "lm"
     from diagnose.demo import demo_variants
-    from diagnose.lessons import task_data
+    from diagnose.demo import task_data
     from diagnose.zoo import Transformer, train
 
     for v in demo_variants():

@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from diagnose.cli.main import cli
-from diagnose.lessons import markdown_table, run_lessons
+from diagnose.demo import markdown_table, run_lessons
 
 
 @pytest.mark.slow

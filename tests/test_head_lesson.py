@@ -9,8 +9,8 @@ import pytest
 
 from diagnose import ablate_heads, ablate_together
 from diagnose.ablation.result import HeadsResult
-from diagnose.head_lesson import measure, name, pick
-from diagnose.lessons import run_lessons, train_variant, variants
+from diagnose.demo import run_lessons, train_variant, variants
+from diagnose.demo._head_lesson import measure, name, pick
 
 from .ablation.test_contrast import head
 
@@ -77,7 +77,7 @@ def test_the_lesson_tries_other_seeds_until_one_shows_it(monkeypatch, tmp_path: 
     lesson then trains the same recipe with the next seeds and says which one showed it."""
     from types import SimpleNamespace
 
-    from diagnose import lessons
+    from diagnose.demo import _lessons as lessons
 
     trained, shows = [], {0: False, 1: False, 2: True}
 

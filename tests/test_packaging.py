@@ -24,3 +24,9 @@ def test_wheel_layout(tmp_path):
     for needed in ("diagnose/cli/main.py", "diagnose/reports/templates/report.html.j2",
                    "diagnose/reports/static/report.js", "diagnose/py.typed", "diagnose/adapters/hf_llama.py"):
         assert needed in names, needed
+    # every source module ships: a new folder missing from pyproject's packages list would be left out
+    sources = {f"diagnose/{p.relative_to(ROOT / 'diagnose').as_posix()}" for p in (ROOT / "diagnose").rglob("*.py")}
+    sources |= {f"diagnose/{top}/{p.relative_to(ROOT / top).as_posix()}" for top in ("cli", "reports")
+                for p in (ROOT / top).rglob("*.py")}
+    assert "diagnose/demo/__init__.py" in sources and "diagnose/demo/_run.py" in sources
+    assert sources - set(names) == set()

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from .ablation import HeadEffect, HeadsResult, ablate_heads, ablate_together
-from .ablation.contrast import TINY_ACCURACY
+from ..ablation import HeadEffect, HeadsResult, ablate_heads, ablate_together
+from ..ablation.contrast import TINY_ACCURACY
 
 TITLE = "Attention map vs ablation"
 

@@ -13,11 +13,12 @@ from typing import Any, Callable
 
 import torch
 
-from . import _json, head_lesson
-from ._write import atomic_write
-from .checks import check_model
-from .monitor import TrainingMonitor, read_run
-from .zoo import ModelConfig, TaskData, TrainConfig, Transformer, induction, order, padded_majority, train
+from .. import _json
+from .._write import atomic_write
+from ..checks import check_model
+from ..monitor import TrainingMonitor, read_run
+from ..zoo import ModelConfig, TaskData, TrainConfig, Transformer, induction, order, padded_majority, train
+from . import _head_lesson as head_lesson
 
 SCHEMA = "diagnose.lessons/1"
 

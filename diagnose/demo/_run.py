@@ -3,7 +3,7 @@
 1. trains the reference model on the three synthetic tasks under TrainingMonitor and saves
    each checkpoint with its evaluation data (out/<task>/model.pt, eval.pt, runs/<task>);
 2. ablates every head of each (out/<task>/heads.json) and checks its wiring (checks.json);
-3. trains the lesson pairs (diagnose.lessons) and measures what each switch does (lessons.json);
+3. trains the lesson pairs (diagnose.demo._lessons) and measures what each switch does (lessons.json);
 4. writes one self-contained report of all of it (out/report.html).
 """
 
@@ -14,14 +14,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from . import _json
-from ._write import atomic_write
-from .ablation import ablate_heads
-from .checks import check_model
-from .io.checkpoint import save_checkpoint
-from .io.data import save_tensors
-from .lessons import Trained, Variant, markdown_table, run_lessons, train_variant, variants
-from .zoo import ModelConfig, TaskData, TrainConfig
+from .. import _json
+from .._write import atomic_write
+from ..ablation import ablate_heads
+from ..checks import check_model
+from ..io.checkpoint import save_checkpoint
+from ..io.data import save_tensors
+from ..zoo import ModelConfig, TaskData, TrainConfig
+from ._lessons import Trained, Variant, markdown_table, run_lessons, train_variant, variants
 
 
 @dataclass
@@ -85,7 +85,7 @@ def run_demo(out_dir: str | Path = "demo-out", *, quick: bool = False, lessons: 
 
 
 def _run(out: Path, quick: bool, lessons: bool, report: bool, log: Callable[[str], None]) -> DemoResult:
-    from . import write_report
+    from .. import write_report
 
     start = time.perf_counter()
     result = DemoResult(out)
