@@ -10,9 +10,10 @@ import torch.nn.functional as F
 
 import diagnose
 from diagnose.activations import hidden_stats
-from diagnose.adapters._hooks import hook_snapshot
 from diagnose.zoo.config import ModelConfig
 from diagnose.zoo.model import Transformer
+
+from .hooks import hook_snapshot
 
 
 @pytest.fixture

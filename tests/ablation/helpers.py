@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from diagnose.adapters._hooks import hook_snapshot
 from diagnose.objectives import call_model, logits_of, score, targets_for
+
+from ..hooks import hook_snapshot
 
 
 def evaluate(model: nn.Module, batches, task: str) -> tuple[float, float]:

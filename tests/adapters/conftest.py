@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from diagnose.adapters._hooks import hook_snapshot
 from diagnose.objectives import call_model, logits_of
+
+from ..hooks import hook_snapshot
 
 
 def _weight_of(proj: nn.Module) -> tuple[torch.Tensor, int]:

@@ -11,9 +11,9 @@ import torch.nn as nn
 import diagnose
 from diagnose.adapters.generic import GenericAdapter
 from diagnose.adapters.registry import unregister_adapter
-from diagnose.adapters._hooks import hook_snapshot
 from diagnose.errors import NoAttentionFoundError
 
+from ..hooks import hook_snapshot
 from ..nano import nanogpt
 
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import diagnose
-from diagnose.adapters._hooks import hook_snapshot
 from diagnose.adapters._intercept import AttentionMode
+
+from ..hooks import hook_snapshot
 
 transformers = pytest.importorskip("transformers")
 

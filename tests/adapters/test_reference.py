@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import diagnose
-from diagnose.adapters._hooks import hook_snapshot
 from diagnose.zoo.config import ModelConfig
 from diagnose.zoo.model import Transformer, apply_rotary
+
+from ..hooks import hook_snapshot
 
 SWITCHES = {
     "lm": {},

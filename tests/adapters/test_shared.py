@@ -9,8 +9,8 @@ import torch
 
 import diagnose
 from diagnose.ablation import ablate_heads
-from diagnose.adapters._hooks import hook_snapshot
 
+from ..hooks import hook_snapshot
 from .conftest import output_of, zero_head
 
 transformers = pytest.importorskip("transformers")

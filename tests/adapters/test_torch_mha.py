@@ -9,7 +9,8 @@ import torch
 import torch.nn as nn
 
 import diagnose
-from diagnose.adapters._hooks import hook_snapshot
+
+from ..hooks import hook_snapshot
 
 
 class CrossAttn(nn.Module):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import diagnose
-from diagnose.adapters._hooks import hook_snapshot
 
+from ..hooks import hook_snapshot
 from ..wordlevel import make_tokenizer
 
 pytest.importorskip("transformer_lens")

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from diagnose import check_model
-from diagnose.adapters._hooks import hook_snapshot
 from diagnose.checks import SCHEMA, Findings
 from diagnose.errors import ConfigError, DataError, DiagnoseError
 from diagnose.io import DataSet
 from diagnose.zoo import ModelConfig, Transformer, padded_majority
 
+from ..hooks import hook_snapshot
 from ..nano import NanoGPT
 
 
