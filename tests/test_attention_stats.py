@@ -11,8 +11,7 @@ import torch
 import diagnose
 from diagnose import attention_stats
 from diagnose.attention_stats import HeadStats, entropy_and_max
-from diagnose.zoo.config import ModelConfig
-from diagnose.zoo.model import Transformer
+from diagnose.zoo import ModelConfig, Transformer
 
 T = 6
 

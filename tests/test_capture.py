@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 import diagnose
 from diagnose.activations import hidden_stats
-from diagnose.zoo.config import ModelConfig
-from diagnose.zoo.model import Transformer
+from diagnose.zoo import ModelConfig, Transformer
 
 from .hooks import hook_snapshot
 

@@ -11,7 +11,6 @@ import diagnose
 from diagnose.ablation import ablate_heads
 from diagnose.cli.main import cli
 from diagnose.errors import DiagnoseError, NonFiniteError
-from diagnose.io import save_tensors
 from diagnose.zoo import ModelConfig, Transformer
 
 
@@ -53,7 +52,7 @@ def test_finite_weights_that_overflow_name_the_forward():
 @pytest.mark.parametrize("command", ["heads", "check"])
 def test_cli_stops_with_one_line_and_exit_2(tmp_path, command):
     diagnose.save_checkpoint(_nan_model(), tmp_path / "nan.pt", meta={"task": "lm"})
-    save_tensors({"input_ids": _ids()}, tmp_path / "data.pt")
+    torch.save({"input_ids": _ids()}, tmp_path / "data.pt")
     args = [command, str(tmp_path / "nan.pt"), "--data", str(tmp_path / "data.pt")]
     if command == "heads":
         args += ["--json", str(tmp_path / "heads.json")]

@@ -1,7 +1,12 @@
-"""Reading and writing the model and data files named in DESIGN.md."""
+"""Reading and writing the model and data files named in DESIGN.md.
+
+Exported: the public loaders (load_model, load_data, DataSet, save_checkpoint) and what the CLI
+commands use (load_data_for, check_task, describe_model, describe_data, trial_forward). The rest
+(save_tensors, the vocabulary and label checks, the tokenizer lookups) stays in its module.
+"""
 
 from .checkpoint import save_checkpoint
-from .data import DataSet, check_labels, check_task, check_vocab, load_data, save_tensors
+from .data import DataSet, check_task, load_data
 from .model import label2id_of, load_model, max_positions_of, tokenizer_of
 from .summary import describe_data, describe_model, trial_forward
 
@@ -17,6 +22,6 @@ def load_data_for(model, path, *, max_length=None) -> DataSet:
 
 
 __all__ = [
-    "DataSet", "check_labels", "check_task", "check_vocab", "describe_data", "describe_model", "label2id_of", "load_data",
-    "load_data_for", "load_model", "max_positions_of", "save_checkpoint", "save_tensors", "tokenizer_of", "trial_forward",
+    "DataSet", "check_task", "describe_data", "describe_model", "load_data", "load_data_for", "load_model",
+    "save_checkpoint", "trial_forward",
 ]

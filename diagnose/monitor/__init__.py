@@ -2,6 +2,6 @@
 
 from .alerts import Thresholds
 from .monitor import TrainingMonitor
-from .runfolder import Run, RunWriter, read_run
+from .runfolder import Run, read_run
 
-__all__ = ["TrainingMonitor", "Thresholds", "Run", "RunWriter", "read_run"]
+__all__ = ["TrainingMonitor", "Thresholds", "Run", "read_run"]

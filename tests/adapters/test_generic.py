@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 
 import diagnose
+from diagnose.adapters import unregister_adapter
 from diagnose.adapters.generic import GenericAdapter
-from diagnose.adapters.registry import unregister_adapter
 from diagnose.errors import NoAttentionFoundError
 
 from ..hooks import hook_snapshot

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import diagnose
-from diagnose.zoo.config import ModelConfig
+from diagnose.zoo import ModelConfig
 from diagnose.zoo.model import Transformer, apply_rotary
 
 from ..hooks import hook_snapshot

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from diagnose import check_model
-from diagnose.checks import SCHEMA, Findings
+from diagnose.checks import Findings
 from diagnose.errors import ConfigError, DataError, DiagnoseError
 from diagnose.io import DataSet
 from diagnose.zoo import ModelConfig, Transformer, padded_majority
@@ -45,7 +45,7 @@ def test_model_is_left_untouched():
 def test_json_is_versioned_and_round_trips(tmp_path):
     result = check_model(Transformer(ModelConfig(kind="classifier", mask_fill="zero")))
     data = json.loads(result.write_json(tmp_path / "c.json").read_text())
-    assert data["schema"] == SCHEMA and data["model"]["family"] == "Transformer"
+    assert data["schema"] == "diagnose.checks/1" and data["model"]["family"] == "Transformer"
     assert [f["check"] for f in data["findings"]] == ["padding"]
     f = data["findings"][0]
     assert set(f) == {"check", "severity", "title", "evidence", "fix"} and f["severity"] == "error"

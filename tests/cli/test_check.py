@@ -10,7 +10,6 @@ from click.testing import CliRunner
 
 from diagnose import save_checkpoint
 from diagnose.cli.main import cli
-from diagnose.io import save_tensors
 from diagnose.zoo import ModelConfig, Transformer, padded_majority
 
 
@@ -26,8 +25,8 @@ def files(tmp_path_factory):
     save_checkpoint(Transformer(ModelConfig(kind="classifier", vocab_size=8, mask_fill="zero", positions="none")),
                     d / "bad.pt")
     save_checkpoint(Transformer(ModelConfig(kind="lm", causal=False)), d / "encoder.pt")
-    save_tensors(padded_majority(n=32, max_len=12).tensors(), d / "data.pt")
-    save_tensors({"input_ids": torch.full((4, 8), 50)}, d / "out_of_vocab.pt")
+    torch.save(padded_majority(n=32, max_len=12).tensors(), d / "data.pt")
+    torch.save({"input_ids": torch.full((4, 8), 50)}, d / "out_of_vocab.pt")
     return d
 
 

@@ -15,7 +15,6 @@ from click.testing import CliRunner
 
 import diagnose
 from diagnose.cli.main import cli
-from diagnose.io import save_tensors
 from diagnose.zoo import ModelConfig, Transformer
 
 _COUNTER = itertools.count()
@@ -63,7 +62,7 @@ def files(tmp_path, monkeypatch):
     ids = torch.randint(1, 12, (10, 6))  # [N, T]
     mask = torch.ones(10, 6, dtype=torch.long)  # [N, T]
     mask[:, 4:] = 0  # 2 of 6 positions are padding
-    save_tensors({"input_ids": ids, "attention_mask": mask, "labels": torch.arange(10) % 3}, tmp_path / "eval.pt")
+    torch.save({"input_ids": ids, "attention_mask": mask, "labels": torch.arange(10) % 3}, tmp_path / "eval.pt")
     name = f"clifactory_{next(_COUNTER)}"
     (tmp_path / f"{name}.py").write_text(FACTORY_SRC)
     torch.manual_seed(5)
@@ -152,13 +151,13 @@ BAD_INPUTS = [
      ["model.pt", "--data", "f.pt"], "f.pt", "[N, T]"),
     ("mask shape", lambda t: np.savez(t / "f.npz", input_ids=np.ones((2, 3), int), attention_mask=np.ones((2, 4), int)),
      ["model.pt", "--data", "f.npz"], "f.npz", "must match"),
-    ("labels out of range", lambda t: save_tensors({"input_ids": torch.ones(2, 3, dtype=torch.long),
-                                                    "labels": torch.tensor([0, 7])}, t / "f.pt"),
+    ("labels out of range", lambda t: torch.save({"input_ids": torch.ones(2, 3, dtype=torch.long),
+                                                 "labels": torch.tensor([0, 7])}, t / "f.pt"),
      ["model.pt", "--data", "f.pt"], "f.pt", "[0, 3)"),
-    ("token ids out of vocabulary", lambda t: save_tensors({"input_ids": torch.full((2, 3), 40)}, t / "f.pt"),
+    ("token ids out of vocabulary", lambda t: torch.save({"input_ids": torch.full((2, 3), 40)}, t / "f.pt"),
      ["model.pt", "--data", "f.pt"], "f.pt", "tokenizer"),
-    ("labels wrong layout", lambda t: save_tensors({"input_ids": torch.ones(2, 3, dtype=torch.long),
-                                                    "labels": torch.zeros(2, 3, dtype=torch.long)}, t / "f.pt"),
+    ("labels wrong layout", lambda t: torch.save({"input_ids": torch.ones(2, 3, dtype=torch.long),
+                                                 "labels": torch.zeros(2, 3, dtype=torch.long)}, t / "f.pt"),
      ["model.pt", "--data", "f.pt"], "f.pt", "sequence labels need logits"),
     ("empty data", lambda t: torch.save({"input_ids": torch.zeros(0, 4, dtype=torch.long)}, t / "f.pt"),
      ["model.pt", "--data", "f.pt"], "f.pt", "no examples"),

@@ -12,7 +12,6 @@ from click.testing import CliRunner
 
 import diagnose
 from diagnose.cli.main import cli
-from diagnose.io import save_tensors
 from diagnose.zoo import ModelConfig, Transformer
 
 from .test_files import FACTORY_SRC  # the same tiny user model, written once
@@ -43,9 +42,9 @@ def files(tmp_path, monkeypatch):
     ids = torch.randint(1, 12, (20, 6))  # [N, T]
     mask = torch.ones(20, 6, dtype=torch.long)
     mask[::2, 4:] = 0
-    save_tensors({"input_ids": ids, "attention_mask": mask}, tmp_path / "lm_data.pt")
-    save_tensors({"input_ids": ids, "attention_mask": mask, "labels": torch.arange(20) % 3}, tmp_path / "cls.pt")
-    save_tensors({"input_ids": ids, "labels": torch.arange(20) % 7}, tmp_path / "bad_labels.pt")
+    torch.save({"input_ids": ids, "attention_mask": mask}, tmp_path / "lm_data.pt")
+    torch.save({"input_ids": ids, "attention_mask": mask, "labels": torch.arange(20) % 3}, tmp_path / "cls.pt")
+    torch.save({"input_ids": ids, "labels": torch.arange(20) % 7}, tmp_path / "bad_labels.pt")
     return tmp_path
 
 

@@ -20,7 +20,6 @@ from click.testing import CliRunner
 
 import diagnose
 from diagnose.cli.main import cli
-from diagnose.io import save_tensors
 from diagnose.zoo import ModelConfig, Transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reports"))
@@ -126,7 +125,7 @@ def files(tmp_path, monkeypatch):
                                     n_heads=2, d_model=16))
     diagnose.save_checkpoint(model, tmp_path / "model.pt")
     ids = torch.randint(1, 12, (10, 6))  # [N, T]
-    save_tensors({"input_ids": ids, "labels": torch.arange(10) % 3}, tmp_path / "eval.pt")
+    torch.save({"input_ids": ids, "labels": torch.arange(10) % 3}, tmp_path / "eval.pt")
     return tmp_path
 
 
@@ -335,7 +334,7 @@ def test_cut_text_encodes_as_the_whole_text_does(hf_folder):
 def test_lm_data_with_one_token_per_example(files):
     lm = Transformer(ModelConfig(kind="lm", vocab_size=12, max_len=8, n_layers=1, n_heads=2, d_model=16))
     diagnose.save_checkpoint(lm, files / "lm.pt")
-    save_tensors({"input_ids": torch.randint(0, 12, (6, 1))}, files / "t1.pt")  # [N, T=1]
+    torch.save({"input_ids": torch.randint(0, 12, (6, 1))}, files / "t1.pt")  # [N, T=1]
     assert_refused(_invoke("heads", "lm.pt", "--data", "t1.pt"), "t1.pt", "two tokens")
 
 
@@ -352,7 +351,7 @@ def test_token_id_out_of_range_after_the_first_examples_of_a_factory_model(files
         sys.modules.pop("fac_vocab", None)
     ids = torch.randint(0, 12, (10, 6))  # [N, T]
     ids[7, 3] = 40  # beyond the 12-token vocabulary, in the 8th example
-    save_tensors({"input_ids": ids, "labels": torch.arange(10) % 3}, files / "oov.pt")
+    torch.save({"input_ids": ids, "labels": torch.arange(10) % 3}, files / "oov.pt")
     res = _invoke("heads", "w.pt", "--factory", "fac_vocab:build", "--data", "oov.pt")
     assert_refused(res, "oov.pt", "example 7", fix="tokenise")
     sys.modules.pop("fac_vocab", None)

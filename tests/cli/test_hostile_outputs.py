@@ -25,7 +25,6 @@ from click.testing import CliRunner
 import diagnose
 from diagnose import _json
 from diagnose.cli.main import cli
-from diagnose.io import save_tensors
 from diagnose.monitor.runfolder import RunWriter
 from diagnose.zoo import ModelConfig, Transformer
 
@@ -59,7 +58,7 @@ def files(tmp_path, monkeypatch):
     torch.manual_seed(0)
     lm = Transformer(ModelConfig(kind="lm", vocab_size=12, max_len=8, n_layers=1, n_heads=2, d_model=16, init_std=0.3))
     diagnose.save_checkpoint(lm, tmp_path / "lm.pt", meta={"task": "lm"})
-    save_tensors({"input_ids": torch.randint(1, 12, (8, 6))}, tmp_path / "data.pt")
+    torch.save({"input_ids": torch.randint(1, 12, (8, 6))}, tmp_path / "data.pt")
     (tmp_path / "heads.json").write_text(json.dumps({"schema": "diagnose.heads/1", "model": {"family": "x"},
                                                      "heads": []}))
     w = RunWriter(tmp_path / "run", {"settings": {}})
@@ -237,7 +236,7 @@ def test_strict_json_in_every_file_diagnose_writes(tmp_path, monkeypatch):
     torch.manual_seed(0)
     lm = Transformer(ModelConfig(kind="lm", vocab_size=12, max_len=8, n_layers=1, n_heads=2, d_model=16))
     diagnose.save_checkpoint(lm, tmp_path / "lm.pt")
-    save_tensors({"input_ids": torch.randint(1, 12, (6, 5))}, tmp_path / "d.pt")
+    torch.save({"input_ids": torch.randint(1, 12, (6, 5))}, tmp_path / "d.pt")
     for args in (HEADS[:1] + ("lm.pt", "--data", "d.pt", "--task", "lm", "--json", "h.json"),
                  ("check", "lm.pt", "--data", "d.pt", "--json", "c.json")):
         result = _invoke(*args)

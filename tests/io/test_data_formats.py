@@ -10,7 +10,8 @@ import torch
 
 import diagnose
 from diagnose.errors import DataError, InputFileError
-from diagnose.io import check_labels, check_vocab, load_data_for, save_tensors
+from diagnose.io import load_data_for
+from diagnose.io.data import check_labels, check_vocab
 
 
 def _example(N: int = 5, T: int = 6, token_labels: bool = False) -> dict[str, torch.Tensor]:
@@ -26,7 +27,7 @@ def _example(N: int = 5, T: int = 6, token_labels: bool = False) -> dict[str, to
 
 def _write(fmt: str, tensors: dict[str, torch.Tensor], path):
     if fmt == "pt":
-        save_tensors(tensors, path)
+        torch.save(tensors, path)
     elif fmt == "safetensors":
         from safetensors.torch import save_file
         save_file({k: v.contiguous() for k, v in tensors.items()}, path)
