@@ -36,9 +36,9 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, as_json: bool, html_p
 
     from diagnose import _json
     from diagnose._terminal import plain as clean
-    from diagnose.monitor.follow import follow as follow_run
-    from diagnose.monitor.runfolder import read_run
-    from diagnose.monitor.summary import alert_line, render, summarize
+    from diagnose.monitor._follow import follow as follow_run
+    from diagnose.monitor._runfolder import read_run
+    from diagnose.monitor._summary import alert_line, render, summarize
 
     console = Console(highlight=False)
     if follow_:
@@ -47,7 +47,7 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, as_json: bool, html_p
     run = read_run(run_dir)
     summary = summarize(run)
     if tb_dir:
-        from diagnose.monitor.tensorboard import export_tensorboard
+        from diagnose.monitor._tensorboard import export_tensorboard
 
         n = export_tensorboard(run, tb_dir)
         if not as_json:

@@ -18,7 +18,7 @@ _EXPORTS = {
     "ablate_together": ".ablation",
     "AttentionSite": ".adapters.base",
     "AttentionSummary": ".attention_stats", "attention_summary": ".attention_stats",
-    "Capture": ".capture", "capture": ".capture",
+    "Capture": "._capture", "capture": "._capture",
     "Finding": ".checks", "check_model": ".checks", "check_training_setup": ".checks",
     "DataSet": ".io", "load_data": ".io", "load_model": ".io", "save_checkpoint": ".io",
     "Run": ".monitor", "Thresholds": ".monitor", "TrainingMonitor": ".monitor", "read_run": ".monitor",
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .ablation import GroupEffect, HeadEffect, HeadsResult, ablate_heads, ablate_together
     from .adapters.base import AttentionSite
     from .attention_stats import AttentionSummary, attention_summary
-    from .capture import Capture, capture
+    from ._capture import Capture, capture
     from .checks import Finding, check_model, check_training_setup
     from .io import DataSet, load_data, load_model, save_checkpoint
     from .monitor import Run, Thresholds, TrainingMonitor, read_run

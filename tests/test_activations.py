@@ -2,7 +2,7 @@
 
 import torch
 
-from diagnose.activations import hidden_stats
+from diagnose._activations import hidden_stats
 
 
 def test_matches_direct_computation_with_padding():

@@ -18,8 +18,8 @@ import torch
 import torch.nn as nn
 
 from ..errors import DataError
-from ..io.model import vocab_size_of
-from .parts import part_output
+from ..io._model import vocab_size_of
+from ._parts import part_output
 
 # Relative output change (max |delta| / std of the clean outputs) below which two outputs are
 # "the same". Float32 reordering noise measured on the test models is ~1e-7..1e-6; the

@@ -18,8 +18,8 @@ from .. import _json
 from .._write import atomic_write
 from ..ablation import ablate_heads
 from ..checks import check_model
-from ..io.checkpoint import save_checkpoint
-from ..io.data import save_tensors
+from ..io._checkpoint import save_checkpoint
+from ..io._data import save_tensors
 from ..zoo import ModelConfig, TaskData, TrainConfig
 from ._lessons import Trained, Variant, markdown_table, run_lessons, train_variant, variants
 

@@ -5,10 +5,10 @@ commands use (load_data_for, check_task, describe_model, describe_data, trial_fo
 (save_tensors, the vocabulary and label checks, the tokenizer lookups) stays in its module.
 """
 
-from .checkpoint import save_checkpoint
-from .data import DataSet, check_task, load_data
-from .model import label2id_of, load_model, max_positions_of, tokenizer_of
-from .summary import describe_data, describe_model, trial_forward
+from ._checkpoint import save_checkpoint
+from ._data import DataSet, check_task, load_data
+from ._model import label2id_of, load_model, max_positions_of, tokenizer_of
+from ._summary import describe_data, describe_model, trial_forward
 
 
 def load_data_for(model, path, *, max_length=None) -> DataSet:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .monitor import TrainingMonitor
+from ._monitor import TrainingMonitor
 
 
 def _base():

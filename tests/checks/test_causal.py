@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from diagnose.checks import check_model
-from diagnose.checks.causal import declared_causal
+from diagnose.checks._causal import declared_causal
 from diagnose.zoo import ModelConfig, Transformer
 
 from ..nano import NanoGPT

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from diagnose import check_model
-from diagnose.checks.causal import declared_causal
+from diagnose.checks._causal import declared_causal
 
 transformers = pytest.importorskip("transformers")
 

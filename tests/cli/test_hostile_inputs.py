@@ -111,7 +111,7 @@ def test_hf_loader_passes_trust_remote_code_false_everywhere():
     assert calls, "no from_pretrained found: the test looks in the wrong place"
     for name, n, line in calls:
         assert "trust_remote_code=False" in line or "**kwargs" in line, f"{name}:{n}: {line.strip()}"
-    hf = (root / "io" / "hf.py").read_text()
+    hf = (root / "io" / "_hf.py").read_text()
     assert '"trust_remote_code": False' in hf
 
 
@@ -263,7 +263,7 @@ def test_hostile_data_files_one_line(files, hf_folder, name, make, words):
 
 
 def test_npz_over_the_size_limit_refused_before_reading(files, monkeypatch):
-    from diagnose.io import data as data_mod
+    from diagnose.io import _data as data_mod
 
     np.savez(files / "big.npz", input_ids=np.ones((64, 8), dtype=np.int64))
     monkeypatch.setattr(data_mod, "MAX_DATA_BYTES", 1024)
@@ -306,7 +306,7 @@ def test_huge_jsonl_line_is_cut_to_the_models_length_before_tokenising(files, hf
 
 
 def test_jsonl_line_over_the_cap_refused_without_reading_it_whole(files, hf_folder, monkeypatch):
-    from diagnose.io import text
+    from diagnose.io import _text as text
 
     monkeypatch.setattr(text, "MAX_LINE_BYTES", 1000)
     path = jsonl(files / "d.jsonl", [{"text": "a dog", "label": 1}, {"text": "the cat " * 200, "label": 0}])
@@ -315,7 +315,7 @@ def test_jsonl_line_over_the_cap_refused_without_reading_it_whole(files, hf_fold
 
 def test_cut_text_encodes_as_the_whole_text_does(hf_folder):
     """Cutting before tokenising changes nothing the model sees (truncated to max_length either way)."""
-    from diagnose.io.text import _tokenise
+    from diagnose.io._text import _tokenise
     from ..wordlevel import make_tokenizer
 
     tok = make_tokenizer()

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 import diagnose
 from diagnose import _json
 from diagnose.cli.main import cli
-from diagnose.monitor.runfolder import RunWriter
+from diagnose.monitor._runfolder import RunWriter
 from diagnose.zoo import ModelConfig, Transformer
 
 
@@ -304,8 +304,8 @@ INTERRUPTED = [
     ("heads", HEADS, "diagnose.io.load_model"),
     ("check", CHECK, "diagnose.io.load_model"),
     ("info", ("info", "lm.pt"), "diagnose.io.load_model"),
-    ("stats", ("stats", "run"), "diagnose.monitor.runfolder.read_run"),
-    ("stats --follow", ("stats", "run", "--follow"), "diagnose.monitor.follow.follow"),
+    ("stats", ("stats", "run"), "diagnose.monitor._runfolder.read_run"),
+    ("stats --follow", ("stats", "run", "--follow"), "diagnose.monitor._follow.follow"),
     ("report", ("report", "run"), "diagnose.reports.write_report"),
 ]
 
@@ -377,7 +377,7 @@ def test_check_and_heads_print_names_from_the_model_as_text(capsys, monkeypatch)
     """Module names, titles and reasons can come from the user's model: shown as written."""
     from types import SimpleNamespace
 
-    from diagnose.checks.finding import Finding, Findings
+    from diagnose.checks._finding import Finding, Findings
     from diagnose.cli import check as check_cli
     from diagnose.cli import heads as heads_cli
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from diagnose import _json
 from diagnose.cli.main import cli
 from diagnose.monitor import TrainingMonitor, read_run
-from diagnose.monitor.runfolder import RunWriter
+from diagnose.monitor._runfolder import RunWriter
 from diagnose.zoo import ModelConfig, Transformer
 
 

@@ -11,7 +11,7 @@ import torch
 import diagnose
 from diagnose.errors import DataError, InputFileError
 from diagnose.io import load_data_for
-from diagnose.io.data import check_labels, check_vocab
+from diagnose.io._data import check_labels, check_vocab
 
 
 def _example(N: int = 5, T: int = 6, token_labels: bool = False) -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from diagnose.monitor.alerts import HINTS, KINDS, AlertEngine, Thresholds, format_alert
+from diagnose.monitor._alerts import HINTS, KINDS, AlertEngine, Thresholds, format_alert
 
 
 def rec(step, loss=2.0, gn=1.0, lr=None, layers=None, attention=None, **extra):

@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 
-from diagnose.monitor.follow import CLOSED, TIMEOUT, WRITER_GONE, follow, writer_alive
-from diagnose.monitor.runfolder import RunWriter
+from diagnose.monitor._follow import CLOSED, TIMEOUT, WRITER_GONE, follow, writer_alive
+from diagnose.monitor._runfolder import RunWriter
 
 
 def _step(w, step):

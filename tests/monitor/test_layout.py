@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from diagnose.activations import STAT_NAMES, hidden_stats
-from diagnose.monitor.layout import ATTENTION_ROWS, StepLayout, pool, record_key, to_pooled
+from diagnose._activations import STAT_NAMES, hidden_stats
+from diagnose.monitor._layout import ATTENTION_ROWS, StepLayout, pool, record_key, to_pooled
 
 EXTENDED = ("skew", *STAT_NAMES[:2], "kurtosis", *STAT_NAMES[2:])  # a new statistic, in front and inside
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diagnose.activations import hidden_stats
+from diagnose._activations import hidden_stats
 from diagnose.monitor import TrainingMonitor, read_run
-from diagnose.monitor.runfolder import RestartWarning
+from diagnose.monitor._runfolder import RestartWarning
 from diagnose.zoo import ModelConfig, Transformer
 
 

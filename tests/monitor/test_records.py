@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from diagnose.errors import RunFolderError
-from diagnose.monitor.records import check_alert, check_info, check_record
+from diagnose.monitor._records import check_alert, check_info, check_record
 
 GOOD = {"step": 3, "time": 0.1, "loss": float("nan"), "lr": None, "grad_norm": 1.0,
         "layers": {"blocks.0": {"grad_norm": 0.5, "act_var": float("inf")}},

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from diagnose.errors import RunFolderError
-from diagnose.monitor.runfolder import SCHEMA, RunTail, RunWriter, read_run
+from diagnose.monitor._runfolder import SCHEMA, RunTail, RunWriter, read_run
 
 
 def _rec(step, loss=1.0):

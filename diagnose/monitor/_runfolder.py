@@ -36,7 +36,7 @@ from .. import _json
 from .._write import atomic_write
 from ..errors import InputFileError, RunFolderError
 from ..io._read import iter_lines, read_json, require_file
-from .records import check_alert, check_info, check_record
+from ._records import check_alert, check_info, check_record
 
 SCHEMA = "diagnose.run/1"
 RUN_JSON, METRICS, ALERTS = "run.json", "metrics.jsonl", "alerts.jsonl"

@@ -15,7 +15,7 @@ import torch
 
 from ..modes import eval_mode
 from ._subject import SAME, Subject, float64_copy, forward, token_level
-from .finding import Finding
+from ._finding import Finding
 
 NAME = "positions"
 N_PERMUTATIONS = 3

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .finding import Finding, Findings, SkipCheck
+from ._finding import Finding, Findings, SkipCheck
 
 TARGET_STD = 0.02
 STD_FACTOR = 2.0  # init_std flags a median weight std outside [0.02 / 2, 0.02 * 2]

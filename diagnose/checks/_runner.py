@@ -11,13 +11,13 @@ from ..errors import ConfigError, DiagnoseError
 from ..objectives import require_finite
 from ..modes import eval_mode
 from ._subject import Subject, forward, model_info, real_rows
-from .causal import check_causal
-from .finding import Findings, SkipCheck
-from .inputs import check_continuous, input_kind
-from .parts import is_encoder_decoder
-from .padding import check_padding
-from .positions import check_positions
-from .scaling import check_scaling
+from ._causal import check_causal
+from ._finding import Findings, SkipCheck
+from ._inputs import check_continuous, input_kind
+from ._parts import is_encoder_decoder
+from ._padding import check_padding
+from ._positions import check_positions
+from ._scaling import check_scaling
 
 CHECKS = ("causal", "padding", "scaling", "positions")
 
@@ -35,8 +35,8 @@ def check_model(model: nn.Module, data: Any = None, *, causal: bool | None = Non
     information otherwise). attention_module / n_heads name attention layers diagnose cannot find
     by itself (the scaling check needs them).
     Models whose main input is not token ids (ViT's pixel_values, Whisper's input_features) are
-    probed with inputs of their own kind (checks/inputs.py); an encoder-decoder is checked one part
-    at a time (checks/parts.py), its findings titled and its passed/skipped names prefixed
+    probed with inputs of their own kind (checks/_inputs.py); an encoder-decoder is checked one part
+    at a time (checks/_parts.py), its findings titled and its passed/skipped names prefixed
     `encoder.` / `decoder.`. Every check that cannot apply is listed in .skipped with why.
     Returns a list of Finding (a Findings, which also carries .passed, .skipped, .model and
     .to_json() in the diagnose.checks/1 schema). The model is left as it was (training flag,
@@ -48,7 +48,7 @@ def check_model(model: nn.Module, data: Any = None, *, causal: bool | None = Non
         raise ConfigError(f"unknown check(s) {', '.join(unknown)}; choose from {', '.join(CHECKS)}")
     opts = dict(n_examples=n_examples, length=length, seed=seed, attention_module=attention_module, n_heads=n_heads)
     if is_encoder_decoder(model):
-        from .seq2seq import check_encoder_decoder
+        from ._seq2seq import check_encoder_decoder
 
         return check_encoder_decoder(model, data, names, causal, opts)
     kind = input_kind(model)

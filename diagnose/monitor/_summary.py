@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from .._terminal import plain
-from .runfolder import LAYER_FIELDS, Run
+from ._runfolder import LAYER_FIELDS, Run
 
 SUMMARY_SCHEMA = "diagnose.run-summary/1"
 

@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from ..modes import eval_mode
 from ._subject import SAME, Subject, forward, relative_change, token_level
-from .finding import Finding, SkipCheck
+from ._finding import Finding, SkipCheck
 
 NAME = "causal"
 

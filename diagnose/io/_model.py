@@ -10,9 +10,9 @@ import torch.nn as nn
 
 from ..errors import ConfigError, InputFileError
 from ._files import torch_load
-from .checkpoint import FORMAT, is_checkpoint, model_from_checkpoint
-from .factory import model_from_factory, read_state_dict
-from .hf import is_hf_folder, load_hf_folder, refuse_special_files
+from ._checkpoint import FORMAT, is_checkpoint, model_from_checkpoint
+from ._factory import model_from_factory, read_state_dict
+from ._hf import is_hf_folder, load_hf_folder, refuse_special_files
 
 _FORMATS = ("a diagnose checkpoint (diagnose.save_checkpoint), a Hugging Face model folder "
             "(save_pretrained), a state_dict with --factory module:function, or a pickled "

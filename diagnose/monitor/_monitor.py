@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .alerts import AlertEngine, Thresholds, print_alert
-from .layout import StepLayout
-from .runfolder import RunWriter
-from .signals import ActivationWatch, AttentionWatch, GradNorms, find_blocks, find_sites, scaler_divisor, unwrap
+from ._alerts import AlertEngine, Thresholds, print_alert
+from ._layout import StepLayout
+from ._runfolder import RunWriter
+from ._signals import ActivationWatch, AttentionWatch, GradNorms, find_blocks, find_sites, scaler_divisor, unwrap
 
 
 def _dist_world() -> tuple[int, int]:

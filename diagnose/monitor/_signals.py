@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..activations import hidden_finish, hidden_partial
-from .layout import ATTENTION_ROWS, pool, to_pooled
+from .._activations import hidden_finish, hidden_partial
+from ._layout import ATTENTION_ROWS, pool, to_pooled
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from ..errors import ConfigError
-from .runfolder import LAYER_FIELDS, Run
+from ._runfolder import LAYER_FIELDS, Run
 
 
 def scalars(rec: dict[str, Any]) -> dict[str, float]:

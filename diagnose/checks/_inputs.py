@@ -23,11 +23,11 @@ from ..errors import DataError, DiagnoseError
 from ..objectives import require_finite
 from ..modes import eval_mode
 from ._subject import SAME, device_of, float64_copy
-from .finding import Finding, Findings, SkipCheck
-from .parts import part_output
-from .positions import _FIX as _POSITIONS_FIX
-from .positions import N_PERMUTATIONS
-from .scaling import measure_scaling
+from ._finding import Finding, Findings, SkipCheck
+from ._parts import part_output
+from ._positions import _FIX as _POSITIONS_FIX
+from ._positions import N_PERMUTATIONS
+from ._scaling import measure_scaling
 
 _WHAT = {"pixel_values": "an image", "input_features": "audio features"}
 
@@ -65,7 +65,7 @@ def _call(model: nn.Module, kind: str, x: torch.Tensor) -> torch.Tensor:
 
 def check_continuous(model: nn.Module, data: Any, names: list[str], kind: str, opts: dict[str, Any],
                      skip: dict[str, str] | None = None) -> Findings:
-    from .runner import run_checks
+    from ._runner import run_checks
 
     x = probe_inputs(model, data, kind, min(opts["n_examples"], 4), opts["seed"])
     try:

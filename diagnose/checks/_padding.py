@@ -18,7 +18,7 @@ import torch
 
 from ..modes import eval_mode
 from ._subject import SAME, Subject, device_of, forward, inputs_for, relative_change, token_level
-from .finding import Finding, SkipCheck
+from ._finding import Finding, SkipCheck
 
 NAME = "padding"
 EXTRA = 4  # padded positions appended for the padding-length variant

@@ -68,7 +68,7 @@ def read_state_dict(path: Path, *, trust_pickle: bool = False) -> dict[str, torc
             raise InputFileError(f"{path}: not a readable safetensors file ({one_line(exc)}); "
                                  "write it with safetensors.torch.save_file(model.state_dict(), path)") from None
     obj = torch_load(path, what="state_dict file", trust_pickle=trust_pickle)
-    from .checkpoint import is_checkpoint
+    from ._checkpoint import is_checkpoint
     if is_checkpoint(obj):
         obj = obj["state_dict"]
     elif isinstance(obj, Mapping) and not _is_tensor_dict(obj):

@@ -1,5 +1,5 @@
 """check_model on an encoder-decoder: the encoder and the decoder checked separately through
-the views of parts.py, their findings titled and their check names prefixed by the part."""
+the views of _parts.py, their findings titled and their check names prefixed by the part."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 import torch.nn as nn
 
 from ._subject import model_info, real_rows
-from .finding import Findings
-from .inputs import check_continuous, input_kind, probe_inputs
-from .parts import DecoderView, EncoderView
+from ._finding import Findings
+from ._inputs import check_continuous, input_kind, probe_inputs
+from ._parts import DecoderView, EncoderView
 
 _SCALING_ONCE = "measured once, on the decoder's pass, which runs every attention layer (encoder, decoder, cross)"
 
@@ -38,7 +38,7 @@ class _Encoder(nn.Module):
 
 def check_encoder_decoder(model: nn.Module, data: Any, names: list[str], causal: bool | None,
                           opts: dict[str, Any]) -> Findings:
-    from .runner import check_tokens
+    from ._runner import check_tokens
 
     kind = input_kind(model)
     enc_skip = {"causal": "an encoder reads its whole input by design (bidirectional)", "scaling": _SCALING_ONCE}

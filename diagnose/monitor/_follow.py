@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import RunFolderError
-from .runfolder import RUN_JSON, RunTail, _load_info
+from ._runfolder import RUN_JSON, RunTail, _load_info
 
 CLOSED, WRITER_GONE, TIMEOUT = "closed", "writer_gone", "timeout"
 

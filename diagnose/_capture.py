@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .activations import STAT_NAMES, hidden_stats
+from ._activations import STAT_NAMES, hidden_stats
 from .adapters._hooks import first_tensor, hooks
 from .adapters.base import AttentionSite
 from .attention_stats import key_mask_of

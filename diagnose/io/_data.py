@@ -1,5 +1,5 @@
 """Data files: tensors (.pt / .safetensors / .npz) with input_ids [N, T], optional
-attention_mask [N, T] and optional labels ([N] or [N, T]); or text (.jsonl / .csv, see text.py).
+attention_mask [N, T] and optional labels ([N] or [N, T]); or text (.jsonl / .csv, see _text.py).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def load_data(path: str | Path, *, tokenizer: Any = None, max_length: int | None
     require_file(path, "data file")
     suffix = path.suffix.lower()
     if suffix in TEXT_SUFFIXES:
-        from .text import read_text_data
+        from ._text import read_text_data
         tensors, tokens = read_text_data(path, tokenizer=tokenizer, max_length=max_length, label2id=label2id,
                                          model_max_length=model_max_length)
         return validate(tensors, path, tokens=tokens)

@@ -37,7 +37,7 @@ from torch.overrides import TorchFunctionMode
 from ..objectives import call_model
 from ..modes import eval_mode
 from ._subject import Subject, device_of, inputs_for
-from .finding import Finding, SkipCheck
+from ._finding import Finding, SkipCheck
 
 NAME = "scaling"
 TOO_LARGE = 2.0  # c * sqrt(d_k) above this: scores are not divided by sqrt(d_k)

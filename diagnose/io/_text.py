@@ -123,7 +123,7 @@ def read_text_data(path: Path, *, tokenizer: Any, max_length: int | None = None,
         tensors["token_type_ids"] = _pad([list(r) for r in enc["token_type_ids"]], 0, left)
     if labels is not None:
         tensors["labels"] = torch.tensor(labels, dtype=torch.long)  # [N]
-    from .data import token_strings
+    from ._data import token_strings
     return tensors, token_strings(tokenizer, tensors["input_ids"])
 
 

@@ -11,8 +11,8 @@ import torch.nn as nn
 from ..errors import DataError
 from ..objectives import call_model, logits_of
 from ._files import one_line
-from .data import IGNORE, DataSet, check_labels, check_vocab
-from .model import tokenizer_of, vocab_size_of
+from ._data import IGNORE, DataSet, check_labels, check_vocab
+from ._model import tokenizer_of, vocab_size_of
 
 # Hugging Face config fields worth one line (attribute_map resolves n_layer -> num_hidden_layers, ...).
 _HF_FIELDS = ("model_type", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",

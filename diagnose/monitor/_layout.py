@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..activations import STAT_NAMES
+from .._activations import STAT_NAMES
 
 ATTENTION_ROWS = ("entropy", "max_weight", "uniform_entropy")  # AttentionWatch's [3, H] rows
 _PER_SITE = ("uniform_entropy",)  # rows that hold one number repeated over heads
