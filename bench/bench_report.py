@@ -20,9 +20,9 @@ sys.path.insert(0, str(ROOT / "tests" / "reports"))
 
 import report_fixtures as rf  # noqa: E402
 
-from diagnose.reports.render import render  # noqa: E402
-from diagnose.reports.sources import load_sources  # noqa: E402
-from diagnose.reports.view import build_report  # noqa: E402
+from diagnose.reports._render import render  # noqa: E402
+from diagnose.reports._sources import load_sources  # noqa: E402
+from diagnose.reports._view import build_report  # noqa: E402
 
 LIMIT_S, LIMIT_MB = 20.0, 15.0
 

@@ -1,8 +1,8 @@
 """HTML report: reads only `diagnose.heads/1` JSON and `diagnose.run/1` run folders (plus
 optional `diagnose.checks/1` JSON) and writes one self-contained file.
 
-Modules: sources (loading), view_heads / view_training / summary / view (the view model),
-decimate, figures / plots_heads / plots_training (pictures), render (Jinja2 + inlining).
+Modules: _sources (loading), view_heads / _view_training / _summary / _view (the view model),
+_decimate, _figures / _plots_heads / _plots_training (pictures), _render (Jinja2 + inlining).
 The entry points below import the renderer on first use, so that `import diagnose` does not
 pull in matplotlib and seaborn.
 """
@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .sources import load_sources
+from ._sources import load_sources
 
 __all__ = ["load_sources", "render_html", "write_report"]
 
@@ -26,13 +26,13 @@ def write_report(sources: Any, path: str | os.PathLike, *, title: str | None = N
     appears only once complete: a bad source raises InputFileError and leaves `path` untouched.
     Example: diagnose.write_report([result, "runs/exp1"], "report.html")
     """
-    from .render import write_report as _write
+    from ._render import write_report as _write
 
     return _write(sources, path, title=title)
 
 
 def render_html(sources: Any, *, title: str | None = None) -> str:
     """The report's HTML as a string (nothing is written)."""
-    from .render import render_html as _render
+    from ._render import render_html as _render
 
     return _render(sources, title=title)

@@ -22,7 +22,7 @@ def test_wheel_layout(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"diagnose"}
     for needed in ("diagnose/cli/main.py", "diagnose/reports/templates/report.html.j2",
-                   "diagnose/reports/static/report.js", "diagnose/py.typed", "diagnose/adapters/hf_llama.py"):
+                   "diagnose/reports/static/report.js", "diagnose/py.typed", "diagnose/adapters/_hf_llama.py"):
         assert needed in names, needed
     # every source module ships: a new folder missing from pyproject's packages list would be left out
     sources = {f"diagnose/{p.relative_to(ROOT / 'diagnose').as_posix()}" for p in (ROOT / "diagnose").rglob("*.py")}

@@ -1,10 +1,10 @@
 """One adapter per model family; see base.py for the contract.
 
 Exported: what a user needs to write and register an adapter for another family. The family
-modules (reference, torch_mha, hf_*, transformer_lens, generic) and the registry are internal.
+modules (_reference, _torch_mha, _hf_*, _transformer_lens, _generic) and _registry are internal.
 """
 
+from ._registry import register_adapter, unregister_adapter
 from .base import Adapter, AttentionSite, HeadOutputFn, PatternCallback
-from .registry import register_adapter, unregister_adapter
 
 __all__ = ["Adapter", "AttentionSite", "HeadOutputFn", "PatternCallback", "register_adapter", "unregister_adapter"]

@@ -9,7 +9,7 @@ from abc import abstractmethod
 import torch.nn as nn
 
 from .base import AttentionSite
-from .generic import InterceptAdapter
+from ._generic import InterceptAdapter
 
 
 def is_hf(module: nn.Module, class_suffix: str = "") -> bool:

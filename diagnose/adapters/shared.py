@@ -94,7 +94,7 @@ def _may_share(model: nn.Module, sites: list[AttentionSite]) -> bool:
 
 def split_shared(model: nn.Module, sites: list[AttentionSite], example: Any = None) -> list[AttentionSite]:
     """The sites with every module applied n > 1 times per forward split into n sites, in call order."""
-    from .generic import first_example, sample_input
+    from ._generic import first_example, sample_input
 
     if not sites or not _may_share(model, sites):
         return sites

@@ -196,7 +196,7 @@ def measure_scaling(model: torch.nn.Module, inputs: Any, *, attention_module: st
     except DiagnoseError as exc:
         raise SkipCheck(f"no attention layer found ({exc})") from None
     seen = [{"scale": [], "probs": []} for _ in sites]
-    from ..adapters.torch_mha import no_fastpath
+    from ..adapters._torch_mha import no_fastpath
 
     # the fused MHA / TransformerEncoder fast path runs no Python inside attention: switch it off
     with eval_mode(model), torch.no_grad(), no_fastpath(), ExitStack() as stack:

@@ -10,7 +10,7 @@ import torch.nn as nn
 
 import diagnose
 from diagnose.adapters import unregister_adapter
-from diagnose.adapters.generic import GenericAdapter
+from diagnose.adapters._generic import GenericAdapter
 from diagnose.errors import NoAttentionFoundError
 
 from ..hooks import hook_snapshot

@@ -92,7 +92,7 @@ def test_ablate_heads_reports_every_depth():
 
 
 def test_the_sharing_is_said_in_words_for_the_cli_and_the_report():
-    from diagnose.reports.summary import heads_verdict
+    from diagnose.reports._summary import heads_verdict
     from diagnose.reports.view_heads import heads_view
 
     result = ablate_heads(_albert(), {"input_ids": _ids()}, task="lm", progress=False, attention=False)

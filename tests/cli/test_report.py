@@ -14,7 +14,7 @@ from diagnose.cli.main import cli  # noqa: E402
 
 def _stub_plots(monkeypatch):
     # the CLI's job is parsing and errors; drawing is tested in tests/reports
-    from diagnose.reports import plots_heads, plots_training
+    from diagnose.reports import _plots_heads as plots_heads, _plots_training as plots_training
 
     for mod, names in ((plots_heads, ("head_grids", "attention_grids", "scatter")),
                        (plots_training, ("loss_lr", "grad_norms", "depth_over_time", "entropy"))):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import report_fixtures as rf
 
-from diagnose.reports.render import render_html
+from diagnose.reports._render import render_html
 
 RLO = "\u202e"
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from diagnose.reports.decimate import bin_mean, minmax
+from diagnose.reports._decimate import bin_mean, minmax
 
 
 def test_short_series_untouched():

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from diagnose import read_run
-from diagnose.reports.sources import load_sources
-from diagnose.reports.view import build_report
+from diagnose.reports._sources import load_sources
+from diagnose.reports._view import build_report
 
 
 def test_report_from_objects_matches_the_results(real, real_report):

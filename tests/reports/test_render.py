@@ -11,7 +11,7 @@ import pytest
 import report_fixtures as rf
 from diagnose.errors import InputFileError
 from diagnose.reports import render_html, write_report
-from diagnose.reports.render import escape_json
+from diagnose.reports._render import escape_json
 
 # XML namespace names inside SVG images are identifiers, not addresses anything fetches.
 ALLOWED_URLS = {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}
@@ -77,7 +77,7 @@ def test_summary_is_generated_from_the_data(report_file):
 @pytest.fixture
 def quick_plots(monkeypatch):
     """Pictures replaced by a 1-pixel image: these tests are about structure, not drawing."""
-    from diagnose.reports import plots_heads, plots_training
+    from diagnose.reports import _plots_heads as plots_heads, _plots_training as plots_training
 
     dot = "data:image/svg+xml;base64," + base64.b64encode(b'<svg xmlns="http://www.w3.org/2000/svg"/>').decode()
     for mod in (plots_heads, plots_training):

@@ -6,7 +6,7 @@ import pytest
 
 import report_fixtures as rf
 from diagnose.errors import DiagnoseError, InputFileError
-from diagnose.reports.sources import load_sources
+from diagnose.reports._sources import load_sources
 
 
 def test_detects_each_kind(inputs):
@@ -28,7 +28,7 @@ def test_single_source_and_objects(inputs):
     s = load_sources(Result())
     assert len(s.heads) == 1 and s.heads[0].name == "reference heads (source 1)"
     assert len(load_sources(heads).heads) == 1
-    from diagnose.reports.sources import _read_run
+    from diagnose.reports._sources import _read_run
 
     assert len(load_sources([_read_run(run)]).runs) == 1
 

@@ -9,10 +9,10 @@ from scipy.stats import spearmanr
 
 import report_fixtures as rf
 from diagnose.errors import InputFileError
-from diagnose.reports.sources import load_sources
-from diagnose.reports.summary import heads_verdict, training_verdict
+from diagnose.reports._sources import load_sources
+from diagnose.reports._summary import heads_verdict, training_verdict
 from diagnose.reports.view_heads import MAX_TOKENS, heads_view, holm
-from diagnose.reports.view_training import group_alerts, training_view
+from diagnose.reports._view_training import group_alerts, training_view
 
 
 def test_holm_matches_hand_computation():
@@ -115,7 +115,7 @@ def test_group_alerts_errors_win_ties():
 
 
 def test_checks_verdict_counts_problems_not_information():
-    from diagnose.reports.summary import checks_verdict
+    from diagnose.reports._summary import checks_verdict
 
     info = {"check": "positions", "severity": "info", "title": "bidirectional"}
     err = {"check": "causal", "severity": "error", "title": "Future leaks"}
@@ -125,7 +125,7 @@ def test_checks_verdict_counts_problems_not_information():
 
 
 def test_lessons_verdict_quotes_the_first_measure():
-    from diagnose.reports.summary import lessons_verdict
+    from diagnose.reports._summary import lessons_verdict
 
     v = lessons_verdict(rf.make_lessons()["lessons"])
     assert v.lines == [("Warmup", "Without warmup, <b>gradient spikes</b> early. Measured: max grad norm "

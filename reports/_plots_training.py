@@ -8,8 +8,8 @@ import math
 import numpy as np
 from matplotlib import colormaps
 
-from .figures import SEVERITY_COLOR, new_figure, style, to_data_uri
-from .view_training import TrainingView
+from ._figures import SEVERITY_COLOR, new_figure, style, to_data_uri
+from ._view_training import TrainingView
 
 WIDTH = 11.0
 MAX_TICKS = 500  # occurrences of one alert kind drawn as ticks along the bottom

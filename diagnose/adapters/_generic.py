@@ -167,7 +167,7 @@ def glob_match(pattern: str, name: str) -> bool:
 
 def named_sites(model: nn.Module, pattern: str, n_heads: int | None, example: Any = None) -> list[AttentionSite]:
     """Sites the user named: modules whose qualified name matches the glob `pattern`."""
-    from .torch_mha import MHAAdapter
+    from ._torch_mha import MHAAdapter
 
     matched = [(n, m) for n, m in model.named_modules() if glob_match(pattern, n)]
     if not matched:

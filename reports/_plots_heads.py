@@ -7,7 +7,7 @@ import numpy as np
 import seaborn as sns
 from matplotlib.patches import Rectangle
 
-from .figures import new_figure, style, to_data_uri
+from ._figures import new_figure, style, to_data_uri
 from .view_heads import HeadsView
 
 FLAG_COLOR = {"striking_but_inert": "#1565c0", "diffuse_but_vital": "#c62828"}

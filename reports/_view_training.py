@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .decimate import bin_mean, minmax
+from ._decimate import bin_mean, minmax
 
 MAX_POINTS = 2000  # per line, min/max preserving
 MAX_BINS = 400  # columns of the depth-over-time maps and samples per entropy curve

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .view_heads import HeadsView
-from .view_training import TrainingView
+from ._view_training import TrainingView
 
 
 @dataclass

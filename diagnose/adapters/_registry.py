@@ -10,12 +10,12 @@ _user: list[Adapter] = []
 
 def builtin_adapters() -> list[Adapter]:
     """Built-in family adapters in the order they are tried (generic fallback excluded)."""
-    from .hf_bert import BertAdapter
-    from .hf_gpt2 import GPT2Adapter
-    from .hf_llama import LlamaAdapter
-    from .reference import ReferenceAdapter
-    from .torch_mha import MHAAdapter
-    from .transformer_lens import TransformerLensAdapter
+    from ._hf_bert import BertAdapter
+    from ._hf_gpt2 import GPT2Adapter
+    from ._hf_llama import LlamaAdapter
+    from ._reference import ReferenceAdapter
+    from ._torch_mha import MHAAdapter
+    from ._transformer_lens import TransformerLensAdapter
 
     # TransformerLens wraps HF modules, so it goes before the HF families.
     return [ReferenceAdapter(), TransformerLensAdapter(), GPT2Adapter(), BertAdapter(), LlamaAdapter(), MHAAdapter()]

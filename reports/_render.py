@@ -24,8 +24,8 @@ from diagnose import _json
 from diagnose._terminal import plain
 from diagnose._write import atomic_write
 
-from .sources import load_sources
-from .view import Report, build_report
+from ._sources import load_sources
+from ._view import Report, build_report
 
 HERE = Path(__file__).parent
 TEMPLATES = HERE / "templates"

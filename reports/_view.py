@@ -7,11 +7,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import plots_heads, plots_training
-from .sources import Sources
-from .summary import Verdict, checks_verdict, format_cell, heads_verdict, lessons_verdict, training_verdict
+from . import _plots_heads as plots_heads, _plots_training as plots_training
+from ._sources import Sources
+from ._summary import Verdict, checks_verdict, format_cell, heads_verdict, lessons_verdict, training_verdict
 from .view_heads import MAP_BYTE_BUDGET, HeadsView, heads_view
-from .view_training import TrainingView, training_view
+from ._view_training import TrainingView, training_view
 
 
 @dataclass
