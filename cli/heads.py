@@ -69,9 +69,9 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     """
     check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data])  # before the slow imports
     from diagnose._terminal import plain
-    from diagnose.ablation import ablate_heads, ablate_together
-    from diagnose.ablation.task import default_task
+    from diagnose.ablation import ablate_heads
     from diagnose.io import check_task, load_data_for, load_model, trial_forward
+    from diagnose.objectives import default_task
     from diagnose.sites import find_heads
 
     closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
@@ -81,12 +81,9 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     sites = find_heads(net, attention_module=attention_module, n_heads=n_heads, example=ds.inputs(0, 2))
     task = task or default_task(net, ds)
     check_task(ds, task)
-    together = [ablate_together(net, ds, heads_closed, task=task, method=method, batch_size=batch_size,
-                                sites=sites).to_json() for heads_closed in closed]  # first: cheap, and checks names
     result = ablate_heads(net, ds, task=task, method=method, batch_size=batch_size,
                           fast=fast, top=top, sites=sites, progress=True, correction=correction,
-                          min_effect=min_effect, rank_by=rank_by)
-    result.together = together
+                          min_effect=min_effect, rank_by=rank_by, together=closed)
     if json_path:
         result.save(json_path)
     _print(result, json_path)

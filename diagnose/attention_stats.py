@@ -19,11 +19,11 @@ from typing import Any, Iterable, Mapping
 import torch
 import torch.nn as nn
 
+from ._attention_names import ATTENTION_STATS
 from .adapters.base import AttentionSite
 from .objectives import batch_size_of, call_model
 
-STATS = ("entropy", "max_weight", "first_token", "self", "prev_token", "padding", "mean_distance",
-         "next_token", "last_token", "local")
+STATS = ATTENTION_STATS  # the one list (_attention_names.py), in the order of the rows of HeadStats.sums
 LOCAL = 2  # "local": keys at most this many positions away (not the query itself)
 SCHEMA = "diagnose.attention/1"
 _CHUNK = 1 << 20  # elements of probability per reduction step: bounds the temporaries (4 MB)

@@ -20,6 +20,20 @@ IGNORE = -100
 TASKS = ("classification", "lm")
 
 
+def default_task(model: torch.nn.Module, data: Any) -> str:
+    """The task to score with when the user does not say: the checkpoint's meta["task"] if saved;
+    else labels [N] -> classification; labels [N, T] or none -> lm."""
+    meta = getattr(model, "diagnose_meta", None)
+    if isinstance(meta, dict) and meta.get("task") in TASKS:
+        return meta["task"]
+    labels = getattr(data, "labels", None)
+    if labels is None and isinstance(data, dict):
+        labels = data.get("labels")
+    if isinstance(labels, torch.Tensor) and labels.dim() == 1:
+        return "classification"
+    return "lm"
+
+
 def call_model(model: torch.nn.Module, inputs: Any) -> Any:
     """A Tensor is passed positionally, a Mapping as keyword arguments."""
     if isinstance(inputs, Mapping):

@@ -28,7 +28,11 @@ from typing import Any, Sequence
 import numpy as np
 from scipy.stats import spearmanr
 
+import torch
+
+from ..adapters.base import AttentionSite
 from .result import ATTENTION_STATS, HeadEffect
+from .together import ablate_together
 
 EFFECT = "delta_loss"
 DECISIVE = 0.5  # a pattern "looks decisive" when at least half its weight goes to one key / one role ...
@@ -114,6 +118,39 @@ def rank(flags_: list[dict[str, Any]]) -> list[dict[str, Any]]:
     each flag gets its 1-based `rank`."""
     ordered = sorted(flags_, key=lambda f: (_ORDER.get(f["kind"], 9), -(f.get("score") or 0.0)))
     return [{**f, "rank": i} for i, f in enumerate(ordered, 1)]
+
+
+def flags_with_groups(heads: list[HeadEffect], model: torch.nn.Module, batches: list, task: str, method: str,
+                       sites: Sequence[AttentionSite], baseline: dict[str, float], band: dict) -> list[dict]:
+    """The contrast flags, with look-alike heads closed together (one forward per batch and group)
+    where that can change the story: a striking-but-inert member may be a backup, and heads that each
+    barely matter alone may carry the answer together."""
+    by_head = {(h.layer, h.head): h for h in heads}
+    flags_ = flags(heads, baseline["loss"], band)
+    inert = {(f["layer"], f["head"]) for f in flags_ if f["kind"] == "striking_but_inert"}
+    effects: dict[tuple, dict] = {}
+
+    def closed_together(members: tuple) -> dict:
+        if members not in effects:
+            effects[members] = ablate_together(model, batches, list(members), task=task, method=method, sites=sites,
+                                               baseline=(baseline["accuracy"], baseline["loss"])).to_json()
+        return effects[members]
+
+    out = []
+    for f in flags_:
+        if f.get("twins"):
+            members = tuple(sorted([(f["layer"], f["head"]), *(tuple(t) for t in f["twins"])]))
+            singles = [by_head[m].delta_accuracy for m in members]
+            f = backup_test(f, closed_together(members), None if None in singles else sum(singles))
+        out.append(f)
+    for role, members in look_alikes(heads):
+        small = all(by_head[m].verified and abs(by_head[m].delta_accuracy) < VITAL_ACCURACY
+                    for m in members)
+        if small and not inert & set(members):  # inert members' flags already carry the group's effect
+            group_flag = redundant_flag(role, members, by_head, closed_together(tuple(members)))
+            if group_flag is not None:
+                out.append(group_flag)
+    return rank(out)
 
 
 def default_band(baseline_loss: float, min_effect: float = 0.05) -> dict[str, float]:

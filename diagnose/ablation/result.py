@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import _json
+from .._attention_names import ATTENTION_STATS
 from .._write import atomic_write
 
 SCHEMA = "diagnose.heads/1"
-ATTENTION_STATS = ("entropy", "max_weight", "first_token", "self", "prev_token", "padding", "mean_distance",
-                   "next_token", "last_token", "local")
 
 
 @dataclass

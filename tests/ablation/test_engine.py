@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from diagnose.ablation import ablate_heads, gated
-from diagnose.ablation.gate import ablation_scale
+from diagnose.ablation import ablate_heads
+from diagnose.ablation.gate import ablation_scale, gated
 from diagnose.ablation.result import ATTENTION_STATS, SCHEMA
-from diagnose.ablation.task import default_task
+from diagnose.objectives import default_task
 from diagnose.errors import ConfigError
 from diagnose.objectives import targets_for
 from diagnose.sites import find_heads
@@ -265,3 +265,17 @@ def test_fast_recomputes_clean_passes_when_they_do_not_fit(model, data, monkeypa
         if a.verified:
             tol = loss_tol(a.loss, b.loss)
             assert a.delta_loss == pytest.approx(b.delta_loss, abs=tol) and a.kl == pytest.approx(b.kl, abs=tol)
+
+
+def test_together_is_part_of_the_result(model, data):
+    from diagnose.ablation import ablate_together
+
+    groups = [[(0, 1), (1, 2)], [(1, 0)]]
+    result = ablate_heads(model, data, task="lm", batch_size=4, progress=False, attention=False, together=groups)
+    alone = [ablate_together(model, data, g, task="lm", batch_size=4).to_json() for g in groups]
+    assert [g["heads"] for g in result.together] == [g["heads"] for g in alone]
+    for got, want in zip(result.together, alone):
+        assert got["delta_loss"] == pytest.approx(want["delta_loss"], abs=loss_tol(want["loss"], got["loss"]))
+    assert result.to_json()["together"] == result.together
+    with pytest.raises(ConfigError):  # a head that does not exist fails before the sweep
+        ablate_heads(model, data, task="lm", progress=False, together=[[(0, H)]])
