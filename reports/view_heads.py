@@ -1,5 +1,9 @@
 """View model of one `diagnose.heads/1` document: layer x head grids, significance, flags,
 rank correlations between what a heatmap shows and what ablation proves, packed example maps.
+
+It renders what the document says and recomputes no statistic: significance is each head's
+`significant`, the correlations are the document's `correlations`, the flags its `flags` list.
+An older document without one of these shows less (nothing marked, no correlation table).
 """
 
 from __future__ import annotations
@@ -10,13 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.stats import spearmanr
 
+from diagnose._attention_names import ATTENTION_STATS
 from diagnose.errors import InputFileError
 
 HEAD_NUMBERS = ("delta_accuracy", "delta_loss", "accuracy", "loss", "kl", "grad_importance", "p_value")
-ATTENTION_STATS = ("max_weight", "entropy", "first_token", "self", "prev_token", "padding", "mean_distance")
-ALPHA = 0.05
+CORRELATED = (*ATTENTION_STATS, "grad_importance")  # the document's correlations the page shows, in this order
 MAX_EXAMPLES = 4
 MAX_TOKENS = 128
 # Raw bytes of quantised attention kept per heads document (base64 adds a third): keeps a
@@ -99,19 +102,6 @@ def _num(value: Any) -> float:
     return math.copysign(math.inf, out) if abs(out) > 1e300 else out
 
 
-def holm(p_values: np.ndarray, alpha: float = ALPHA) -> np.ndarray:
-    """Holm-Bonferroni rejections (bool, same shape); NaN p-values are never significant."""
-    flat = p_values.ravel()
-    ok = np.flatnonzero(np.isfinite(flat))
-    reject = np.zeros(flat.shape, dtype=bool)
-    m = len(ok)
-    for rank, idx in enumerate(ok[np.argsort(flat[ok], kind="stable")]):
-        if flat[idx] > alpha / (m - rank):
-            break
-        reject[idx] = True
-    return reject.reshape(p_values.shape)
-
-
 def _harm_key(head: dict[str, Any]) -> tuple[float, float]:
     """Sort key putting the heads whose removal raises the loss most first (the ablation
     engine's own ranking), accuracy drop breaking ties; missing numbers go last."""
@@ -122,52 +112,26 @@ def _harm_key(head: dict[str, Any]) -> tuple[float, float]:
 
 
 def _flags(raw: Any) -> list[Flag]:
-    """Flags as a list of {layer, head, kind, reason} or as {kind: [{layer, head, reason}]}."""
-    items: list[tuple[str | None, Any]] = []
-    if isinstance(raw, dict):
-        items = [(kind, f) for kind, entries in raw.items() for f in (entries or [])]
-    elif isinstance(raw, list):
-        items = [(None, f) for f in raw]
+    """The document's flags: a list of {kind, layer, head, reason, heads?} (contrast.py writes them)."""
     out = []
-    for kind, f in items:
+    for f in raw if isinstance(raw, list) else []:
         if not isinstance(f, dict) or not isinstance(f.get("layer"), int) or not isinstance(f.get("head"), int):
             continue
-        reason = f.get("reason") or f.get("why") or f.get("message") or ""
         group = [(int(m[0]), int(m[1])) for m in f.get("heads") or []
                  if isinstance(m, (list, tuple)) and len(m) == 2 and all(isinstance(x, int) for x in m)]
-        out.append(Flag(f["layer"], f["head"], str(f.get("kind") or kind or "flagged"), str(reason), group))
+        out.append(Flag(f["layer"], f["head"], str(f.get("kind") or "flagged"), str(f.get("reason") or ""), group))
     return out
 
 
-def _given_correlations(raw: Any) -> dict[tuple[str, str], Correlation]:
-    """The document's own rank correlations: {"effect": name, stat: {rho, p_value, n}}."""
+def _correlations(raw: Any) -> list[Correlation]:
+    """The document's own rank correlations, {"effect": name, stat: {rho, p_value, n}}, for CORRELATED."""
     if not isinstance(raw, dict) or not isinstance(raw.get("effect"), str):
-        return {}
-    out = {}
-    for stat, c in raw.items():
-        if isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) for k in ("rho", "p_value")):
-            out[(stat, raw["effect"])] = Correlation(stat, raw["effect"], float(c["rho"]), float(c["p_value"]),
-                                                     int(c.get("n") or 0))
-    return out
-
-
-def _correlations(grids: dict[str, np.ndarray], raw: Any) -> list[Correlation]:
-    """Spearman between each attention statistic (and grad importance) and each effect: the
-    document's own figures where it gives them, computed from the per-head numbers otherwise."""
-    given = _given_correlations(raw)
+        return []
     out = []
-    for effect in ("delta_loss", "delta_accuracy"):
-        y = grids[effect].ravel()
-        for stat in (*ATTENTION_STATS, "grad_importance"):
-            if (stat, effect) in given:
-                out.append(given[(stat, effect)])
-                continue
-            x = grids[stat].ravel()
-            ok = np.isfinite(x) & np.isfinite(y)
-            if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
-                continue
-            res = spearmanr(x[ok], y[ok])
-            out.append(Correlation(stat, effect, float(res.statistic), float(res.pvalue), int(ok.sum())))
+    for stat in CORRELATED:
+        c = raw.get(stat)
+        if isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) for k in ("rho", "p_value")):
+            out.append(Correlation(stat, raw["effect"], float(c["rho"]), float(c["p_value"]), int(c.get("n") or 0)))
     return out
 
 
@@ -246,8 +210,7 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
     model = data["model"]
     n_layers, n_heads = model["n_layers"], model["n_heads"]
     grids = {k: np.full((n_layers, n_heads), np.nan) for k in (*HEAD_NUMBERS, *ATTENTION_STATS)}
-    given_sig = np.zeros((n_layers, n_heads), dtype=bool)
-    has_given_sig = False
+    significant = np.zeros((n_layers, n_heads), dtype=bool)
     roles = np.full((n_layers, n_heads), "", dtype=object)
     for h in data["heads"]:
         at = (h["layer"], h["head"])
@@ -256,10 +219,7 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
             grids[k][at] = _num(h.get(k))
         for k in ATTENTION_STATS:
             grids[k][at] = _num((h.get("attention") or {}).get(k))
-        if isinstance(h.get("significant"), bool):
-            has_given_sig = True
-            given_sig[at] = h["significant"]
-    significant = given_sig if has_given_sig else holm(grids["p_value"])
+        significant[at] = h.get("significant") is True
     ranked = sorted(data["heads"], key=_harm_key)
     examples, texts, note = _pack_examples(data.get("examples"), n_layers, n_heads, name, budget)
     timing = data.get("timing") or {}
@@ -270,6 +230,6 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
         n_examples=data.get("n_examples") if isinstance(data.get("n_examples"), int) else None,
         baseline=data.get("baseline") or {}, seconds=_num(timing.get("seconds")) if timing else None,
         grids=grids, significant=significant, ranked=ranked, flags=_flags(data.get("flags")),
-        correlations=_correlations(grids, data.get("correlations")), examples=examples, example_texts=texts,
+        correlations=_correlations(data.get("correlations")), examples=examples, example_texts=texts,
         examples_note=note, together=_groups(data.get("together"), data["heads"]),
         roles=roles if roles.astype(bool).any() else None)

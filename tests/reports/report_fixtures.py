@@ -45,6 +45,7 @@ def make_heads(n_layers: int = 2, n_heads: int = 4, *, seq_len: int = 8, n_kept:
                 "p_value": 1e-9 if is_vital else float(rng.uniform(0.2, 1.0)),
                 "loss": 0.1 + d_loss, "delta_loss": d_loss, "kl": d_loss * 0.8,
                 "grad_importance": (0.8 if is_vital else float(rng.uniform(0, 0.3))),
+                "significant": is_vital,
                 "attention": {"entropy": 0.15 if is_inert else float(rng.uniform(0.8, 2.0)),
                               "max_weight": max_w, "first_token": 0.9 if is_inert else float(rng.uniform(0, 0.3)),
                               "self": float(rng.uniform(0, 0.3)), "prev_token": float(rng.uniform(0, 0.3)),
@@ -64,11 +65,27 @@ def make_heads(n_layers: int = 2, n_heads: int = 4, *, seq_len: int = 8, n_kept:
         "task": "classification", "method": "zero", "n_examples": 512,
         "baseline": {"accuracy": 0.97, "loss": 0.1},
         "heads": heads,
-        "correlations": {"effect": "delta_loss", "first_token": {"rho": -0.123, "p_value": 0.456, "n": len(heads)}},
+        "correlations": _correlations(heads),
         "flags": flags,
         "timing": {"seconds": 1.25, "forward_passes": n_layers * n_heads + 1},
         "examples": examples,
     }
+
+
+def _correlations(heads: list[dict[str, Any]]) -> dict[str, Any]:
+    """As the engine writes them: Spearman of each statistic against delta loss; first_token planted,
+    so that a test can tell the document's figure from a recomputed one."""
+    from scipy.stats import spearmanr
+
+    y = [h["delta_loss"] for h in heads]
+    out: dict[str, Any] = {"effect": "delta_loss"}
+    for stat in ("entropy", "max_weight", "self", "prev_token", "mean_distance"):
+        r = spearmanr([h["attention"][stat] for h in heads], y)
+        out[stat] = {"rho": float(r.statistic), "p_value": float(r.pvalue), "n": len(heads)}
+    r = spearmanr([h["grad_importance"] for h in heads], y)
+    out["grad_importance"] = {"rho": float(r.statistic), "p_value": float(r.pvalue), "n": len(heads)}
+    out["first_token"] = {"rho": -0.123, "p_value": 0.456, "n": len(heads)}
+    return out
 
 
 def write_heads(path: Path, **kwargs) -> Path:

@@ -11,14 +11,8 @@ import report_fixtures as rf
 from diagnose.errors import InputFileError
 from diagnose.reports._sources import load_sources
 from diagnose.reports._summary import heads_verdict, training_verdict
-from diagnose.reports.view_heads import MAX_TOKENS, heads_view, holm
+from diagnose.reports.view_heads import MAX_TOKENS, heads_view
 from diagnose.reports._view_training import group_alerts, training_view
-
-
-def test_holm_matches_hand_computation():
-    p = np.array([0.01, 0.04, 0.03, 0.005, np.nan])
-    # sorted: 0.005 <= .05/4 yes; 0.01 <= .05/3 yes; 0.03 <= .05/2 no -> stop
-    assert holm(p).tolist() == [True, False, False, True, False]
 
 
 def test_grids_significance_flags_and_ranking():
@@ -34,17 +28,21 @@ def test_grids_significance_flags_and_ranking():
     direct = spearmanr(v.grids["max_weight"].ravel(), v.grids["delta_loss"].ravel())
     assert c.rho == pytest.approx(direct.statistic) and c.n == 12
     given = next(c for c in v.correlations if (c.statistic, c.effect) == ("first_token", "delta_loss"))
-    assert (given.rho, given.p_value) == (-0.123, 0.456)  # the document's own figure wins
+    assert (given.rho, given.p_value) == (-0.123, 0.456)  # the document's own figure, not a recomputed one
 
 
-def test_flags_as_mapping_and_given_significance():
-    doc = rf.make_heads(2, 2, vital=(), inert=())
-    doc["flags"] = {"diffuse_but_vital": [{"layer": 1, "head": 1, "why": "flat map, Δacc -0.2"}]}
-    for h in doc["heads"]:
-        h["significant"] = (h["layer"], h["head"]) == (1, 1)
+def test_the_view_recomputes_nothing_and_shows_less_for_an_older_document():
+    doc = rf.make_heads(2, 2, vital=((1, 1),), inert=())
+    doc["flags"] = [{"layer": 1, "head": 1, "kind": "diffuse_but_vital", "reason": "flat map, Δacc -0.2"}]
     v = heads_view("m", doc)
     assert v.flags[0].kind == "diffuse_but_vital" and v.flags[0].reason == "flat map, Δacc -0.2"
     assert v.n_significant == 1 and v.significant[1, 1]
+    for h in doc["heads"]:
+        del h["significant"]  # tiny p-values, but the document does not say which heads are significant
+    del doc["correlations"]
+    doc["flags"] = {"diffuse_but_vital": [{"layer": 1, "head": 1, "reason": "a shape nothing writes"}]}
+    old = heads_view("m", doc)
+    assert old.n_significant == 0 and old.correlations == [] and old.flags == []
 
 
 def test_a_group_flag_is_labelled_by_its_heads_and_summarised():
