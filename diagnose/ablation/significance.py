@@ -68,15 +68,7 @@ def bootstrap_ci(d_correct: np.ndarray, count: np.ndarray, *, level: float = 0.9
 
 def holm(p: np.ndarray) -> np.ndarray:
     """Holm-Bonferroni adjusted p-values (same order as p)."""
-    p = np.asarray(p, dtype=np.float64)
-    m = p.size
-    if m == 0:
-        return p
-    order = np.argsort(p, kind="stable")
-    adjusted = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
-    out = np.empty(m)
-    out[order] = adjusted
-    return out
+    return _step(p, lambda ps, m: np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * ps)))
 
 
 def sign_flip_test(diff: np.ndarray, *, n_flips: int = N_FLIPS, seed: int = 0) -> np.ndarray:
@@ -116,15 +108,18 @@ def flips_needed(m: int, alpha: float) -> int:
 
 def bh(p: np.ndarray) -> np.ndarray:
     """Benjamini-Hochberg adjusted p-values (false discovery rate; same order as p)."""
+    return _step(p, lambda ps, m: np.minimum(1.0, np.minimum.accumulate((ps * m / np.arange(1, m + 1))[::-1])[::-1]))
+
+
+def _step(p: np.ndarray, adjust_sorted) -> np.ndarray:
+    """A step-wise correction: adjust_sorted(p ascending, m) -> adjusted, put back in p's order."""
     p = np.asarray(p, dtype=np.float64)
     m = p.size
     if m == 0:
         return p
     order = np.argsort(p, kind="stable")
-    scaled = p[order] * m / np.arange(1, m + 1)
-    adjusted = np.minimum(1.0, np.minimum.accumulate(scaled[::-1])[::-1])
     out = np.empty(m)
-    out[order] = adjusted
+    out[order] = adjust_sorted(p[order], m)
     return out
 
 
