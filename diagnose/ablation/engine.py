@@ -50,7 +50,7 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
                  reuse: bool = True, tokens: Sequence[Sequence[str]] | None = None, correction: str = "holm",
                  min_effect: float = MIN_EFFECT, rank_by: str = FAST_RANK,
                  together: Sequence[Sequence[tuple[int, int]]] = ()) -> HeadsResult:
-    """Ablate every head (or, with fast=True, the `top` heads by gradient importance) and test each effect.
+    """Ablate every head (or, with fast=True, the `top` heads by the rank_by estimate) and test each effect.
 
     data: a DataSet / TaskData / dict with input_ids (cut into batch_size batches) or an iterable of
     (inputs, labels) pairs. progress: True for a bar on stderr, or a callable(done, total).
