@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from diagnose.ablation import ablate_heads
+from diagnose.ablation import SCHEMA, ablate_heads
 from diagnose.ablation.gate import ablation_scale, gated
-from diagnose.ablation.result import ATTENTION_STATS, SCHEMA
-from diagnose.objectives import default_task
+from diagnose.ablation.result import ATTENTION_STATS
 from diagnose.errors import ConfigError
-from diagnose.objectives import targets_for
+from diagnose.objectives import default_task, targets_for
 from diagnose.sites import find_heads
 from diagnose.zoo import ModelConfig, Transformer
 
