@@ -122,25 +122,9 @@ def run_steps(model, opt, sched, data, gen, n, on_backward=None, after_step=None
     return (time.perf_counter() - start) / n, (time.process_time() - cpu) / n
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--d-model", type=int, default=MODEL["d_model"])
-    ap.add_argument("--layers", type=int, default=MODEL["n_layers"])
-    ap.add_argument("--model", choices=("reference", "hand"), default="reference")
-    ap.add_argument("--no-wandb", action="store_true")
-    args = ap.parse_args()
-    MODEL.update(d_model=args.d_model, n_layers=args.layers)
-    KIND["model"] = args.model
-    load_before = os.getloadavg()
-    torch.set_num_threads(1)
-    data = induction(n=2048, length=24, vocab_size=32)
-    tmp = tempfile.mkdtemp(prefix="bench_monitor_")
-    os.environ["WANDB_DIR"] = tmp
-
-    plain = make()
-    variants = {"plain": (plain, {})}
+def _variants(tmp: str, no_wandb: bool):
+    """The loops to time: plain, diagnose at attention_every 10 and 50, and wandb.watch when installed."""
+    variants = {"plain": (make(), {})}
     monitors = []
     for every in (10, 50):
         diag = make()
@@ -148,8 +132,9 @@ def main() -> None:
                               echo=False)
         monitors.append(mon)
         variants[f"diag@{every}"] = (diag, {"on_backward": lambda loss, opt, mon=mon: mon.step(loss, optimizer=opt)})
+    wrun = None
     try:
-        if args.no_wandb:
+        if no_wandb:
             raise ImportError
         import wandb
 
@@ -158,21 +143,12 @@ def main() -> None:
         wandb.watch(wb[0], log="all", log_freq=1)
         variants["wandb"] = (wb, {"after_step": lambda loss: wandb.log({"loss": float(loss.detach())})})
     except ImportError:
-        wrun = None
         print("wandb is not installed: its column is skipped", file=sys.stderr)
+    return variants, monitors, wrun
 
-    gens = {k: torch.Generator().manual_seed(1) for k in variants}
-    for name, ((model, opt, sched), hooks) in variants.items():  # warm-up, not timed
-        run_steps(model, opt, sched, data, gens[name], 5, **hooks)
-    times: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
-    for _ in range(args.reps):
-        for name, ((model, opt, sched), hooks) in variants.items():
-            times[name].append(run_steps(model, opt, sched, data, gens[name], args.steps, **hooks))
-    for mon in monitors:
-        mon.close()
-    if wrun is not None:
-        wrun.finish()
 
+def _report(args, times, load_before) -> None:
+    """Print each variant's median step time and overhead, then the goal lines."""
     print(f"{args.model} model {MODEL}, batch 32, {args.reps} interleaved reps x {args.steps} steps, "
           f"torch threads {torch.get_num_threads()}, load average {load_before[0]:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after ({os.cpu_count()} CPUs)")
@@ -192,6 +168,39 @@ def main() -> None:
             line += (f"; wandb.watch(log='all', log_freq=1) overhead {over['wandb'] * 100:.1f} %; "
                      f"diagnose@50 / wandb {over['diag@50'] / over['wandb']:.3f} (goal <= 0.2)")
         print(line)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--d-model", type=int, default=MODEL["d_model"])
+    ap.add_argument("--layers", type=int, default=MODEL["n_layers"])
+    ap.add_argument("--model", choices=("reference", "hand"), default="reference")
+    ap.add_argument("--no-wandb", action="store_true")
+    args = ap.parse_args()
+    MODEL.update(d_model=args.d_model, n_layers=args.layers)
+    KIND["model"] = args.model
+    load_before = os.getloadavg()
+    torch.set_num_threads(1)
+    data = induction(n=2048, length=24, vocab_size=32)
+    tmp = tempfile.mkdtemp(prefix="bench_monitor_")
+    os.environ["WANDB_DIR"] = tmp
+    variants, monitors, wrun = _variants(tmp, args.no_wandb)
+
+    gens = {k: torch.Generator().manual_seed(1) for k in variants}
+    for name, ((model, opt, sched), hooks) in variants.items():  # warm-up, not timed
+        run_steps(model, opt, sched, data, gens[name], 5, **hooks)
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
+    for _ in range(args.reps):
+        for name, ((model, opt, sched), hooks) in variants.items():
+            times[name].append(run_steps(model, opt, sched, data, gens[name], args.steps, **hooks))
+    for mon in monitors:
+        mon.close()
+    if wrun is not None:
+        wrun.finish()
+    _report(args, times, load_before)
+
 
 if __name__ == "__main__":
     main()

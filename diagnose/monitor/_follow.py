@@ -57,25 +57,26 @@ def follow(run_dir: str | os.PathLike, on_step: Callable[[dict[str, Any]], None]
                              f"give the folder passed to TrainingMonitor")
     end = None if timeout_s is None else time.monotonic() + timeout_s
     last_news, said_quiet = time.monotonic(), False
-    while True:
+
+    def deliver() -> tuple[bool, bool]:
+        """Hand on what the run wrote since the last poll: (anything new, run closed)."""
         steps, alerts, closed = tail.poll()
         for rec in steps:
             on_step(rec)
         for alert in alerts:
             on_alert(alert)
+        return bool(steps or alerts), closed
+
+    while True:
+        news, closed = deliver()
         if closed:
             return CLOSED
         now = time.monotonic()
-        if steps or alerts:
+        if news:
             last_news, said_quiet = now, False
         info = _load_info(tail.dir)
         if writer_alive(info) is False:
-            steps, alerts, closed = tail.poll()  # what it wrote just before it died
-            for rec in steps:
-                on_step(rec)
-            for alert in alerts:
-                on_alert(alert)
-            if closed:
+            if deliver()[1]:  # what it wrote just before it died
                 return CLOSED
             pid = info["sessions"][-1]["pid"]
             note(f"the writer (pid {pid}) is gone without closing the run (killed or crashed); stopping")
