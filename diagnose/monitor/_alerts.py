@@ -16,7 +16,9 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
-KINDS = ("nonfinite", "grad_spike", "loss_spike", "vanishing_grad", "activation_growth",
+from ._divergence import LossTrend, divergence_hint, evidence_first
+
+KINDS = ("nonfinite", "grad_spike", "loss_spike", "divergence", "vanishing_grad", "activation_growth",
          "entropy_collapse", "rank_collapse", "no_warmup")
 
 HINTS = {
@@ -27,10 +29,12 @@ HINTS = {
                   "warmup; if it repeats, look for bad batches and for attention logits growing (qk-norm)",
     "loss_spike": "a spike usually follows a gradient spike: lower the lr, clip gradients, use a longer "
                   "warmup, and lower Adam's beta2 (0.95) so its second moment reacts faster",
-    "vanishing_grad": "the early layers barely learn: add residual connections, use Pre-LN "
-                      "(x + f(norm(x))), check the init scale, and avoid saturating activations",
-    "activation_growth": "the residual stream is blowing up: use Pre-LN with a final LayerNorm, scale "
-                         "residual branch init by 1/sqrt(2 * n_layers), lower the lr, add weight decay",
+    "divergence": divergence_hint(None, False),
+    "vanishing_grad": "the early layers barely learn: add residual connections, check the init scale, avoid "
+                      "saturating activations, and, if the blocks are Post-LN, move to Pre-LN (x + f(norm(x)))",
+    "activation_growth": "the residual stream is blowing up: lower the lr, scale residual branch init by "
+                         "1/sqrt(2 * n_layers), add weight decay, and, if the blocks are Post-LN (x = norm(x + f(x))), "
+                         "move to Pre-LN with a final LayerNorm",
     "entropy_collapse": "attention went one-hot in every head: check the 1/sqrt(d_k) scaling of the "
                         "scores, lower the lr, add warmup, or normalise queries and keys (qk-norm)",
     "rank_collapse": "token representations are converging to one vector with depth: the residual "
@@ -40,9 +44,13 @@ HINTS = {
                  "steps); Post-LN Transformers in particular diverge without it (Xiong et al. 2020)",
 }
 
-# grad_spike when the loop clips (the monitor knows its max norm): telling the user to clip would be wrong
+# grad_spike / loss_spike when the loop clips (a record carries clip_coef): telling the user to clip would be wrong
 CLIPPING_SPIKE_HINT = ("the loop already clips gradients; if spikes recur, lower the lr or lengthen the warmup, "
                        "look for bad batches, and for attention logits growing (qk-norm)")
+CLIPPING_LOSS_HINT = ("the loop already clips gradients: lower the lr, use a longer warmup, lower Adam's beta2 "
+                      "(0.95) so its second moment reacts faster, and look for bad batches at this step")
+# a rising loss makes the lr the first suspect of these symptoms (nonfinite and no_warmup say it already)
+LR_FIRST = ("grad_spike", "loss_spike", "vanishing_grad", "activation_growth", "entropy_collapse", "rank_collapse")
 
 
 @dataclass
@@ -57,6 +65,11 @@ class Thresholds:
         for `patience` consecutive logged steps.
     loss_spike_floor: a loss spike must also rise by this fraction of the first logged loss
         (late in a run, 0.004 -> 0.04 is 10x but means nothing).
+    diverge_window / diverge_ratio / diverge_floor / diverge_patience: divergence fires when the
+        median of the last `window` logged losses has stayed above `ratio` x the run's best such median
+        (and above it by `floor` x the first logged loss) for `patience` consecutive logged steps
+        (see _divergence.py; measured: lr 1.0 on the reference model fires 7 steps after the loss
+        doubled, and no healthy or otherwise broken run of the failure suite trips it).
     grad_spike_floor: likewise, a gradient spike must reach this fraction of the first logged
         grad norm (a converged demo classifier went 0.0012 -> 0.0100: 8x, and nothing to act on).
     growth_ratio: a block's activation variance above growth_ratio x its median over the window.
@@ -95,6 +108,10 @@ class Thresholds:
     init_entropy_frac: float = 0.5
     loss_spike_floor: float = 0.05
     grad_spike_floor: float = 0.05
+    diverge_window: int = 5
+    diverge_ratio: float = 2.0
+    diverge_floor: float = 0.25
+    diverge_patience: int = 5
     rank_cos: float = 0.99
     rank_patience: int = 5
     warmup_check: int | bool = 100
@@ -151,6 +168,7 @@ class AlertEngine:
         self.first_lr: tuple[int, float] | None = None
         self.first_attention: dict[str, float] = {}
         self.lr_checked = False
+        self.trend = LossTrend(thresholds.diverge_window, thresholds.diverge_ratio, thresholds.diverge_floor)
 
     def _h(self, key: str) -> deque:
         if key not in self.hist:
@@ -184,14 +202,19 @@ class AlertEngine:
         def emit(kind: str, condition: bool, severity: str, where: str, message: str,
                  hint: str | None = None) -> None:
             if self.latches[kind](condition, step):
+                hint = hint or HINTS[kind]
+                if kind in LR_FIRST and self.trend.rising:
+                    hint = evidence_first(hint, self.trend, rec.get("lr"))
                 out.append({"step": step, "kind": kind, "severity": severity, "where": where,
-                            "message": message, "hint": hint or HINTS[kind]})
+                            "message": message, "hint": hint})
 
         if not self._check_nonfinite(rec, amp, emit):
             return out  # everything downstream of a NaN is NaN: other detectors would only echo it
         layers = rec.get("layers") or {}
+        self.trend.push(step, rec.get("loss"))  # before the others: their hints depend on it
         self._check_grad_spike(rec, layers, emit)
         self._check_loss_spike(rec, emit)
+        self._check_divergence(rec, emit)
         self._check_vanishing(layers, emit)
         self._check_growth(layers, emit)
         self._check_attention(rec, emit)
@@ -234,7 +257,19 @@ class AlertEngine:
         if r is not None and loss - loss / r < self.t.loss_spike_floor * abs(self.first_loss or 0.0):
             r = None  # 0.004 -> 0.04 near convergence is noise, not a spike: it must matter on the run's scale
         emit("loss_spike", r is not None, "warning", "loss",
-             f"loss {loss:.4g} is {r:.2f}x its recent median" if r else "")
+             f"loss {loss:.4g} is {r:.2f}x its recent median" if r else "",
+             CLIPPING_LOSS_HINT if _finite(rec.get("clip_coef")) else None)
+
+    def _check_divergence(self, rec: dict[str, Any], emit) -> None:
+        t = self.trend
+        held = self._persist("diverge", t.rising, self.t.diverge_patience)
+        message = ""
+        if held:
+            times = f", {t.smoothed / t.best:.1f}x its best," if t.best > 0 else ""
+            message = (f"the loss is diverging: the median of the last {len(t.recent)} logged losses went "
+                       f"{t.describe()}{times} and has stayed up for {self.t.diverge_patience} logged steps")
+        emit("divergence", held, "error", "loss", message,
+             divergence_hint(rec.get("lr"), _finite(rec.get("clip_coef"))) if held else None)
 
     def _check_vanishing(self, layers: dict[str, Any], emit) -> None:
         gnorms = {n: st.get("grad_norm") for n, st in layers.items() if _finite(st.get("grad_norm"))}
