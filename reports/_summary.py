@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .view_heads import HeadsView
-from ._view_training import TrainingView
+from ._view_training import LossSummary, TrainingView
 
 
 @dataclass
@@ -94,12 +94,44 @@ def heads_verdict(v: HeadsView) -> Verdict:
     return out
 
 
+def loss_sentence(s: LossSummary) -> str:
+    """Start, end, minimum, maximum, and where the loss stopped being finite: the logged values
+    themselves, no smoothing; a non-finite last loss is said, never replaced by an earlier one."""
+    def at(value: float, step: int | None) -> str:
+        return f"{_f(value, '.4g')} at step {step}" if step is not None else "n/a"
+
+    text = (f"loss {at(s.start, s.start_step)} (first logged) → {at(s.end, s.end_step)} (last logged); "
+            f"minimum {at(s.min, s.min_step)}, maximum {at(s.max, s.max_step)}")
+    if s.nonfinite_from is not None:
+        text += (f"; not finite from step {s.nonfinite_from} on ({s.nonfinite_count} logged steps)"
+                 if not s.finite_again else
+                 f"; not finite at {s.nonfinite_count} logged steps, first at step {s.nonfinite_from}")
+    return text
+
+
+def _extras(v: TrainingView) -> list[str]:
+    """Evaluations, throughput and clipping in a few words, where the run has them."""
+    out = []
+    if v.evals is not None and v.evals.last():
+        last = ", ".join(f"{name} {_f(val, '.4g')}" for name, val in v.evals.last())
+        out.append(f"{len(v.evals.steps)} evaluations, the last: {last}")
+    if v.tokens_per_s_median is not None:
+        out.append(f"median {_f(v.tokens_per_s_median, ',.0f')} tokens/s")
+    c = v.clipping
+    if c is not None and c.clip is not None:
+        share = f", scaling {c.share:.0%} of the logged steps" if c.share is not None else ""
+        out.append(f"gradients clipped at {_f(c.clip, '.3g')}{share}")
+    return out
+
+
 def training_verdict(v: TrainingView) -> Verdict:
     out = Verdict(f"Training: {v.name}")
     span = f"steps {v.first_step}–{v.last_step}" if v.first_step is not None else "no step numbers"
     state = "" if v.closed else " The run was not closed (still running, or killed)."
-    out.lines.append(("Run", f"{v.n_records} logged steps ({span}); loss {_f(v.loss_start, '.3g')} at the "
-                             f"start → {_f(v.loss_end, '.3g')} at the end.{state}"))
+    out.lines.append(("Run", f"{v.n_records} logged steps ({span}); {loss_sentence(v.loss_summary)}.{state}"))
+    extras = _extras(v)
+    if extras:
+        out.lines.append(("Also logged", "; ".join(extras) + "."))
     if not v.alert_groups:
         out.lines.append(("What went wrong", "nothing: no alert was raised."))
         return out

@@ -33,6 +33,13 @@ class TrainingSection:
 
 
 @dataclass
+class CompareSection:
+    """Several runs overlaid on shared axes, with a row of numbers per run."""
+    image: str
+    views: list[TrainingView]
+
+
+@dataclass
 class Finding:
     check: str
     severity: str
@@ -73,6 +80,7 @@ class Report:
     verdicts: list[Verdict] = field(default_factory=list)
     heads: list[HeadsSection] = field(default_factory=list)
     training: list[TrainingSection] = field(default_factory=list)
+    compare: CompareSection | None = None
     checks: list[ChecksSection] = field(default_factory=list)
     lessons: list[LessonsSection] = field(default_factory=list)
     blob: dict[str, Any] = field(default_factory=dict)
@@ -129,6 +137,32 @@ class ReportNote(UserWarning):
     """Something the report left out, said once on stderr by the CLI."""
 
 
+def _training(report: Report, views: list[TrainingView]) -> None:
+    """One step axis for every training panel of every run; several runs are overlaid in one
+    comparison figure (their own sections then keep what cannot be overlaid: per-layer maps)."""
+    if not views:
+        return
+    xlim = (min(v.xlim[0] for v in views), max(v.xlim[1] for v in views))
+    several = len(views) > 1
+    for i, v in enumerate(views):
+        v.xlim = xlim
+        v.color = plots_training.RUN_COLORS[i % len(plots_training.RUN_COLORS)]
+        v.prefix = f"{i + 1}." if several else ""
+        report.verdicts.append(training_verdict(v))
+    if several:
+        report.compare = CompareSection(plots_training.compare(views), views)
+    for v in views:
+        images = [] if several else [("Loss (eval loss as dots) and learning rate", plots_training.loss_lr(v))]
+        images += [("Gradient norms: global (pre-clip) and per layer", plots_training.grad_norms(v)),
+                   ("Evaluation metrics", plots_training.eval_metrics(v))]
+        if not several:
+            images.append(("Throughput", plots_training.throughput(v)))
+        images += [("Activations through depth over time", plots_training.depth_over_time(v)),
+                   ("Attention entropy per head over time (0 to the uniform entropy log T)",
+                    plots_training.entropy(v))]
+        report.training.append(TrainingSection(v, [(c, img) for c, img in images if img]))
+
+
 def build_report(sources: Sources, title: str | None = None) -> Report:
     """Views, verdicts and pictures for every source, in the order given within each kind."""
     names = [s.name for s in (*sources.heads, *sources.runs, *sources.checks, *sources.lessons)]
@@ -146,14 +180,7 @@ def build_report(sources: Sources, title: str | None = None) -> Report:
                 "are complete")
         warnings.warn(note, ReportNote, stacklevel=2)
         report.heads.append(HeadsSection(v, None, None, None, v.ranked[:10], *_tables(v), note=note))
-    for src in sources.runs:
-        v = training_view(src.name, src.run)
-        report.verdicts.append(training_verdict(v))
-        images = [("Loss and learning rate", plots_training.loss_lr(v)),
-                  ("Gradient norms: global and per layer", plots_training.grad_norms(v)),
-                  ("Activations through depth over time", plots_training.depth_over_time(v)),
-                  ("Attention entropy per head over time", plots_training.entropy(v))]
-        report.training.append(TrainingSection(v, [(c, img) for c, img in images if img]))
+    _training(report, [training_view(src.name, src.run) for src in sources.runs])
     for src in sources.checks:
         findings = [_finding(f) for f in src.data.get("findings", [])]
         skipped = [(str(x.get("check", "")), str(x.get("why") or x.get("reason") or ""))

@@ -1,5 +1,9 @@
 """View model of one training run (a `diagnose.read_run` Run): decimated curves, per-layer
-matrices through depth over time, per-head attention entropy, and alerts grouped by kind.
+matrices through depth over time, per-head attention entropy, alerts grouped by kind, what the
+loss did (LossSummary), and the run's evaluations, throughput, clipping and saved spike batches.
+
+Every panel of every run in a report is drawn on one step axis (`xlim`, set by the report to the
+span of all its runs), so that an alert's line falls at the same place in each picture.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ._decimate import bin_mean, minmax
+from ._run_extras import Clipping, Evals, Spike, clipping, evals, spikes
 
 MAX_POINTS = 2000  # per line, min/max preserving
 MAX_BINS = 400  # columns of the depth-over-time maps and samples per entropy curve
@@ -34,9 +39,38 @@ class AlertGroup:
 
 @dataclass
 class HeadEntropy:
-    steps: np.ndarray  # [S] (bin centres)
+    steps: np.ndarray  # [S] the step each column starts at: where its (first) sample was taken
     values: np.ndarray  # [S, rows], one row per (site, head)
     rows: list[tuple[str, int]]  # (site, head) in forward order
+    uniform: float | None = None  # entropy of uniform attention over the visible keys (log T), largest site's
+
+
+def column_edges(x: np.ndarray, last_step: float | None) -> np.ndarray:
+    """[S + 1] edges of columns that start at the steps x [S]: each sample holds from the step it was
+    taken at until the next sample; the last until the run's last logged step (one sampling interval
+    when it was taken there)."""
+    gap = float(np.median(np.diff(x))) if len(x) > 1 else 1.0
+    end = float(last_step) if last_step is not None and last_step > x[-1] else float(x[-1]) + gap
+    return np.append(np.asarray(x, dtype=float), end)
+
+
+@dataclass
+class LossSummary:
+    """What the loss did, from the logged values themselves (no smoothing): the first and the last
+    logged loss (the last may be NaN: it is shown, never skipped), the finite minimum and maximum,
+    and where the loss stopped being finite."""
+
+    start: float
+    start_step: int | None
+    end: float
+    end_step: int | None
+    min: float
+    min_step: int | None
+    max: float
+    max_step: int | None
+    nonfinite_from: int | None  # the first step whose loss is NaN or infinite
+    nonfinite_count: int  # logged steps with a non-finite loss
+    finite_again: bool  # a finite loss was logged after nonfinite_from
 
 
 @dataclass
@@ -58,10 +92,18 @@ class TrainingView:
     alert_groups: list[AlertGroup]
     alerts: list[dict[str, Any]]  # first MAX_ALERT_ROWS, in order
     n_alerts: int
-    loss_start: float
-    loss_end: float
+    loss_summary: LossSummary
     skipped_lines: int = 0
     notes: list[str] = field(default_factory=list)
+    evals: Evals | None = None
+    tokens_per_s: Series | None = None
+    tokens_per_s_median: float | None = None  # over every logged step that has it
+    step_time: Series | None = None
+    clipping: Clipping | None = None
+    spikes: list[Spike] = field(default_factory=list)
+    xlim: tuple[float, float] = (0.0, 1.0)  # the report's shared step axis
+    prefix: str = ""  # "2." before alert numbers when the report holds several runs
+    color: str = "#1565c0"  # this run's colour where runs are overlaid
 
 
 # Beyond this, matplotlib cannot lay out an axis (its tick arithmetic overflows): such values
@@ -99,7 +141,27 @@ def _depth_map(df: pd.DataFrame, steps: np.ndarray, names: list[str], key: str, 
     if log:
         with np.errstate(divide="ignore", invalid="ignore"):
             m = np.where(m > 0, np.log10(np.where(m > 0, m, 1.0)), np.nan)
-    return bin_mean(steps, m, MAX_BINS)
+    return _binned_from_start(steps, m)
+
+
+def _binned_from_start(steps: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """bin_mean over time, each column labelled with the step it starts at (not its centre)."""
+    if len(steps) <= MAX_BINS:
+        return steps, m
+    edges = np.linspace(0, len(steps), MAX_BINS + 1).astype(int)
+    _, values = bin_mean(steps, m, MAX_BINS)
+    return steps[edges[:-1]], values
+
+
+def _uniform_entropy(run: Any) -> float | None:
+    """The largest uniform-attention entropy (log of the visible keys' count) the records carry."""
+    best = None
+    for rec in getattr(run, "records", None) or []:
+        for st in (rec.get("attention") or {}).values():
+            u = st.get("uniform_entropy") if isinstance(st, dict) else None
+            if isinstance(u, (int, float)) and not isinstance(u, bool) and math.isfinite(u) and u > 0:
+                best = u if best is None else max(best, u)
+    return best
 
 
 def _entropy(run: Any) -> HeadEntropy | None:
@@ -109,10 +171,10 @@ def _entropy(run: Any) -> HeadEntropy | None:
     table = att.pivot_table(index="step", columns=["site", "head"], values="entropy", aggfunc="mean")
     order = {site: i for i, site in enumerate(dict.fromkeys(att["site"]))}  # first seen = forward order
     rows = sorted(table.columns, key=lambda c: (order[c[0]], c[1]))
-    values = np.array(table[rows], dtype=float)  # [steps, heads]
+    values = np.array(table[rows], dtype=float)  # [samples, heads]
     values[np.abs(values) > _DRAWABLE] = np.nan  # an entropy beyond 1e300 is damage, not a value to draw
-    x, m = bin_mean(table.index.to_numpy(dtype=float), values, MAX_BINS)
-    return HeadEntropy(x, m, [(str(site), int(head)) for site, head in rows])
+    steps, values = _binned_from_start(table.index.to_numpy(dtype=float), values)  # [S], [S, heads]
+    return HeadEntropy(steps, values, [(str(site), int(head)) for site, head in rows], _uniform_entropy(run))
 
 
 def _int(v: Any) -> int | None:
@@ -143,12 +205,22 @@ def group_alerts(alerts: list[dict[str, Any]]) -> list[AlertGroup]:
     return ordered
 
 
-def _edge_mean(values: np.ndarray, first: bool) -> float:
-    finite = values[np.isfinite(values)]
-    if not len(finite):
-        return math.nan
-    k = max(1, len(finite) // 20)
-    return float(np.mean(finite[:k] if first else finite[-k:]))
+def loss_summary(steps: np.ndarray, loss: np.ndarray) -> LossSummary:
+    """Start, end, finite minimum and maximum, and where the loss stopped being finite."""
+    ok = np.isfinite(loss)
+    bad = np.flatnonzero(~ok & np.isfinite(steps)) if len(loss) else np.zeros(0, dtype=int)
+    first_bad = int(bad[0]) if len(bad) else None
+
+    def at(i: int | None) -> tuple[float, int | None]:
+        return (math.nan, None) if i is None else (float(loss[i]), _int(steps[i]))
+
+    i_min = int(np.flatnonzero(ok)[np.argmin(loss[ok])]) if ok.any() else None
+    i_max = int(np.flatnonzero(ok)[np.argmax(loss[ok])]) if ok.any() else None
+    return LossSummary(*at(0 if len(loss) else None), *at(len(loss) - 1 if len(loss) else None),
+                       *at(i_min), *at(i_max),
+                       nonfinite_from=None if first_bad is None else _int(steps[first_bad]),
+                       nonfinite_count=int((~ok).sum()),
+                       finite_again=first_bad is not None and bool(ok[first_bad:].any()))
 
 
 def _info(info: dict[str, Any]) -> list[tuple[str, str]]:
@@ -179,6 +251,8 @@ def training_view(name: str, run: Any) -> TrainingView:
         notes.append(f"{run.skipped_lines} unreadable line(s) skipped (a torn write)")
     finite_steps = steps[np.isfinite(steps)]
     info = getattr(run, "info", {}) or {}
+    tps, step_time = _column(df, "tokens_per_s"), _column(df, "step_time")
+    lo, hi = (float(finite_steps.min()), float(finite_steps.max())) if len(finite_steps) else (0.0, 1.0)
     return TrainingView(
         name=name, n_records=len(df),
         first_step=int(finite_steps.min()) if len(finite_steps) else None,
@@ -190,5 +264,9 @@ def training_view(name: str, run: Any) -> TrainingView:
         act_var=_depth_map(df, steps, names, "act_var", log=True),
         token_cos=_depth_map(df, steps, names, "token_cos", log=False),
         entropy=_entropy(run), alert_groups=group_alerts(alerts), alerts=alerts[:MAX_ALERT_ROWS],
-        n_alerts=len(alerts), loss_start=_edge_mean(loss, True), loss_end=_edge_mean(loss, False),
-        skipped_lines=int(getattr(run, "skipped_lines", 0) or 0), notes=notes)
+        n_alerts=len(alerts), loss_summary=loss_summary(steps, loss),
+        skipped_lines=int(getattr(run, "skipped_lines", 0) or 0), notes=notes, evals=evals(run),
+        tokens_per_s=_series(steps, tps) if np.isfinite(tps).any() else None,
+        tokens_per_s_median=float(np.median(tps[np.isfinite(tps)])) if np.isfinite(tps).any() else None,
+        step_time=_series(steps, step_time) if np.isfinite(step_time).any() else None,
+        clipping=clipping(run, _column(df, "clip_coef")), spikes=spikes(run), xlim=(lo, max(hi, lo + 1.0)))

@@ -95,32 +95,56 @@ def write_heads(path: Path, **kwargs) -> Path:
 
 def write_run(run_dir: Path, *, steps: int = 200, n_layers: int = 2, n_heads: int = 4,
               attention_every: int = 10, alerts: Sequence[dict[str, Any]] = (), nan_from: int | None = None,
-              torn: bool = False, seed: int = 0) -> Path:
-    """A `diagnose.run/1` folder: a smoothly decaying loss, warmup, per-layer stats, alerts."""
+              torn: bool = False, seed: int = 0, clip: float | None = None, throughput: bool = False,
+              evals_every: int | None = None, spike_steps: Sequence[int] = (), loss_scale: float = 1.0) -> Path:
+    """A `diagnose.run/1` folder: a smoothly decaying loss, warmup, per-layer stats, alerts.
+
+    clip: run.json `clip` and a clip_coef per step; throughput: step_time / tokens / tokens_per_s;
+    evals_every: evals.jsonl with loss and accuracy; spike_steps: spikes/step_N.json records."""
     rng = np.random.default_rng(seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     blocks = [f"blocks.{i}" for i in range(n_layers)]
     info = {"schema": "diagnose.run/1", "model": {"family": "reference", "blocks": blocks, "n_params": 12345},
             "settings": {"every": 1, "attention_every": attention_every}, "started": "2026-11-29T09:00:00+00:00",
             "sessions": [{"started": "2026-11-29T09:00:00+00:00", "pid": 1}], "closed": not torn}
+    if clip is not None:
+        info["clip"] = clip
     (run_dir / "run.json").write_text(json.dumps(info))
     lines = []
     for s in range(steps):
         bad = nan_from is not None and s >= nan_from
-        rec = {"step": s, "time": 0.01 * s, "loss": math.nan if bad else 3.0 * math.exp(-3 * s / steps) + 0.05 * rng.random(),
+        rec = {"step": s, "time": 0.01 * s,
+               "loss": math.nan if bad else loss_scale * (3.0 * math.exp(-3 * s / steps) + 0.05 * rng.random()),
                "lr": 1e-3 * min(1.0, (s + 1) / 20), "grad_norm": math.nan if bad else 1.0 + 0.2 * rng.random(),
                "layers": {b: {"grad_norm": 0.5 / (i + 1) + 0.05 * rng.random(), "act_mean": 0.0,
                               "act_var": (1.0 + 0.1 * i) * (1 + s / steps), "act_max_abs": 4.0,
                               "token_cos": min(1.0, 0.2 + 0.1 * i)} for i, b in enumerate(blocks)}}
+        if clip is not None and not bad:
+            rec["clip_coef"] = min(1.0, clip / rec["grad_norm"])
+        if throughput:
+            rec.update(step_time=0.1, tokens=4096, tokens_per_s=40960.0 if s < steps // 2 else 20480.0)
         if s % attention_every == 0:
             rec["attention"] = {f"{b}.attn": {"entropy": [2.0 - 1.5 * s / steps * (h == 0) for h in range(n_heads)],
-                                              "max_weight": [0.3] * n_heads} for b in blocks}
+                                              "max_weight": [0.3] * n_heads, "uniform_entropy": math.log(16)}
+                                for b in blocks}
         lines.append(json.dumps(rec))
     text = "\n".join(lines) + "\n"
     if torn:
         text += '{"step": 99999, "loss": 1.'
     (run_dir / "metrics.jsonl").write_text(text)
     (run_dir / "alerts.jsonl").write_text("".join(json.dumps(a) + "\n" for a in alerts))
+    if evals_every:
+        (run_dir / "evals.jsonl").write_text("".join(
+            json.dumps({"step": s, "time": 0.01 * s, "loss": 2.5 * math.exp(-2 * s / steps) + 0.1,
+                        "metrics": {"accuracy": min(1.0, 0.1 + s / steps)}}) + "\n"
+            for s in range(0, steps, evals_every)))
+    for s in spike_steps:
+        (run_dir / "spikes").mkdir(exist_ok=True)
+        (run_dir / "spikes" / f"step_{s:08d}.json").write_text(json.dumps(
+            {"step": s, "kinds": ["grad_spike"], "tensors": {"input_ids": {"shape": [8, 16], "dtype": "int64"},
+                                                             "labels": {"shape": [8, 16], "dtype": "int64"},
+                                                             "per_example_loss": {"shape": [8], "dtype": "float32"}},
+             "bytes": 2080, "truncated": False, "note": f"{XSS} batch of 8"}))
     return run_dir
 
 
