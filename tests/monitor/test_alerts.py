@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -178,3 +179,75 @@ def test_a_loss_spike_must_matter_on_the_runs_scale():
     assert feed(e, start + converged + [rec(30, gn=1.0, loss=0.05)]) == []
     out = feed(e, [rec(31, gn=1.0, loss=0.5)])  # up by 0.5 = 17 % of the first loss: a real spike
     assert [(a["kind"], a["step"]) for a in out] == [("loss_spike", 31)]
+
+
+def _climb(start: float, n_flat: int, n_climb: int, top: float) -> list[float]:
+    """A flat loss, then a steady climb to `top` over n_climb steps (a slowly diverging run)."""
+    return [start * noisy(i) for i in range(n_flat)] + [start + (top - start) * (i + 1) / n_climb
+                                                       for i in range(n_climb)]
+
+
+def test_divergence_fires_on_a_slow_climb_within_20_steps_of_the_doubling():
+    losses = _climb(5.5, 10, 60, 100.0)  # the issue's run: 5.5 -> ~100 over 60 steps
+    e = AlertEngine(Thresholds(), [])
+    out = feed(e, [rec(i, loss=v, gn=noisy(i), lr=1.0) for i, v in enumerate(losses)])
+    doubled = next(i for i, v in enumerate(losses) if v >= 2 * losses[0])
+    (a,) = [a for a in out if a["kind"] == "divergence"]
+    assert doubled <= a["step"] <= doubled + 20 and a["severity"] == "error" and a["where"] == "loss"
+    best = min(statistics.median(losses[max(0, i - 4):i + 1]) for i in range(a["step"] + 1))
+    assert "diverging" in a["message"] and f"{best:.4g} (step " in a["message"]
+    assert a["hint"].startswith("lower the lr first") and "it is 1 now" in a["hint"]
+    assert "clip_grad_norm_" in a["hint"]  # the loop does not clip: clipping is advice
+    assert "use Pre-LN" not in a["hint"] and "only if the blocks are Post-LN" in a["hint"]
+
+
+def test_divergence_in_a_loop_that_clips_does_not_tell_it_to_clip():
+    e = AlertEngine(Thresholds(), [])
+    out = feed(e, [rec(i, loss=v, lr=0.5, clip_coef=0.3) for i, v in enumerate(_climb(3.0, 10, 30, 60.0))])
+    (a,) = [a for a in out if a["kind"] == "divergence"]
+    assert "clip_grad_norm_" not in a["hint"] and "already clips" in a["hint"]
+
+
+def test_divergence_stays_quiet_on_healthy_and_converged_runs():
+    # a decaying loss with a 4-step bump to 3x (a bad shard): shorter than the patience
+    decay = [3.0 * math.exp(-i / 30) * noisy(i) for i in range(200)]
+    decay[100:104] = [3 * decay[99]] * 4
+    assert feed(AlertEngine(Thresholds(), []), [rec(i, loss=v) for i, v in enumerate(decay)]) == []
+    # converged near 0.005, then 4x noise for 20 steps: 4x its best, but 0.5 % of where the run started
+    conv = [3.0] + [0.005 * noisy(i) for i in range(1, 60)] + [0.02] * 20
+    assert feed(AlertEngine(Thresholds(), []), [rec(i, loss=v) for i, v in enumerate(conv)]) == []
+    # the same rise, to a quarter of the first loss and more, is a divergence
+    back = [3.0] + [0.005 * noisy(i) for i in range(1, 60)] + [1.0] * 20
+    out = feed(AlertEngine(Thresholds(), []), [rec(i, loss=v) for i, v in enumerate(back)])
+    assert [a["kind"] for a in out] == ["loss_spike", "divergence"]
+
+
+def test_divergence_fires_once_per_episode():
+    losses = _climb(2.0, 10, 20, 40.0) + [40.0] * 50
+    out = feed(AlertEngine(Thresholds(cooldown=10), []), [rec(i, loss=v) for i, v in enumerate(losses)])
+    assert [a["kind"] for a in out].count("divergence") == 1
+
+
+def test_while_the_loss_rises_other_hints_say_lower_the_lr_first():
+    e = AlertEngine(Thresholds(), ["blocks.0", "blocks.1"])
+    losses = _climb(3.0, 10, 20, 60.0)
+    base = [rec(i, loss=v, lr=0.8) for i, v in enumerate(losses)]
+    feed(e, base)
+    grown = {f"blocks.{i}": {"grad_norm": 0.5, "act_var": 1e4, "token_cos": 0.2} for i in range(2)}
+    (a,) = feed(e, [rec(30, loss=60.0, lr=0.8, layers=grown)])
+    assert a["kind"] == "activation_growth"
+    assert a["hint"].startswith("the loss is rising (") and "lower the lr first (it is 0.8 now)" in a["hint"]
+    assert "use Pre-LN" not in a["hint"] and "if the blocks are Post-LN" in a["hint"]
+    # the same symptom in a run whose loss is not rising keeps its own hint
+    calm = AlertEngine(Thresholds(), ["blocks.0", "blocks.1"])
+    feed(calm, [rec(i, lr=0.8) for i in range(20)])
+    (b,) = feed(calm, [rec(20, lr=0.8, layers=grown)])
+    assert b["hint"] == HINTS["activation_growth"]
+
+
+def test_a_loss_spike_in_a_loop_that_clips_does_not_say_clip_gradients():
+    e = AlertEngine(Thresholds(), [])
+    (a,) = feed(e, [rec(i, loss=2 * noisy(i), clip_coef=1.0) for i in range(20)] + [rec(20, loss=9.0, clip_coef=1.0)])
+    assert a["kind"] == "loss_spike" and "clip gradients" not in a["hint"] and "already clips" in a["hint"]
+    (b,) = feed(AlertEngine(Thresholds(), []), [rec(i, loss=2 * noisy(i)) for i in range(20)] + [rec(20, loss=9.0)])
+    assert "clip gradients" in b["hint"]

@@ -196,3 +196,34 @@ def test_a_missing_browser_fails_in_ci_and_skips_elsewhere(monkeypatch):
         monkeypatch.setenv("CI", value)
         with pytest.raises(pytest.skip.Exception, match="chromium is not installed"):
             no_browser("chromium is not installed")
+
+
+def test_two_runs_overlaid_with_evals_throughput_and_spike_batches(browser, tmp_path):
+    """`diagnose report runs/a runs/b`: one overlay figure and a row per run; each run's evaluations
+    and saved spike batches; the spike note (hostile text) shown as text; nothing fetched."""
+    from diagnose.reports import write_report
+
+    a = rf.write_run(tmp_path / "runs" / "a", steps=80, clip=1.1, throughput=True, evals_every=20,
+                     spike_steps=[40], alerts=[rf.alert(40)])
+    b = rf.write_run(tmp_path / "runs" / "b", steps=60, seed=1, loss_scale=1.3,
+                     alerts=[rf.alert(30, kind="divergence", severity="error")])
+    out = write_report([a, b], tmp_path / "two.html")
+    pg = _open(browser, out)
+    try:
+        assert not [m for m in pg.events["console"] if m[0] in ("error", "pageerror")]
+        assert pg.events["requests"] == [out.as_uri()]
+        compare = pg.locator("#compare")
+        assert compare.is_visible() and "2 runs overlaid" in compare.inner_text()
+        rows = pg.eval_on_selector_all("#compare table.compare tbody tr", "rs => rs.map(r => r.innerText)")
+        assert len(rows) == 2 and "runs/a" in rows[0] and "runs/b" in rows[1]
+        assert "at 1.1" in rows[0] and "accuracy" in rows[0]  # clipping and the last evaluation
+        assert all(pg.eval_on_selector_all("img.plot", "imgs => imgs.map(i => i.complete && i.naturalWidth > 0)"))
+        spikes = pg.locator("table.spikes")
+        assert spikes.is_visible() and "input_ids [8×16] int64" in spikes.inner_text()
+        assert rf.XSS in spikes.inner_text() and pg.locator('img[src="x"]').count() == 0
+        pg.locator("details.evals summary").first.click()
+        assert pg.locator("details.evals tbody tr").first.is_visible()
+        assert pg.eval_on_selector_all("details.evals tbody tr", "rs => rs.length") == 4
+        assert pg.events["dialogs"] == []
+    finally:
+        pg.close()

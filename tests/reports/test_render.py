@@ -82,7 +82,7 @@ def quick_plots(monkeypatch):
     dot = "data:image/svg+xml;base64," + base64.b64encode(b'<svg xmlns="http://www.w3.org/2000/svg"/>').decode()
     for mod in (plots_heads, plots_training):
         for name in ("head_grids", "attention_grids", "scatter", "loss_lr", "grad_norms", "depth_over_time",
-                     "entropy"):
+                     "entropy", "throughput", "eval_metrics", "compare"):
             if hasattr(mod, name):
                 monkeypatch.setattr(mod, name, lambda v: dot)
 
