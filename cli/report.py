@@ -14,10 +14,12 @@ def report(sources: tuple[str, ...], output: str, title: str | None) -> None:
     """Write one self-contained HTML report from heads JSON files and run folders.
 
     SOURCES are `diagnose heads --json` files, run folders written by TrainingMonitor, and
-    optionally `diagnose check --json` files; the kind of each is detected. The report opens
-    offline in any browser and fetches nothing.
+    optionally `diagnose check --json` files; the kind of each is detected. Several run folders
+    are overlaid on shared axes (one colour per run). The report opens offline in any browser
+    and fetches nothing.
 
     Example: diagnose report heads.json runs/exp1 -o report.html
+    Example: diagnose report runs/a runs/b -o compare.html
     """
     from diagnose._write import check_outputs
 
