@@ -68,8 +68,9 @@ class Thresholds:
     diverge_window / diverge_ratio / diverge_floor / diverge_patience: divergence fires when the
         median of the last `window` logged losses has stayed above `ratio` x the run's best such median
         (and above it by `floor` x the first logged loss) for `patience` consecutive logged steps
-        (see _divergence.py; measured: lr 1.0 on the reference model fires 7 steps after the loss
-        doubled, and no healthy or otherwise broken run of the failure suite trips it).
+        (see _divergence.py). Measured: lr 1.0 on the reference model fires 6 steps after the loss
+        doubled, in the steep and in the slow scenario of tests/monitor/test_failures.py; no healthy
+        or otherwise broken run of that suite trips it.
     grad_spike_floor: likewise, a gradient spike must reach this fraction of the first logged
         grad norm (a converged demo classifier went 0.0012 -> 0.0100: 8x, and nothing to act on).
     growth_ratio: a block's activation variance above growth_ratio x its median over the window.
