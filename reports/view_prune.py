@@ -100,6 +100,11 @@ def _curve(d: dict[str, Any]) -> str:
     ax.set_ylabel("accuracy (%)")
     ax2 = fig.add_subplot(1, 2, 2)
     ax2.plot(x, [p["loss"] for p in pts], marker=".", color="#ef8f00")
+    nxt, total = (d.get("stop") or {}).get("next"), sum(d["model"]["n_heads"])
+    if isinstance(nxt, dict) and _num(nxt.get("accuracy")) and _num(nxt.get("loss")) and total:
+        at = 100 * (pts[-1]["n_removed"] + 1) / total if _num(pts[-1].get("n_removed")) else x[-1]
+        ax.plot([at], [100 * nxt["accuracy"]], "x", color="#c62828")  # the removal it refused
+        ax2.plot([at], [nxt["loss"]], "x", color="#c62828")
     ax2.set_xlabel("heads removed (%)")
     ax2.set_ylabel("loss")
     return to_data_uri(fig)

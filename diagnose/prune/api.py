@@ -86,7 +86,9 @@ def prune_heads(model: nn.Module, data: Any, *, max_drop: float | None = None, m
         raise DiagnoseError(f"{type(model).__name__}: the pruned model's outputs differ from the gated model's by "
                             f"{checked['max_abs_diff']:.3g} (tolerance {checked['tolerance']:.3g}); nothing was "
                             "saved: please report this with the model's family")
-    return _result(model, pruned, sites, task, method, budget, choice, checked, before, after, held_out,
+    settings = {"max_drop": budget.max_drop, "max_loss": budget.max_loss, "candidates": int(candidates),
+                "limit": limit}
+    return _result(model, pruned, sites, task, method, settings, choice, checked, before, after, held_out,
                    batches, started, forwards, time_repeats)
 
 
@@ -158,7 +160,7 @@ def _result(model, pruned, sites, task, method, budget, choice, checked, before,
             "format": getattr(model, "diagnose_format", None)}
     return PruneResult(
         model=pruned.model, info=info, task=task, method=method,
-        budget={"max_drop": budget.max_drop, "max_loss": budget.max_loss, "candidates_per_round": None},
+        budget=budget,
         n_examples=int(len(before)), baseline={"accuracy": base.accuracy, "loss": base.loss}, curve=curve,
         order=order, heads_left=pruned.heads_left, stop=choice.stop, verify=checked, data=data_fig, eval=eval_fig,
         size=size, timing={"seconds": time.perf_counter() - started, "rounds": choice.rounds,
