@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .._write import _umask
 from ..errors import OutputError
 from ..io import save_checkpoint
 from ..zoo.model import Transformer
@@ -34,10 +37,27 @@ def check_folder(folder: Path) -> None:
 
 
 def save_pruned(result, folder: Path, *, tokenizer: Any = None) -> dict[str, Any]:
-    """Write result.model to folder; returns {"path", "form", "files"}."""
+    """Write result.model to folder; returns {"path", "form", "files"}.
+
+    Everything is written into a hidden folder beside it, renamed into place at the end: a failure
+    half-way leaves nothing behind."""
     check_folder(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        saved = _write(result, work, tokenizer)
+        work.chmod(0o777 & ~_umask())  # mkdtemp's folder is private; the user's umask decides, as for mkdir
+        if folder.exists():
+            folder.rmdir()  # empty (check_folder): a folder can only be renamed onto an empty one
+        work.rename(folder)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return {"path": str(folder), **saved}
+
+
+def _write(result, folder: Path, tokenizer: Any) -> dict[str, Any]:
     model = result.model
-    folder.mkdir(parents=True, exist_ok=True)
     if hasattr(model, "save_pretrained") and hasattr(model, "config"):
         form = "Hugging Face folder"
         _save_hf(result, folder, tokenizer if tokenizer is not None else getattr(model, "diagnose_tokenizer", None))
@@ -50,7 +70,7 @@ def save_pruned(result, folder: Path, *, tokenizer: Any = None) -> dict[str, Any
     (folder / "heads.json").write_text(json.dumps({"schema": "diagnose.pruned_heads/1", "heads_left": result.heads_left,
                                                    "removed": [list(h) for h in result.removed]}, indent=1) + "\n",
                                        encoding="utf-8")
-    return {"path": str(folder), "form": form, "files": sorted(p.name for p in folder.iterdir())}
+    return {"form": form, "files": sorted(p.name for p in folder.iterdir())}
 
 
 def _save_hf(result, folder: Path, tokenizer: Any) -> None:

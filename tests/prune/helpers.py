@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from diagnose.objectives import call_model, logits_of
+from diagnose.objectives import call_model, logits_of, score, targets_for
 
 
 def zeroed(model, sites, removed):
@@ -29,6 +29,17 @@ def zeroed(model, sites, removed):
 def outputs(model, inputs) -> torch.Tensor:
     with torch.no_grad():
         return logits_of(call_model(model.eval(), inputs)).float()
+
+
+def evaluate(model, batches, task: str) -> tuple[float, float]:
+    """(accuracy, loss) per scored unit, plain forwards."""
+    correct = loss = count = 0.0
+    with torch.no_grad():
+        for inputs, labels in batches:
+            s = score(logits_of(call_model(model.eval(), inputs)), targets_for(task, inputs, labels))
+            correct, loss, count = correct + float(s.correct.sum()), loss + float(s.loss_sum.sum()), \
+                count + float(s.count.sum())
+    return correct / count, loss / count
 
 
 def assert_close(a: torch.Tensor, b: torch.Tensor) -> None:

@@ -35,9 +35,11 @@ def test_factory_model_prunes_and_rebuilds_from_heads_json(tmp_path, monkeypatch
     out = tmp_path / "pruned"
     res = CliRunner().invoke(cli, ["prune", str(tmp_path / "nano.pt"), "--factory", FACTORY, "--data",
                                    str(tmp_path / "data.pt"), "--max-loss", "100", "--out", str(out),
-                                   "--json", str(tmp_path / "prune.json")])
+                                   "--json", str(tmp_path / "prune.json"), "--html", str(tmp_path / "p.html")])
     assert res.exit_code == 0, res.output
     assert digest(tmp_path / "nano.pt") == before
+    assert 'id="prune"' in (tmp_path / "p.html").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no work folder left
     d = json.loads((tmp_path / "prune.json").read_text())
     assert d["heads_left"] == [0, 0] and d["saved"]["form"] == "state_dict + factory"  # every head can go
     heads = json.loads((out / "heads.json").read_text())

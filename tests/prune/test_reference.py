@@ -10,7 +10,7 @@ from diagnose.io import load_model
 from diagnose.sites import find_heads
 from diagnose.zoo import ModelConfig, Transformer
 
-from .helpers import assert_close, outputs, state_hash, zeroed
+from .helpers import assert_close, evaluate, outputs, state_hash, zeroed
 
 
 def _model_and_data(kind="classifier"):
@@ -63,3 +63,16 @@ def test_mean_method_folds_the_means_into_the_bias():
     result = diagnose.prune_heads(model, data, max_loss=10.0, method="mean", limit=3)
     assert result.task == "lm" and len(result.order) == 3
     assert result.verify["passed"] and result.verify["max_abs_diff"] <= result.verify["tolerance"]
+
+
+def test_every_point_of_the_curve_is_measured_with_the_earlier_removals_in_place():
+    """Re-measuring after each removal: point k equals the model with the first k heads zeroed by
+    hand (not the sum of single-head effects), so a pair that matters only together shows its cost."""
+    model, data = _model_and_data()
+    result = diagnose.prune_heads(model, data, max_drop=100.0, limit=5, candidates=2)
+    sites = find_heads(model)
+    batches = [({"input_ids": data["input_ids"], "attention_mask": data["attention_mask"]}, data["labels"])]
+    removed = result.removed
+    for k, point in enumerate(result.curve):
+        acc, loss = evaluate(zeroed(model, sites, removed[:k]), batches, "classification")
+        assert abs(point["accuracy"] - acc) < 1e-9 and abs(point["loss"] - loss) <= 1e-5 * max(1.0, loss)
