@@ -24,9 +24,9 @@ def _ids(n=16, t=8):
     return torch.randint(1, V, (n, t), generator=torch.Generator().manual_seed(1))
 
 
-def _hf(cls, cfg):
+def _hf(cls, cfg, impl="sdpa"):
     torch.manual_seed(0)
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = impl
     cfg.initializer_range = 0.2
     return getattr(transformers, cls)(cfg).eval()
 
@@ -42,10 +42,10 @@ def bert():
         max_position_embeddings=16, num_labels=3))
 
 
-def llama():
+def llama(impl="sdpa"):
     return _hf("LlamaForCausalLM", transformers.LlamaConfig(
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32, intermediate_size=64,
-        vocab_size=V, max_position_embeddings=16))
+        vocab_size=V, max_position_embeddings=16), impl)
 
 
 def _data(model, classify):
@@ -96,10 +96,11 @@ def test_three_families_cut_equal_the_zeroed_model_and_load_without_diagnose(tmp
     assert done.returncode == 0 and "loaded 3" in done.stdout, done.stderr[-2000:]
 
 
-def test_llama_uneven_groups_copy_kv_heads_and_stay_exact():
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_llama_uneven_groups_copy_kv_heads_and_stay_exact(impl):
     from diagnose.prune.cut import cut
 
-    model = llama()
+    model = llama(impl)
     sites = find_heads(model)
     result = cut(model, sites, [(0, 0)])  # layer 0 keeps 1 + 2 queries in its two kv groups
     assert result.notes[0]["kv_copies"] == 1  # group 1's kv head serves 2 queries as 2 copies of 1
@@ -111,3 +112,21 @@ def test_llama_uneven_groups_copy_kv_heads_and_stay_exact():
     attn = whole.model.model.layers[1].self_attn
     assert attn.num_key_value_groups == 2 and attn.k_proj.out_features == 8 and whole.notes[1]["kv_copies"] == 0
     assert_close(outputs(whole.model, inputs), outputs(zeroed(model, sites, [(1, 0), (1, 1)]), inputs))
+
+
+def test_the_choice_ranks_by_the_same_estimate_as_ablate_heads_fast():
+    from diagnose.ablation import ablate_heads
+    from diagnose.ablation.gate import gated
+    from diagnose.prune._measure import Measure
+
+    model = bert()
+    data = _data(model, classify=True)
+    data["labels"] = torch.randint(0, 3, (16,), generator=torch.Generator().manual_seed(5))  # a loss to move
+    fast = ablate_heads(model, data, fast=True, top=0, attention=False, progress=False)
+    batches = [({k: v for k, v in data.items() if k != "labels"}, data["labels"])]
+    sites = find_heads(model)
+    with gated(sites) as gates:
+        est = Measure(model, gates, "classification").estimate(batches, [torch.zeros(4, dtype=torch.bool)] * 2)
+    ours = torch.tensor([float(x) for layer in est for x in layer])
+    theirs = torch.tensor([h.second_order_delta_loss for h in fast.heads])
+    assert torch.allclose(ours, theirs, rtol=1e-4, atol=1e-6 * max(1.0, float(theirs.abs().max())))
