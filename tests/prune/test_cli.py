@@ -127,3 +127,11 @@ def test_a_family_that_cannot_be_cut_is_refused(tmp_path):
     else:
         raise AssertionError("a torch MultiheadAttention model was cut")
     assert not os.environ.get("NANO_HEADS")
+
+
+def test_the_cli_choices_are_the_library_s():
+    from diagnose.ablation import METHODS
+    from diagnose.cli import prune
+    from diagnose.objectives import TASKS
+
+    assert prune.METHODS == METHODS and prune.TASKS == TASKS
