@@ -55,11 +55,11 @@ class Measure:
                 for start in range(0, len(extra), per):
                     chunk = list(extra[start:start + per])
                     K = len(chunk)
-                    self._set(closed, B, chunk, targets.device)
+                    self.close(closed, B, chunk, targets.device)
                     try:
                         logits = logits_of(call_model(self.model, _repeat(inputs, K)))
                     finally:
-                        self._clear()
+                        self.open_all()
                     self.forwards += 1
                     self.classes = int(logits.shape[-1])
                     require_finite(self.model, logits, "with heads closed")
@@ -77,11 +77,11 @@ class Measure:
         with torch.no_grad():
             for inputs, labels in batches:
                 targets = targets_for(self.task, inputs, labels)
-                self._set(closed, batch_size_of(inputs), [(-1, -1)], targets.device)
+                self.close(closed, batch_size_of(inputs), [(-1, -1)], targets.device)
                 try:
                     sc = score(logits_of(call_model(self.model, inputs)), targets)
                 finally:
-                    self._clear()
+                    self.open_all()
                 self.forwards += 1
                 out.append((sc.correct / sc.count.clamp_min(1)).double().cpu().numpy())
         return np.concatenate(out)
@@ -103,7 +103,7 @@ class Measure:
                     sc = score(logits_of(call_model(self.model, inputs)), targets)
                     grads = torch.autograd.grad(sc.loss_sum.sum(), scales, allow_unused=True)
             finally:
-                self._clear()
+                self.open_all()
             self.forwards += 1
             count = sc.count.double().cpu().numpy()
             scored = count > 0
@@ -116,7 +116,8 @@ class Measure:
                 fisher[s] += (g[scored] ** 2 / count[scored, None]).sum(0)
         return [(-lin + 0.5 * fi) / max(units, 1.0) for lin, fi in zip(linear, fisher)]
 
-    def _set(self, closed: list[torch.Tensor], B: int, extra: list[tuple[int, int]], device) -> None:
+    def close(self, closed: list[torch.Tensor], B: int, extra: list[tuple[int, int]], device) -> None:
+        """Set every gate for len(extra) replicas of a batch of B: `closed` shut in all, extra[k] too in replica k."""
         for s, gate in enumerate(self.gates):
             scale = (~closed[s]).float().to(device)[None, None].repeat(len(extra), B, 1)  # [K, B, H]
             for k, (site, head) in enumerate(extra):
@@ -124,7 +125,8 @@ class Measure:
                     scale[k, :, head] = 0.0
             gate.scale = scale.reshape(len(extra) * B, -1)
 
-    def _clear(self) -> None:
+    def open_all(self) -> None:
+        """Every gate back to open (scale None)."""
         for gate in self.gates:
             gate.scale = None
 

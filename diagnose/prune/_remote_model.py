@@ -2,18 +2,19 @@
 
 transformers 5 builds every layer with the config's one head count (its `prune_heads` and the
 `pruned_heads` config field are gone), so a folder whose layers kept different numbers of heads
-cannot load through the family's class alone. This file, read by
-`AutoModel...from_pretrained(folder, trust_remote_code=True)`, is the family's own class plus one
+cannot load through the family's class alone. This file, which transformers' Auto classes load
+when asked with trust_remote_code=True, is the family's own class plus one
 step: after building, it gives the attention projections the pruned shapes listed in the config
 (`diagnose_pruned`), so the saved weights load as they are. It imports only torch and
-transformers; read it before trusting it, as any remote code.
+transformers; read it before trusting it, as any remote code. diagnose itself never runs this
+copy: its loader rebuilds such a folder with the same `pruned` from its own installed code.
 """
 
 import torch
 import torch.nn as nn
 import transformers
 
-BASE = "PreTrainedModel"  # replaced by the pruned model's class name when the folder is written
+BASE = None  # the pruned model's class name, filled in when the folder is written
 
 
 def shrink(model, spec):
@@ -30,7 +31,16 @@ def shrink(model, spec):
             setattr(module, key, value)
 
 
-class PrunedModel(getattr(transformers, BASE)):
-    def __init__(self, config, *args, **kwargs):
-        super().__init__(config, *args, **kwargs)
-        shrink(self, config.diagnose_pruned)
+def pruned(base):
+    """The family's class `base`, built with the pruned shapes of config.diagnose_pruned."""
+
+    class PrunedModel(base):
+        def __init__(self, config, *args, **kwargs):
+            super().__init__(config, *args, **kwargs)
+            shrink(self, config.diagnose_pruned)
+
+    PrunedModel.__name__ = PrunedModel.__qualname__ = base.__name__  # it is that family's model
+    return PrunedModel
+
+
+PrunedModel = pruned(getattr(transformers, BASE)) if BASE else None

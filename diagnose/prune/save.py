@@ -1,8 +1,9 @@
 """Writing the pruned model in the form it came in.
 
 - Hugging Face model: a save_pretrained folder (with the tokenizer) whose config keeps the family
-  and adds `diagnose_pruned` (the pruned shapes) and an `auto_map` to pruned_heads.py, so
-  `AutoModel...from_pretrained(folder, trust_remote_code=True)` rebuilds it without diagnose.
+  and adds `diagnose_pruned` (the pruned shapes) and an `auto_map` to pruned_heads.py, so the
+  Auto classes rebuild it without diagnose (with trust_remote_code=True), and diagnose's loader
+  with its own copy of that code.
 - reference model: a diagnose checkpoint (model.pt) whose config lists the heads per layer.
 - anything else (a --factory model): model.pt, its state_dict, and heads.json with the heads left
   per layer: the factory must build the model with those counts.
@@ -88,7 +89,7 @@ def _save_hf(result, folder: Path, tokenizer: Any) -> None:
     finally:
         model.config = original_config
     source = (Path(__file__).parent / "_remote_model.py").read_text(encoding="utf-8")
-    (folder / REMOTE_FILE).write_text(source.replace('BASE = "PreTrainedModel"', f'BASE = "{arch}"'),
+    (folder / REMOTE_FILE).write_text(source.replace("BASE = None", f'BASE = "{arch}"', 1),
                                       encoding="utf-8")
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)

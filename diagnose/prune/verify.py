@@ -24,11 +24,11 @@ def compare(measure: Measure, closed: list[torch.Tensor], pruned: nn.Module,
     device = next((p.device for p in measure.model.parameters()), torch.device("cpu"))
     with torch.no_grad():
         for inputs, _ in batches:
-            measure._set(closed, _batch(inputs), [(-1, -1)], device)
+            measure.close(closed, _batch(inputs), [(-1, -1)], device)
             try:
                 gated = logits_of(call_model(measure.model, inputs)).float()
             finally:
-                measure._clear()
+                measure.open_all()
             cut = logits_of(call_model(pruned, inputs)).float()
             worst = max(worst, float((cut - gated).abs().max()) if cut.numel() else 0.0)
             scale = max(scale, float(gated.abs().max()) if gated.numel() else 0.0)

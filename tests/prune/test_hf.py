@@ -130,3 +130,18 @@ def test_the_choice_ranks_by_the_same_estimate_as_ablate_heads_fast():
     ours = torch.tensor([float(x) for layer in est for x in layer])
     theirs = torch.tensor([h.second_order_delta_loss for h in fast.heads])
     assert torch.allclose(ours, theirs, rtol=1e-4, atol=1e-6 * max(1.0, float(theirs.abs().max())))
+
+
+def test_diagnose_reloads_a_pruned_folder_with_its_own_code(tmp_path):
+    from diagnose.io import load_model
+
+    model = bert()
+    data = _data(model, classify=True)
+    result = diagnose.prune_heads(model, data, max_drop=100.0, limit=3, candidates=1)
+    result.save(tmp_path / "pruned")
+    (tmp_path / "pruned" / "pruned_heads.py").write_text("raise SystemExit('the folder code ran')\n")
+    again = load_model(tmp_path / "pruned")  # the folder's own file is never run
+    assert type(again).__name__ == "BertForSequenceClassification"
+    assert [s.n_heads for s in find_heads(again)] == result.heads_left
+    inputs = {k: v for k, v in data.items() if k != "labels"}
+    assert_close(outputs(again, inputs), outputs(result.model, inputs))
