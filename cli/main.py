@@ -43,12 +43,13 @@ def cli() -> None:
     diagnose report SOURCES... -o report.html       one self-contained HTML report
     diagnose check MODEL                            wiring bugs: masks, scaling, positions
     diagnose info MODEL [--data DATA]               does my file load, does my data fit it
+    diagnose prune MODEL --data DATA --out DIR      remove the heads it can do without
     """
 
 
 def _register() -> None:
     # Imported here so that `diagnose --help` stays fast and each command stays in its file.
-    from . import check, demo, heads, info, report, stats
+    from . import check, demo, heads, info, prune, report, stats
 
     cli.add_command(demo.demo)
     cli.add_command(stats.stats)
@@ -56,6 +57,7 @@ def _register() -> None:
     cli.add_command(report.report)
     cli.add_command(heads.heads)
     cli.add_command(check.check)
+    cli.add_command(prune.prune)
 
 
 _register()

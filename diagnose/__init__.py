@@ -1,7 +1,7 @@
 """diagnose: see what is really happening inside PyTorch Transformers.
 
 Attention maps and activation statistics through hooks (find_heads, capture,
-attention_summary), causal evidence by head ablation (ablate_heads), training health
+attention_summary), causal evidence by head ablation (ablate_heads), head pruning (prune_heads), training health
 (TrainingMonitor, read_run), wiring checks (check_model) and one offline HTML report
 (write_report). Every hook lives only inside a call and is removed in `finally`.
 """
@@ -22,6 +22,7 @@ _EXPORTS = {
     "Finding": ".checks", "check_model": ".checks", "check_training_setup": ".checks",
     "DataSet": ".io", "load_data": ".io", "load_model": ".io", "save_checkpoint": ".io",
     "Run": ".monitor", "Thresholds": ".monitor", "TrainingMonitor": ".monitor", "read_run": ".monitor",
+    "PruneResult": ".prune", "prune_heads": ".prune",
     "write_report": ".reports",
     "find_heads": ".sites", "register_adapter": ".sites",
 }
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .checks import Finding, check_model, check_training_setup
     from .io import DataSet, load_data, load_model, save_checkpoint
     from .monitor import Run, Thresholds, TrainingMonitor, read_run
+    from .prune import PruneResult, prune_heads
     from .reports import write_report
     from .sites import find_heads, register_adapter
 
@@ -62,6 +64,7 @@ __all__ = [
     "GroupEffect",
     "HeadEffect",
     "HeadsResult",
+    "PruneResult",
     "Run",
     "Thresholds",
     "TrainingMonitor",
@@ -75,6 +78,7 @@ __all__ = [
     "find_heads",
     "load_data",
     "load_model",
+    "prune_heads",
     "read_run",
     "register_adapter",
     "save_checkpoint",

@@ -20,6 +20,7 @@ HEADS_SCHEMA = "diagnose.heads/1"
 RUN_SCHEMA = "diagnose.run/1"
 CHECKS_SCHEMA = "diagnose.checks/1"
 LESSONS_SCHEMA = "diagnose.lessons/1"  # the demo's measured design lessons
+PRUNE_SCHEMA = "diagnose.prune/1"  # diagnose prune (checked in view_prune.py)
 
 
 @dataclass
@@ -47,11 +48,18 @@ class LessonsSource:
 
 
 @dataclass
+class PruneSource:
+    name: str
+    data: dict[str, Any]
+
+
+@dataclass
 class Sources:
     heads: list[HeadsSource] = field(default_factory=list)
     runs: list[RunSource] = field(default_factory=list)
     checks: list[ChecksSource] = field(default_factory=list)
     lessons: list[LessonsSource] = field(default_factory=list)
+    prune: list[PruneSource] = field(default_factory=list)
 
 
 def _read_run(path: Path):
@@ -199,9 +207,14 @@ def _add_document(out: Sources, data: Any, name: str, where: str) -> None:
     elif schema == LESSONS_SCHEMA:
         _check_lessons(data, where)
         out.lessons.append(LessonsSource(name, data))
+    elif schema == PRUNE_SCHEMA:
+        from .view_prune import check_prune
+
+        check_prune(data, where)
+        out.prune.append(PruneSource(name, data))
     else:
         raise InputFileError(f"{where}: not a report source (schema {schema!r}); give "
-                             f"{HEADS_SCHEMA} or {CHECKS_SCHEMA} JSON files, or run folders")
+                             f"{HEADS_SCHEMA}, {CHECKS_SCHEMA} or {PRUNE_SCHEMA} JSON files, or run folders")
 
 
 def _load_path(out: Sources, path: Path) -> None:
@@ -225,7 +238,8 @@ def _object_name(data: Any, i: int) -> str:
     model = data.get("model") if isinstance(data, dict) else None
     model = model if isinstance(model, dict) else {}
     what = str(model.get("family") or model.get("class") or "model")
-    kind = {HEADS_SCHEMA: "heads", CHECKS_SCHEMA: "checks", LESSONS_SCHEMA: "lessons"}.get(data.get("schema") if isinstance(data, dict) else "")
+    kind = {HEADS_SCHEMA: "heads", CHECKS_SCHEMA: "checks", LESSONS_SCHEMA: "lessons",
+            PRUNE_SCHEMA: "prune"}.get(data.get("schema") if isinstance(data, dict) else "")
     return f"{what} {kind or 'source'} (source {i + 1})"
 
 
@@ -250,6 +264,6 @@ def load_sources(sources: Any) -> Sources:
         else:
             raise InputFileError(f"source {i + 1} ({type(src).__name__}) is not a report source: give "
                                  f"heads JSON paths or results, run folders, or checks JSON")
-    if not (out.heads or out.runs or out.checks or out.lessons):
+    if not (out.heads or out.runs or out.checks or out.lessons or out.prune):
         raise InputFileError("no sources given: name at least one heads JSON file or run folder")
     return out

@@ -142,6 +142,10 @@ def load_hf_folder(folder: Path, *, attn_implementation: str | None = None) -> n
                                  "--factory function instead") from None
         _check_layer_count(folder, config)
         cls = model_class(transformers, config)
+        if isinstance(getattr(config, "diagnose_pruned", None), dict):  # written by diagnose prune:
+            from ..prune._remote_model import pruned  # diagnose's own copy, never the folder's file
+
+            cls = pruned(cls)
         kwargs: dict[str, Any] = {"config": config, "local_files_only": True, "output_loading_info": True,
                                   "trust_remote_code": False}
         if attn_implementation:

@@ -48,6 +48,9 @@ class ModelConfig:
     scale_residual_init: bool = True  # residual output projections get std / sqrt(2 * n_layers)
     dropout: float = 0.0
     pad_id: int = 0
+    # heads per layer after pruning (diagnose prune); None: n_heads in every layer. The head dim
+    # stays d_model // n_heads, so a layer with h heads has an attention width of h * head_dim.
+    layer_heads: list[int] | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
@@ -71,12 +74,24 @@ class ModelConfig:
             raise ConfigError(f"causal must be true, false or null, got {self.causal!r}")
         if self.d_model % self.n_heads:
             raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.layer_heads is not None:
+            heads = self.layer_heads
+            if not isinstance(heads, (list, tuple)) or len(heads) != self.n_layers or not all(
+                    isinstance(h, numbers.Integral) and not isinstance(h, bool) and 0 <= h <= self.n_heads
+                    for h in heads):
+                raise ConfigError(f"layer_heads must list {self.n_layers} head counts from 0 to {self.n_heads}, "
+                                  f"got {heads!r}")
+            self.layer_heads = [int(h) for h in heads]
         if self.positions == "rotary" and self.head_dim % 2:
             raise ConfigError(f"rotary positions need an even head dim, got {self.head_dim}")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    def heads_in(self, layer: int) -> int:
+        """Heads of layer `layer` (n_heads unless pruned)."""
+        return self.n_heads if self.layer_heads is None else self.layer_heads[layer]
 
     @property
     def ff_dim(self) -> int:

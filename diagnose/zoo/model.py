@@ -11,6 +11,7 @@ with 0 instead of a large negative number.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn as nn
@@ -52,12 +53,14 @@ class SelfAttention(nn.Module):
     output projection; its input is the heads' outputs side by side, [B, T, H * D].
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, n_heads: int | None = None):
         super().__init__()
         self.cfg = cfg
-        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.n_heads, self.head_dim = cfg.n_heads if n_heads is None else n_heads, cfg.head_dim  # pruned: fewer heads
+        with warnings.catch_warnings():  # a layer pruned to no heads has empty projections
+            warnings.filterwarnings("ignore", message="Initializing zero-element tensors is a no-op")
+            self.qkv = nn.Linear(cfg.d_model, 3 * self.n_heads * self.head_dim)
+            self.proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model)
         self.pattern = nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -68,7 +71,8 @@ class SelfAttention(nn.Module):
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
+        width = self.n_heads * self.head_dim  # C, unless heads were pruned
+        q, k, v = self.qkv(x).split(width, dim=2) if width else [x.new_zeros(B, T, 0)] * 3
         q, k, v = (t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
         if rotary is not None:
             cos, sin = rotary
@@ -89,7 +93,7 @@ class SelfAttention(nn.Module):
 
         probs = self.pattern(F.softmax(scores, dim=-1))  # [B, H, T, T]
         out = self.drop(probs) @ v  # [B, H, T, D]
-        out = out.transpose(1, 2).reshape(B, T, C)  # heads side by side: [B, T, H * D]
+        out = out.transpose(1, 2).reshape(B, T, width)  # heads side by side: [B, T, H * D]
         return self.drop(self.proj(out))
 
 
@@ -108,11 +112,11 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One layer. Pre-LN: x + f(ln(x)). Post-LN (the 2017 original): ln(x + f(x))."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.cfg = cfg
         self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.attn = SelfAttention(cfg)
+        self.attn = SelfAttention(cfg, cfg.heads_in(layer))
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
 
@@ -146,7 +150,7 @@ class Transformer(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         # Post-LN already ends every block with a LayerNorm; Pre-LN needs a final one.
         self.ln_f = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
         n_out = cfg.vocab_size if cfg.kind == "lm" else cfg.n_classes
@@ -164,7 +168,8 @@ class Transformer(nn.Module):
             else:
                 residual_out = name.endswith("attn.proj.weight") or name.endswith("mlp.proj.weight")
                 scale = 1 / math.sqrt(2 * self.cfg.n_layers) if residual_out and self.cfg.scale_residual_init else 1.0
-                nn.init.normal_(p, mean=0.0, std=std * scale)
+                if p.numel():  # a pruned layer's empty projections have nothing to draw
+                    nn.init.normal_(p, mean=0.0, std=std * scale)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T = input_ids.shape

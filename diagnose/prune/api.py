@@ -1,0 +1,168 @@
+"""prune_heads: remove the heads a model can do without, and prove the smaller model is the same.
+
+The steps: choose (choose.py, all through the head gate), cut (cut.py, on a copy), verify
+(verify.py: outputs equal to the gated original's, held-out figures, size and speed).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+from ..ablation.batches import as_batches
+from ..ablation.gate import METHODS, gated
+from ..ablation.sweep import Sweep
+from ..adapters.base import AttentionSite
+from ..errors import ConfigError, DataError, DiagnoseError
+from ..modes import eval_mode
+from ..objectives import TASKS, default_task
+from ..sites import find_heads
+from . import verify
+from ._measure import Measure
+from .choose import Budget, Choice, Step, choose
+from .cut import MIN_HEADS, check_cuttable, cut, family_of
+from .result import PruneResult
+
+DEFAULT_MAX_DROP = 1.0  # accuracy points, classification
+DEFAULT_MAX_LOSS = 0.05  # nats per scored token, language models
+CANDIDATES = 4
+
+
+def prune_heads(model: nn.Module, data: Any, *, max_drop: float | None = None, max_loss: float | None = None,
+                task: str | None = None, method: str = "zero", eval_data: Any = None, candidates: int = CANDIDATES,
+                limit: int | None = None, batch_size: int | None = None, sites: Sequence[AttentionSite] | None = None,
+                on_step: Callable[[Step, Choice], None] | None = None, time_repeats: int = 7) -> PruneResult:
+    """Remove heads one at a time while the model stays within budget on `data`; return the pruned copy.
+
+    max_drop: accuracy points (of 100) the model may lose on `data` (classification default 1.0);
+    max_loss: mean loss it may gain (language models default 0.05 nats per token). Each round
+    verifies `candidates` heads exactly (see choose.py). eval_data: held-out data for the before/after
+    figures (choosing on `data` flatters it). limit: at most this many removals. The input model is
+    never modified; `result.model` is a pruned copy and `result.save(dir)` writes it.
+    """
+    started = time.perf_counter()
+    task = task or default_task(model, data)
+    budget = _budget(task, max_drop, max_loss)
+    if method not in METHODS:
+        raise ConfigError(f"method {method!r} is not one of {', '.join(METHODS)}")
+    if int(candidates) < 1 or (limit is not None and int(limit) < 0):
+        raise ConfigError("candidates must be at least 1 and limit 0 or more")
+    device = next((p.device for p in model.parameters()), None)
+    batches = as_batches(data, batch_size, device)
+    held_out = as_batches(eval_data, batch_size, device) if eval_data is not None else None
+    for name, bs in (("data", batches), ("eval data", held_out or [])):
+        if task == "classification" and any(labels is None for _, labels in bs):
+            raise DataError(f"the {name} has no labels; classification pruning measures accuracy against them")
+    sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
+    check_cuttable(model, sites, method)
+    family = family_of(sites)
+    with eval_mode(model):
+        with gated(sites) as gates:
+            fills = _fills(model, sites, gates, task, batches) if method == "mean" else None
+            measure = Measure(model, gates, task)
+            choice = choose(measure, batches, [s.n_heads for s in sites], budget, candidates=candidates,
+                            min_heads=MIN_HEADS.get(family, 0), limit=limit, on_step=on_step)
+        pruned = cut(model, sites, choice.removed(), fills)  # outside the gates: a copy must not inherit them
+        pruned.model.eval()
+        closed = _closed(sites, choice.removed())
+        with gated(sites) as gates:
+            for gate, fill in zip(gates, fills or [None] * len(gates)):
+                gate.fill = fill
+            forwards = measure.forwards
+            measure = Measure(model, gates, task)
+            try:
+                checked = verify.compare(measure, closed, pruned.model, batches)
+            except (RuntimeError, ValueError) as exc:
+                raise ConfigError(f"{type(model).__name__}: the pruned copy does not run ({type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else ''}); its attention must size its "
+                                  "reshapes from the head count, not the embedding width") from None
+            before = measure.per_example(batches, [torch.zeros_like(c) for c in closed])
+            after = measure.per_example(batches, closed)
+            forwards += measure.forwards
+    if not checked["passed"]:
+        raise DiagnoseError(f"{type(model).__name__}: the pruned model's outputs differ from the gated model's by "
+                            f"{checked['max_abs_diff']:.3g} (tolerance {checked['tolerance']:.3g}); nothing was "
+                            "saved: please report this with the model's family")
+    settings = {"max_drop": budget.max_drop, "max_loss": budget.max_loss, "candidates": int(candidates),
+                "limit": limit}
+    return _result(model, pruned, sites, task, method, settings, choice, checked, before, after, held_out,
+                   batches, started, forwards, time_repeats)
+
+
+def _fills(model, sites, gates, task, batches) -> list[torch.Tensor]:
+    """Each head's mean output over the data's real tokens (mean ablation), set on the gates."""
+    fills = Sweep(model, sites, gates, task, reuse=False).mean_outputs(batches)
+    for gate, fill in zip(gates, fills):
+        gate.fill = fill
+    return fills
+
+
+def _budget(task: str, max_drop: float | None, max_loss: float | None) -> Budget:
+    if task not in TASKS:
+        raise ConfigError(f"task {task!r} is not one of {', '.join(TASKS)}")
+    for name, value in (("max_drop", max_drop), ("max_loss", max_loss)):
+        if value is not None and not (float(value) >= 0):
+            raise ConfigError(f"{name} must be 0 or more, got {value}")
+    if max_drop is None and max_loss is None:
+        return Budget(DEFAULT_MAX_DROP, None) if task == "classification" else Budget(None, DEFAULT_MAX_LOSS)
+    return Budget(None if max_drop is None else float(max_drop), None if max_loss is None else float(max_loss))
+
+
+def _closed(sites: Sequence[AttentionSite], removed: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
+    closed = [torch.zeros(s.n_heads, dtype=torch.bool) for s in sites]
+    for layer, head in removed:
+        closed[layer][head] = True
+    return closed
+
+
+def _result(model, pruned, sites, task, method, budget, choice, checked, before, after, held_out, batches,
+            started, forwards, time_repeats) -> PruneResult:
+    total = sum(s.n_heads for s in sites)
+    base = choice.baseline
+    curve = [{"n_removed": 0, "fraction_removed": 0.0, "accuracy": base.accuracy, "loss": base.loss}]
+    curve += [{"n_removed": s.n_removed, "fraction_removed": s.n_removed / total, "accuracy": s.accuracy,
+               "loss": s.loss, "layer": s.layer, "head": s.head} for s in choice.steps]
+    order = [{"layer": s.layer, "head": s.head, "estimate": s.estimate, "accuracy": s.accuracy, "loss": s.loss}
+             for s in choice.steps[:choice.kept]]
+    data_fig = {"before": {"accuracy": base.accuracy, "loss": base.loss},
+                "after": {"accuracy": choice.steps[choice.kept - 1].accuracy if choice.kept else base.accuracy,
+                          "loss": choice.steps[choice.kept - 1].loss if choice.kept else base.loss},
+                **verify.paired_noise(before, after),
+                "note": "the heads were chosen on this data, so its figures flatter the pruned model"}
+    eval_fig = None
+    if held_out is not None:
+        with eval_mode(model):
+            b, a = verify.evaluate(model, held_out, task), verify.evaluate(pruned.model, held_out, task)
+        eval_fig = {"n_examples": int(len(b["per_example"])),
+                    "before": {"accuracy": b["accuracy"], "loss": b["loss"]},
+                    "after": {"accuracy": a["accuracy"], "loss": a["loss"]},
+                    **verify.paired_noise(b["per_example"], a["per_example"])}
+    with eval_mode(model):
+        speed = verify.forward_time(model, pruned.model, batches[0][0], time_repeats)
+    size = {"parameters_before": verify.n_parameters(model), "parameters_after": verify.n_parameters(pruned.model),
+            **speed}
+    notes = []
+    family = family_of(sites)
+    if family in MIN_HEADS:
+        notes.append("transformers cannot build an attention layer without heads: every layer keeps at least one")
+    if any(n == 0 for n in pruned.heads_left):
+        notes.append("layers left with no heads keep their output projection's bias: their attention output is "
+                     "exactly that bias, as in the gated model")
+    for layer, note in sorted(pruned.notes.items()):
+        if note.get("kv_copies"):
+            notes.append(f"layer {layer}: the query groups left differ in size, so {note['kv_copies']} key/value "
+                         f"head(s) were copied to keep grouped-query attention exact")
+    n_heads = [s.n_heads for s in sites]
+    info = {"family": family, "class": type(model).__name__, "n_layers": len(sites), "n_heads": n_heads,
+            "format": getattr(model, "diagnose_format", None)}
+    return PruneResult(
+        model=pruned.model, info=info, task=task, method=method,
+        budget=budget,
+        n_examples=int(len(before)), baseline={"accuracy": base.accuracy, "loss": base.loss}, curve=curve,
+        order=order, heads_left=pruned.heads_left, stop=choice.stop, verify=checked, data=data_fig, eval=eval_fig,
+        size=size, timing={"seconds": time.perf_counter() - started, "rounds": choice.rounds,
+                           "forward_passes": forwards},
+        notes=notes, cut=pruned)

@@ -1,0 +1,95 @@
+"""Writing the pruned model in the form it came in.
+
+- Hugging Face model: a save_pretrained folder (with the tokenizer) whose config keeps the family
+  and adds `diagnose_pruned` (the pruned shapes) and an `auto_map` to pruned_heads.py, so the
+  Auto classes rebuild it without diagnose (with trust_remote_code=True), and diagnose's loader
+  with its own copy of that code.
+- reference model: a diagnose checkpoint (model.pt) whose config lists the heads per layer.
+- anything else (a --factory model): model.pt, its state_dict, and heads.json with the heads left
+  per layer: the factory must build the model with those counts.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._write import _umask
+from ..errors import OutputError
+from ..io import save_checkpoint
+from ..zoo.model import Transformer
+
+REMOTE_FILE = "pruned_heads.py"
+_AUTO = (("ForSequenceClassification", "AutoModelForSequenceClassification"), ("ForCausalLM", "AutoModelForCausalLM"),
+         ("LMHeadModel", "AutoModelForCausalLM"), ("ForMaskedLM", "AutoModelForMaskedLM"),
+         ("ForTokenClassification", "AutoModelForTokenClassification"), ("", "AutoModel"))
+
+
+def check_folder(folder: Path) -> None:
+    """Refuse a folder that exists and is not empty (nothing is overwritten), or a file."""
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise OutputError(f"{folder}: exists and is not empty; name a new or empty folder for the pruned model")
+
+
+def save_pruned(result, folder: Path, *, tokenizer: Any = None) -> dict[str, Any]:
+    """Write result.model to folder; returns {"path", "form", "files"}.
+
+    Everything is written into a hidden folder beside it, renamed into place at the end: a failure
+    half-way leaves nothing behind."""
+    check_folder(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        saved = _write(result, work, tokenizer)
+        work.chmod(0o777 & ~_umask())  # mkdtemp's folder is private; the user's umask decides, as for mkdir
+        if folder.exists():
+            folder.rmdir()  # empty (check_folder): a folder can only be renamed onto an empty one
+        work.rename(folder)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return {"path": str(folder), **saved}
+
+
+def _write(result, folder: Path, tokenizer: Any) -> dict[str, Any]:
+    model = result.model
+    if hasattr(model, "save_pretrained") and hasattr(model, "config"):
+        form = "Hugging Face folder"
+        _save_hf(result, folder, tokenizer if tokenizer is not None else getattr(model, "diagnose_tokenizer", None))
+    elif isinstance(model, Transformer):
+        form = "diagnose checkpoint"
+        save_checkpoint(model, folder / "model.pt", meta=dict(getattr(model, "diagnose_meta", None) or {}))
+    else:
+        form = "state_dict + factory"
+        torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, folder / "model.pt")
+    (folder / "heads.json").write_text(json.dumps({"schema": "diagnose.pruned_heads/1", "heads_left": result.heads_left,
+                                                   "removed": [list(h) for h in result.removed]}, indent=1) + "\n",
+                                       encoding="utf-8")
+    return {"form": form, "files": sorted(p.name for p in folder.iterdir())}
+
+
+def _save_hf(result, folder: Path, tokenizer: Any) -> None:
+    model = result.model
+    arch = type(model).__name__
+    auto = next(a for suffix, a in _AUTO if arch.endswith(suffix))
+    original_config = model.config
+    config = copy.deepcopy(original_config)
+    config.diagnose_pruned = {"shapes": result.cut.shapes, "attributes": result.cut.attributes,
+                              "heads_left": result.heads_left}
+    config.auto_map = {auto: "pruned_heads.PrunedModel"}
+    model.config = config
+    try:
+        model.save_pretrained(folder)
+    finally:
+        model.config = original_config
+    source = (Path(__file__).parent / "_remote_model.py").read_text(encoding="utf-8")
+    (folder / REMOTE_FILE).write_text(source.replace("BASE = None", f'BASE = "{arch}"', 1),
+                                      encoding="utf-8")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)

@@ -1,0 +1,147 @@
+"""prune_heads on Hugging Face GPT-2, BERT and LLaMA (grouped-query attention): the pruned copy
+equals the original with the removed heads' output-projection slices zeroed, and the saved folder
+loads with plain transformers (a subprocess that never imports diagnose) to the same outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import diagnose
+from diagnose.sites import find_heads
+
+from .helpers import assert_close, outputs, zeroed
+
+transformers = pytest.importorskip("transformers")
+V = 40
+
+
+def _ids(n=16, t=8):
+    return torch.randint(1, V, (n, t), generator=torch.Generator().manual_seed(1))
+
+
+def _hf(cls, cfg, impl="sdpa"):
+    torch.manual_seed(0)
+    cfg._attn_implementation = impl
+    cfg.initializer_range = 0.2
+    return getattr(transformers, cls)(cfg).eval()
+
+
+def gpt2():
+    return _hf("GPT2LMHeadModel", transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=V,
+                                                          n_positions=16, bos_token_id=0, eos_token_id=0))
+
+
+def bert():
+    return _hf("BertForSequenceClassification", transformers.BertConfig(
+        num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64, vocab_size=V,
+        max_position_embeddings=16, num_labels=3))
+
+
+def llama(impl="sdpa"):
+    return _hf("LlamaForCausalLM", transformers.LlamaConfig(
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32, intermediate_size=64,
+        vocab_size=V, max_position_embeddings=16), impl)
+
+
+def _data(model, classify):
+    ids = _ids()
+    mask = torch.ones_like(ids)
+    mask[1::3, -2:] = 0  # some right padding
+    data = {"input_ids": ids, "attention_mask": mask}
+    if classify:
+        data["labels"] = outputs(model, data).argmax(-1)
+    return data
+
+
+@pytest.mark.slow
+def test_three_families_cut_equal_the_zeroed_model_and_load_without_diagnose(tmp_path):
+    folders = {}
+    for name, build, classify in (("gpt2", gpt2, False), ("bert", bert, True), ("llama", llama, False)):
+        model = build()
+        data = _data(model, classify)
+        budget = {"max_drop": 100.0} if classify else {"max_loss": 100.0}
+        result = diagnose.prune_heads(model, data, limit=5, **budget)
+        assert len(result.order) == 5 and sorted(result.heads_left) != [4, 4]
+        assert min(result.heads_left) >= 1  # transformers cannot build a layer with no heads
+        inputs = {k: v for k, v in data.items() if k != "labels"}
+        pruned = outputs(result.model, inputs)
+        assert_close(pruned, outputs(zeroed(model, find_heads(model), result.removed), inputs))
+        assert result.size["parameters_after"] < result.size["parameters_before"]
+        result.save(tmp_path / name)
+        torch.save({"inputs": inputs, "logits": pruned}, tmp_path / f"{name}.pt")
+        folders[name] = str(tmp_path / name)
+        if name == "llama":  # 5 of 8 query heads gone from 2 groups of 2 per layer
+            cfg = json.loads((tmp_path / name / "config.json").read_text())
+            assert cfg["diagnose_pruned"]["heads_left"] == result.heads_left
+    script = (
+        "import sys, torch, transformers\n"
+        "for name, folder in [a.split('=', 1) for a in sys.argv[1:]]:\n"
+        "    auto = transformers.AutoModelForSequenceClassification if name == 'bert' else "
+        "transformers.AutoModelForCausalLM\n"
+        "    m = auto.from_pretrained(folder, trust_remote_code=True).eval()\n"
+        "    ref = torch.load(folder + '.pt')\n"
+        "    with torch.no_grad():\n"
+        "        got = m(**ref['inputs']).logits.float()\n"
+        "    diff = float((got - ref['logits']).abs().max())\n"
+        "    assert diff <= 1e-5 * max(1.0, float(ref['logits'].abs().max())), (name, diff)\n"
+        "assert 'diagnose' not in sys.modules\n"
+        "print('loaded', len(sys.argv) - 1)\n")
+    done = subprocess.run([sys.executable, "-c", script, *[f"{k}={v}" for k, v in folders.items()]],
+                          capture_output=True, text=True, timeout=300, env={"HF_HUB_OFFLINE": "1", "PATH": ""})
+    assert done.returncode == 0 and "loaded 3" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_llama_uneven_groups_copy_kv_heads_and_stay_exact(impl):
+    from diagnose.prune.cut import cut
+
+    model = llama(impl)
+    sites = find_heads(model)
+    result = cut(model, sites, [(0, 0)])  # layer 0 keeps 1 + 2 queries in its two kv groups
+    assert result.notes[0]["kv_copies"] == 1  # group 1's kv head serves 2 queries as 2 copies of 1
+    attn = result.model.model.layers[0].self_attn
+    assert attn.num_key_value_groups == 1 and attn.k_proj.out_features == 3 * 8
+    inputs = {"input_ids": _ids()}
+    assert_close(outputs(result.model, inputs), outputs(zeroed(model, sites, [(0, 0)]), inputs))
+    whole = cut(model, sites, [(1, 0), (1, 1)])  # a whole group goes: its kv head goes too
+    attn = whole.model.model.layers[1].self_attn
+    assert attn.num_key_value_groups == 2 and attn.k_proj.out_features == 8 and whole.notes[1]["kv_copies"] == 0
+    assert_close(outputs(whole.model, inputs), outputs(zeroed(model, sites, [(1, 0), (1, 1)]), inputs))
+
+
+def test_the_choice_ranks_by_the_same_estimate_as_ablate_heads_fast():
+    from diagnose.ablation import ablate_heads
+    from diagnose.ablation.gate import gated
+    from diagnose.prune._measure import Measure
+
+    model = bert()
+    data = _data(model, classify=True)
+    data["labels"] = torch.randint(0, 3, (16,), generator=torch.Generator().manual_seed(5))  # a loss to move
+    fast = ablate_heads(model, data, fast=True, top=0, attention=False, progress=False)
+    batches = [({k: v for k, v in data.items() if k != "labels"}, data["labels"])]
+    sites = find_heads(model)
+    with gated(sites) as gates:
+        est = Measure(model, gates, "classification").estimate(batches, [torch.zeros(4, dtype=torch.bool)] * 2)
+    ours = torch.tensor([float(x) for layer in est for x in layer])
+    theirs = torch.tensor([h.second_order_delta_loss for h in fast.heads])
+    assert torch.allclose(ours, theirs, rtol=1e-4, atol=1e-6 * max(1.0, float(theirs.abs().max())))
+
+
+def test_diagnose_reloads_a_pruned_folder_with_its_own_code(tmp_path):
+    from diagnose.io import load_model
+
+    model = bert()
+    data = _data(model, classify=True)
+    result = diagnose.prune_heads(model, data, max_drop=100.0, limit=3, candidates=1)
+    result.save(tmp_path / "pruned")
+    (tmp_path / "pruned" / "pruned_heads.py").write_text("raise SystemExit('the folder code ran')\n")
+    again = load_model(tmp_path / "pruned")  # the folder's own file is never run
+    assert type(again).__name__ == "BertForSequenceClassification"
+    assert [s.n_heads for s in find_heads(again)] == result.heads_left
+    inputs = {k: v for k, v in data.items() if k != "labels"}
+    assert_close(outputs(again, inputs), outputs(result.model, inputs))

@@ -1,0 +1,78 @@
+"""prune_heads on the reference model: the pruned copy equals the original with the removed heads'
+output-projection slices zeroed, layers may go down to no heads, and the checkpoint reloads."""
+
+from __future__ import annotations
+
+import torch
+
+import diagnose
+from diagnose.io import load_model
+from diagnose.sites import find_heads
+from diagnose.zoo import ModelConfig, Transformer
+
+from .helpers import assert_close, evaluate, outputs, state_hash, zeroed
+
+
+def _model_and_data(kind="classifier"):
+    torch.manual_seed(0)
+    cfg = ModelConfig(kind=kind, n_layers=2, n_heads=4, d_model=32, vocab_size=24, max_len=16, init_std=0.2)
+    model = Transformer(cfg).eval()
+    ids = torch.randint(1, 24, (24, 8), generator=torch.Generator().manual_seed(1))
+    data = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if kind == "classifier":
+        data["labels"] = outputs(model, {"input_ids": ids}).argmax(-1)  # the model is right on every example
+    return model, data
+
+
+def test_prunes_to_empty_layers_and_matches_the_zeroed_model(tmp_path):
+    model, data = _model_and_data()
+    before = state_hash(model)
+    result = diagnose.prune_heads(model, data, max_drop=100.0, eval_data=data)
+    assert state_hash(model) == before and not model._forward_pre_hooks  # the input is untouched
+    assert result.heads_left == [0, 0] and len(result.order) == 8  # a budget of 100 points lets every head go
+    assert result.stop["reason"].startswith("every layer is down to 0")
+    reference = zeroed(model, find_heads(model), result.removed)
+    inputs = {k: v for k, v in data.items() if k != "labels"}
+    assert_close(outputs(result.model, inputs), outputs(reference, inputs))
+    blocks = result.model.blocks
+    assert all(b.attn.qkv.weight.shape[0] == 0 and b.attn.proj.weight.shape[1] == 0 for b in blocks)
+    assert result.size["parameters_after"] < result.size["parameters_before"]
+    assert any("bias" in note for note in result.notes)
+    result.save(tmp_path / "out")
+    again = load_model(tmp_path / "out" / "model.pt")
+    assert again.cfg.layer_heads == [0, 0]
+    assert_close(outputs(again, inputs), outputs(result.model, inputs))
+
+
+def test_budget_is_kept_and_the_curve_is_monotone_in_removals():
+    model, data = _model_and_data()
+    result = diagnose.prune_heads(model, data, max_drop=10.0)
+    d = result.to_json()
+    base = d["baseline"]["accuracy"]
+    assert d["schema"] == "diagnose.prune/1" and d["curve"][0]["n_removed"] == 0
+    assert [p["n_removed"] for p in d["curve"]] == list(range(len(d["curve"])))
+    assert all(base - p["accuracy"] <= 0.10 + 1e-9 for p in d["curve"])  # never past the budget
+    if d["stop"]["reason"].startswith("removing one more"):
+        assert base - d["stop"]["next"]["accuracy"] > 0.10  # the head it refused would have broken it
+    assert sum(d["heads_left"]) == 8 - d["n_removed"]
+    assert d["verify"]["passed"]
+
+
+def test_mean_method_folds_the_means_into_the_bias():
+    model, data = _model_and_data(kind="lm")
+    result = diagnose.prune_heads(model, data, max_loss=10.0, method="mean", limit=3)
+    assert result.task == "lm" and len(result.order) == 3
+    assert result.verify["passed"] and result.verify["max_abs_diff"] <= result.verify["tolerance"]
+
+
+def test_every_point_of_the_curve_is_measured_with_the_earlier_removals_in_place():
+    """Re-measuring after each removal: point k equals the model with the first k heads zeroed by
+    hand (not the sum of single-head effects), so a pair that matters only together shows its cost."""
+    model, data = _model_and_data()
+    result = diagnose.prune_heads(model, data, max_drop=100.0, limit=5, candidates=2)
+    sites = find_heads(model)
+    batches = [({"input_ids": data["input_ids"], "attention_mask": data["attention_mask"]}, data["labels"])]
+    removed = result.removed
+    for k, point in enumerate(result.curve):
+        acc, loss = evaluate(zeroed(model, sites, removed[:k]), batches, "classification")
+        assert abs(point["accuracy"] - acc) < 1e-9 and abs(point["loss"] - loss) <= 1e-5 * max(1.0, loss)
