@@ -40,6 +40,13 @@ def _masks(probs: Probs, key_mask: torch.Tensor | None):
     return keys, keys[:, off:], off
 
 
+def _entropy(p: torch.Tensor) -> torch.Tensor:
+    """-sum p log p over the last dim (p = 0 adds 0).  # [..., K] -> [...]
+
+    Two to three times faster than special.entr(p).sum(-1) on CPU, which is not vectorised."""
+    return -torch.einsum("...k,...k->...", p, p.clamp_min(1e-30).log_())
+
+
 @torch.no_grad()
 def entropy_and_max(probs: Probs, key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean entropy (nats) and mean max weight per head over real query rows.  # [H], [H] on the device
@@ -51,7 +58,7 @@ def entropy_and_max(probs: Probs, key_mask: torch.Tensor | None = None) -> tuple
     ent_sum = mx_sum = 0.0
     for s, p in query_chunks(probs, _CHUNK):  # p [B, H, c, Tk] float32
         w = qw[:, None, s:s + p.shape[-2]]  # [B, 1, c]
-        ent = -(p * p.clamp_min(1e-30).log()).sum(-1)  # [B, H, c]; p = 0 adds 0 (faster than special.entr on CPU)
+        ent = _entropy(p)  # [B, H, c]
         ent_sum = ent_sum + (ent * w).sum((0, 2))
         mx_sum = mx_sum + (p.amax(-1) * w).sum((0, 2))
     n = (qw.sum() * 1.0).clamp_min(1.0)
@@ -70,7 +77,7 @@ def uniform_entropy(probs: Probs, key_mask: torch.Tensor | None = None) -> torch
     keys, qw, _ = _masks(probs, key_mask)
     total = torch.zeros((), device=probs.device)
     for s, p in query_chunks(probs, _CHUNK):
-        visible = (p > 0).any(1) & (keys[:, None, :] > 0)  # [B, c, Tk]
+        visible = (p > 0).any(1) & (keys[:, None, :p.shape[-1]] > 0)  # [B, c, K]
         n = visible.sum(-1).clamp_min(1).float().log()  # [B, c]
         total = total + (n * qw[:, s:s + p.shape[-2]]).sum()
     return total / qw.sum().clamp_min(1.0)
@@ -102,31 +109,29 @@ class HeadStats:
         k_pos = torch.arange(Tk, device=dev)
         last = (keys * (k_pos + 1)).argmax(-1).view(B, 1, 1, 1)  # [B, 1, 1, 1] last real key
         pad = (1.0 - keys)[:, None, :, None]  # [B, 1, Tk, 1]
-        for s, p in query_chunks(probs, _CHUNK):  # p [B, H, c, Tk] float32
-            c = p.shape[-2]
+        for s, p in query_chunks(probs, _CHUNK):  # p [B, H, c, K] float32; keys from K on weigh 0 here
+            c, K = p.shape[-2:]
             q_pos = torch.arange(s, s + c, device=dev) + off  # [c] positions of these queries among the keys
 
-            def at(shift: int) -> tuple[torch.Tensor, torch.Tensor]:
-                """(weight on key q_pos + shift [B, H, c], 1 where that key exists [c])."""
-                k = q_pos + shift
-                ok = (k >= 0) & (k < Tk)
-                idx = k.clamp(0, Tk - 1).view(1, 1, c, 1).expand(B, H, c, 1)
-                return p.gather(-1, idx)[..., 0] * ok, ok.float()
+            def at(k: torch.Tensor) -> torch.Tensor:
+                """Weight on key k ([c] or [B, 1, 1, 1]; 0 where k is outside 0..K-1) -> [B, H, c]."""
+                idx = k.clamp(0, K - 1).view(-1, 1, c if k.dim() == 1 else 1, 1).expand(B, H, c, 1)
+                return p.gather(-1, idx)[..., 0] * ((k >= 0) & (k < K)).view(-1, 1, c if k.dim() == 1 else 1)
 
-            prev, has_prev = at(-1)
-            nxt, has_next = at(1)
-            dist = (q_pos[:, None] - k_pos[None, :]).abs().float()  # [c, Tk]
+            has_prev = ((q_pos >= 1) & (q_pos - 1 < Tk)).float()  # [c]
+            has_next = (q_pos + 1 < Tk).float()  # [c]
+            dist = (q_pos[:, None] - k_pos[None, :K]).abs().float()  # [c, K]
             per_row = {  # each [B, H, c]
-                "entropy": torch.special.entr(p).sum(-1),
+                "entropy": _entropy(p),
                 "max_weight": p.amax(-1),
                 "first_token": p[..., 0],
-                "self": at(0)[0] if off >= 0 else p.new_zeros(p.shape[:3]),
-                "prev_token": prev,
-                "padding": (p @ pad)[..., 0] if key_mask is not None else p.new_zeros(p.shape[:3]),
-                "mean_distance": (p * dist).sum(-1),
-                "next_token": nxt,
-                "last_token": p.gather(-1, last.expand(B, H, c, 1))[..., 0],
-                "local": sum(at(d)[0] + at(-d)[0] for d in range(1, LOCAL + 1)),
+                "self": at(q_pos) if off >= 0 else p.new_zeros(p.shape[:3]),
+                "prev_token": at(q_pos - 1),
+                "padding": (p @ pad[:, :, :K])[..., 0] if key_mask is not None else p.new_zeros(p.shape[:3]),
+                "mean_distance": torch.einsum("bhck,ck->bhc", p, dist),
+                "next_token": at(q_pos + 1),
+                "last_token": at(last),
+                "local": sum(at(q_pos + d) + at(q_pos - d) for d in range(1, LOCAL + 1)),
             }
             qw = queries[:, None, s:s + c]  # [B, 1, c]
             with_prev, with_next = qw * has_prev, qw * has_next  # [B, 1, c]

@@ -38,23 +38,34 @@ class LazyProbs:
         self.device = self.q.device
         self.dtype = torch.float32
 
+    def extent(self, stop: int) -> int:
+        """How many keys queries before `stop` can see: under is_causal (top-left) only the first `stop`."""
+        return min(stop, self.shape[-1]) if self.is_causal else self.shape[-1]
+
     @torch.no_grad()
-    def rows(self, start: int, stop: int) -> torch.Tensor:
-        """Probabilities of queries start..stop-1 against every key.  # [B, H, stop - start, Tk] float32"""
+    def rows(self, start: int, stop: int, *, narrow: bool = False) -> torch.Tensor:
+        """Probabilities of queries start..stop-1 against every key.  # [B, H, stop - start, Tk] float32
+
+        narrow=True leaves out the keys no query of the chunk can see (is_causal): the result
+        then has extent(stop) <= Tk columns, and the keys after them have weight 0.
+        """
+        Tk = self.extent(stop) if narrow else self.shape[-1]
         q = self.q[..., start:stop, :]  # [B, H, c, D]
-        k = self.k
+        k = self.k[..., :Tk, :]  # [B, Hkv, Tk, D]
         if k.shape[-3] != q.shape[-3]:
             k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
         scores = (q @ k.transpose(-2, -1)) * self.scale  # [B, H, c, Tk]
-        if self.is_causal:
+        if self.is_causal and start + 1 < Tk:  # only columns start + 1 .. are hidden from some row of the chunk
             q_pos = torch.arange(start, stop, device=q.device)[:, None]  # [c, 1]
-            scores = scores.masked_fill(torch.arange(self.shape[-1], device=q.device)[None, :] > q_pos, float("-inf"))
+            k_pos = torch.arange(start + 1, Tk, device=q.device)[None, :]
+            scores[..., start + 1:].masked_fill_(k_pos > q_pos, float("-inf"))
         if self.mask is not None:
-            m = self.mask
+            m = self.mask[..., :Tk] if self.mask.shape[-1] != 1 else self.mask
             if m.dim() >= 2 and m.shape[-2] != 1:
                 m = m[..., start:stop, :]  # a mask with one row per query: this chunk's rows
             scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.float()
-        return torch.softmax(scores, dim=-1).nan_to_num_(0.0)
+        probs = torch.softmax(scores, dim=-1)
+        return probs if self.mask is None else probs.nan_to_num_(0.0)  # only a mask can hide every key of a row
 
     def full(self) -> torch.Tensor:
         """Every row at once.  # [B, H, Tq, Tk] float32"""
@@ -70,13 +81,14 @@ def materialise(probs: Probs) -> torch.Tensor:
 
 
 def query_chunks(probs: Probs, budget: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """(first query index, float32 rows [B, H, c, Tk]) with B * H * c * Tk at most about `budget`
-    (at least one row per step)."""
+    """(first query index, float32 rows [B, H, c, K]) with B * H * c * Tk at most about `budget`
+    (at least one row per step). K <= Tk: keys from K on have weight 0 in every row of the
+    chunk (a causal LazyProbs leaves them out, halving the work); a Tensor gives K = Tk."""
     B, H, Tq, Tk = probs.shape
     step = max(1, budget // max(1, B * H * Tk))
     for s in range(0, Tq, step):
         e = min(Tq, s + step)
         if isinstance(probs, LazyProbs):
-            yield s, probs.rows(s, e)
+            yield s, probs.rows(s, e, narrow=True)
         else:
             yield s, probs[..., s:e, :].detach().float()
