@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from ._attention_names import ATTENTION_STATS
-from .adapters._probs import LazyProbs, Probs, query_chunks
+from .adapters._probs import LazyProbs, Probs, float32_only, query_chunks
 from .adapters.base import AttentionSite
 from .objectives import batch_size_of, call_model
 
@@ -56,11 +56,11 @@ def entropy_and_max(probs: Probs, key_mask: torch.Tensor | None = None) -> tuple
     """
     _, qw, _ = _masks(probs, key_mask)
     ent_sum = mx_sum = 0.0
-    for s, p in query_chunks(probs, _CHUNK):  # p [B, H, c, Tk] float32
-        w = qw[:, None, s:s + p.shape[-2]]  # [B, 1, c]
-        ent = _entropy(p)  # [B, H, c]
-        ent_sum = ent_sum + (ent * w).sum((0, 2))
-        mx_sum = mx_sum + (p.amax(-1) * w).sum((0, 2))
+    with float32_only(probs.device):
+        for s, p in query_chunks(probs, _CHUNK):  # p [B, H, c, Tk] float32
+            w = qw[:, None, s:s + p.shape[-2]]  # [B, 1, c]
+            ent_sum = ent_sum + (_entropy(p) * w).sum((0, 2))
+            mx_sum = mx_sum + (p.amax(-1) * w).sum((0, 2))
     n = (qw.sum() * 1.0).clamp_min(1.0)
     return ent_sum / n, mx_sum / n
 
@@ -100,6 +100,11 @@ class HeadStats:
         """Add a batch: probs [B, H, Tq, Tk] (Tensor or LazyProbs), key_mask [B, Tk] (1 real, 0 padding) or None."""
         B, H, Tq, Tk = probs.shape
         assert H == self.n_heads, f"expected {self.n_heads} heads, got probs {tuple(probs.shape)}"
+        with float32_only(probs.device):
+            self._update(probs, key_mask)
+
+    def _update(self, probs: Probs, key_mask: torch.Tensor | None) -> None:
+        B, H, Tq, Tk = probs.shape
         keys, queries, off = _masks(probs, key_mask)
         dev = probs.device
         acc_dtype = torch.float32 if dev.type == "mps" else torch.float64

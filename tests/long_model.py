@@ -57,7 +57,8 @@ class LongLM(nn.Module):
         T, d = ids.shape[1], self.emb.embedding_dim
         pos = torch.arange(T, device=ids.device, dtype=torch.float32)[:, None]
         freq = torch.exp(torch.arange(0, d, 2, device=ids.device, dtype=torch.float32) * (-math.log(1e4) / d))
-        x = self.emb(ids) + torch.cat([(pos * freq).sin(), (pos * freq).cos()], -1)  # [B, T, d]
+        x = self.emb(ids)  # [B, T, d]
+        x = x + torch.cat([(pos * freq).sin(), (pos * freq).cos()], -1).to(x.dtype)
         for b in self.blocks:
             x = b(x)
         return self.head(x)

@@ -11,10 +11,19 @@ is 4 MB.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Iterator, Union
 
 import torch
+
+
+def float32_only(device: torch.device):
+    """Context manager: autocast off on `device`, so float32 statistics stay float32 inside a model
+    run under torch.autocast (which would otherwise do their matmuls and einsums in bf16/fp16)."""
+    if device.type in ("cpu", "cuda"):  # the autocast device types of every torch >= 2.4
+        return torch.autocast(device_type=device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 class LazyProbs:
@@ -54,7 +63,8 @@ class LazyProbs:
         k = self.k[..., :Tk, :]  # [B, Hkv, Tk, D]
         if k.shape[-3] != q.shape[-3]:
             k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
-        scores = (q @ k.transpose(-2, -1)) * self.scale  # [B, H, c, Tk]
+        with float32_only(q.device):
+            scores = (q @ k.transpose(-2, -1)) * self.scale  # [B, H, c, Tk]
         if self.is_causal and start + 1 < Tk:  # only columns start + 1 .. are hidden from some row of the chunk
             q_pos = torch.arange(start, stop, device=q.device)[:, None]  # [c, 1]
             k_pos = torch.arange(start + 1, Tk, device=q.device)[None, :]
