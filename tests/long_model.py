@@ -53,7 +53,8 @@ class LongLM(nn.Module):
             for b in self.blocks:
                 b.attn.qkv.weight.mul_(4.0)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        ids = input_ids  # [B, T]
         T, d = ids.shape[1], self.emb.embedding_dim
         pos = torch.arange(T, device=ids.device, dtype=torch.float32)[:, None]
         freq = torch.exp(torch.arange(0, d, 2, device=ids.device, dtype=torch.float32) * (-math.log(1e4) / d))
@@ -70,3 +71,21 @@ def twin(model: LongLM) -> LongLM:
                    len(model.blocks), eager=True)
     other.load_state_dict(model.state_dict())
     return other.eval()
+
+
+def dispatch(model: LongLM, devices: list[str]) -> LongLM:
+    """Spread the model over `devices` the way accelerate's device_map does: the embedding on the
+    first, block i on devices[i % len], the head on the last, and a pre-hook per module that
+    moves its input to that module's device (accelerate's AlignDevicesHook)."""
+    def to_device(dev: str):
+        def pre(_m, args):
+            return tuple(a.to(dev) if isinstance(a, torch.Tensor) else a for a in args)
+        return pre
+
+    model.emb.to(devices[0])
+    for i, b in enumerate(model.blocks):
+        b.to(devices[i % len(devices)])
+        b.register_forward_pre_hook(to_device(devices[i % len(devices)]))
+    model.head.to(devices[-1])
+    model.head.register_forward_pre_hook(to_device(devices[-1]))
+    return model
