@@ -68,7 +68,8 @@ def _run(side: str, folder: str, T: int, threads: int, cap_gb: float | None) -> 
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=limit)
     if res.returncode:
-        print(f"  {side} at T={T} failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}")
+        why = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit code {res.returncode}"
+        print(f"  {side} at T={T} failed: {why}")
         return None
     return json.loads(res.stdout.strip().splitlines()[-1])
 

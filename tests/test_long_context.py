@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 import diagnose
 from diagnose import attention_stats
+from diagnose.adapters._probs import LazyProbs
 from diagnose.attention_stats import STATS, HeadStats
 
 from .long_model import LongLM, twin
@@ -73,6 +75,40 @@ def test_many_small_chunks_equal_one_chunk(monkeypatch):
     a, b = whole.result(), chunked.result()
     for k in STATS:
         assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-7), k
+
+
+def test_mha_rows_by_chunks_match_its_own_weights(monkeypatch):
+    """nn.TransformerEncoder with key padding: statistics read a few rows at a time equal those
+    of MultiheadAttention's own per-head weights (need_weights, average_attn_weights=False)."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(3, 40, 16)
+    pad = torch.zeros(3, 40, dtype=torch.bool)
+    pad[1, 30:] = True
+    inputs = {"src": x, "src_key_padding_mask": pad}
+    mask = (~pad).long()  # [B, T] 1 real
+    own = []
+    h = x
+    with torch.no_grad():
+        for mod in model.layers:
+            _, w = mod.self_attn(h, h, h, key_padding_mask=pad, average_attn_weights=False)  # [B, H, T, T]
+            own.append(w)
+            h = mod(h, src_key_padding_mask=pad)
+    monkeypatch.setattr(attention_stats, "_CHUNK", 3 * 4 * 40 * 3)  # three query rows a step
+    got = []
+    sites = diagnose.find_heads(model, example=inputs)
+    acc = [HeadStats(4) for _ in sites]
+    with torch.no_grad(), ExitStack() as stack:
+        for a, s in zip(acc, sites):
+            stack.enter_context(s.adapter.watch_pattern(s, lambda p, a=a: (got.append(p), a.update(p, mask))))
+        model(**inputs)
+    assert all(isinstance(p, LazyProbs) for p in got), "MHA probabilities are recomputed by rows, not whole"
+    for a, w in zip(acc, own):
+        want = HeadStats(4)
+        want.update(w, mask)
+        for k in STATS:
+            assert a.result()[k] == pytest.approx(want.result()[k], rel=1e-5, abs=1e-6), k
 
 
 def test_kept_maps_are_windowed():

@@ -35,11 +35,13 @@ class LazyProbs:
     Holds float32 copies of q [B, H, Tq, D] and k [B, Hkv, Tk, D] (O(T), not O(T^2)).
     """
 
-    def __init__(self, query: torch.Tensor, key: torch.Tensor, attn_mask: torch.Tensor | None = None,
+    def __init__(self, query: torch.Tensor, key: torch.Tensor,
+                 attn_mask: torch.Tensor | tuple[torch.Tensor | None, ...] | None = None,
                  is_causal: bool = False, scale: float | None = None):
         self.q = query.detach().float()  # [B, H, Tq, D]
         self.k = key.detach().float()  # [B, Hkv, Tk, D]
-        self.mask = None if attn_mask is None else attn_mask.detach()  # broadcastable to [B, H, Tq, Tk]
+        masks = attn_mask if isinstance(attn_mask, (tuple, list)) else (attn_mask,)
+        self.masks = [m.detach() for m in masks if m is not None]  # each broadcastable to [B, H, Tq, Tk], in order
         self.is_causal = bool(is_causal)
         self.scale = 1.0 / math.sqrt(self.q.shape[-1]) if scale is None else float(scale)
         B, H, Tq, _ = self.q.shape
@@ -69,13 +71,13 @@ class LazyProbs:
             q_pos = torch.arange(start, stop, device=q.device)[:, None]  # [c, 1]
             k_pos = torch.arange(start + 1, Tk, device=q.device)[None, :]
             scores[..., start + 1:].masked_fill_(k_pos > q_pos, float("-inf"))
-        if self.mask is not None:
-            m = self.mask[..., :Tk] if self.mask.shape[-1] != 1 else self.mask
+        for m in self.masks:
+            m = m[..., :Tk] if m.shape[-1] != 1 else m
             if m.dim() >= 2 and m.shape[-2] != 1:
                 m = m[..., start:stop, :]  # a mask with one row per query: this chunk's rows
             scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.float()
         probs = torch.softmax(scores, dim=-1)
-        return probs if self.mask is None else probs.nan_to_num_(0.0)  # only a mask can hide every key of a row
+        return probs.nan_to_num_(0.0) if self.masks else probs  # only a mask can hide every key of a row
 
     def full(self) -> torch.Tensor:
         """Every row at once.  # [B, H, Tq, Tk] float32"""
