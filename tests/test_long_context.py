@@ -152,3 +152,15 @@ def test_16k_tokens_peak_under_2_gib():
     assert got["peak_gib"] < 2.0, got
     assert got["window"] == attention_stats.WINDOW and got["kept"] == [1, 4, 512, 512]
     assert all(0.0 < e < torch.log(torch.tensor(float(T))).item() for e in got["entropy"])
+
+
+def test_report_examples_from_windowed_maps_label_the_window():
+    from diagnose.ablation.attention import _examples
+
+    ids = torch.arange(1, 11)[None]  # [1, 10]
+    mask = torch.ones(1, 10, dtype=torch.long)
+    mask[0, 2] = 0  # a padded position inside the window
+    maps = [torch.softmax(torch.randn(1, 2, 4, 4), -1)]  # windowed to the first 4 positions
+    out = _examples(maps, [({"input_ids": ids, "attention_mask": mask}, None)], 1, None)
+    assert out[0]["tokens"] == ["1", "2", "4"]  # real tokens of the window only
+    assert torch.tensor(out[0]["attention"][0]).shape == (2, 3, 3)
