@@ -1,4 +1,4 @@
-"""Half-precision models (bf16 weights, or float32 weights under torch.autocast on the CPU):
+"""Half-precision models (bf16 or fp16 weights, or float32 weights under torch.autocast to bf16 on the CPU):
 maps and statistics come back float32, the loss is computed in float32, and ablation deltas
 agree with the same bf16 model whose head's output-projection weights are zeroed."""
 
@@ -36,6 +36,7 @@ def ids() -> torch.Tensor:
 
 MODES = {  # how the model runs in half precision: (model transform, context)
     "bf16-weights": (lambda m: m.to(torch.bfloat16), contextlib.nullcontext),
+    "fp16-weights": (lambda m: m.to(torch.float16), contextlib.nullcontext),
     "autocast-bf16": (lambda m: m, lambda: torch.autocast("cpu", dtype=torch.bfloat16)),
 }
 
@@ -50,7 +51,7 @@ def test_capture_and_summary_in_float32(make, mode):
     with ctx():
         got = diagnose.capture(half, x)
         summary = diagnose.attention_summary(half, [x], keep=1)
-    assert got.output.dtype == torch.bfloat16, "the model really ran in bf16"
+    assert got.output.dtype in (torch.bfloat16, torch.float16), "the model really ran in half precision"
     for a, b in zip(got.attention, want.attention):
         assert a.dtype == torch.float32 and a.shape == b.shape
         torch.testing.assert_close(a.sum(-1), torch.ones(a.shape[:3]), rtol=0, atol=2e-2)
