@@ -1,6 +1,6 @@
 """Half-precision models (bf16 or fp16 weights, or float32 weights under torch.autocast to bf16 on the CPU):
 maps and statistics come back float32, the loss is computed in float32, and ablation deltas
-agree with the same bf16 model whose head's output-projection weights are zeroed."""
+agree with the same half-precision model whose head's output-projection weights are zeroed."""
 
 from __future__ import annotations
 
