@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from .adapters._probs import float32_only
+
 STAT_NAMES = ("mean", "var", "max_abs", "token_cos")
 
 
@@ -32,7 +34,11 @@ def hidden_partial(x: torch.Tensor, mask: torch.Tensor | None = None
     for the sum of unit rows, and nothing of x's size is allocated. The rest, on [B, T], is left
     to hidden_finish, which the monitor runs once for all blocks of a step (it was half the cost).
     """
-    x = x.detach().float()
+    with float32_only(x.device):  # under torch.autocast the bmm below would run in bf16/fp16
+        return _partial(x.detach().float(), mask)
+
+
+def _partial(x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if x.dim() == 2:
         x = x[None]
     B, T, C = x.shape

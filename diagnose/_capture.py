@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from ._activations import STAT_NAMES, hidden_stats
 from .adapters._hooks import first_tensor, hooks
+from .adapters._probs import materialise
 from .adapters.base import AttentionSite
 from .attention_stats import key_mask_of
 from .errors import DiagnoseError, NoAttentionFoundError
@@ -48,7 +49,7 @@ def capture(model: nn.Module, inputs: Any, *, attention: bool = True, activation
 
     def on_probs(i: int):
         def cb(probs: torch.Tensor) -> None:
-            maps[i].append(probs.detach().float().clone())  # [B, H, Tq, Tk]
+            maps[i].append(materialise(probs))  # [B, H, Tq, Tk] float32: capture promises whole maps
         return cb
 
     def on_block(name: str):
@@ -81,7 +82,8 @@ def capture(model: nn.Module, inputs: Any, *, attention: bool = True, activation
         require_finite(model, logits.detach(), "on the captured inputs")
     acts: dict[str, dict[str, float]] = {}
     if reduced:
-        values = torch.stack(list(reduced.values())).tolist()  # one host sync
+        # blocks may sit on different devices (a model dispatched over several): gather on the CPU
+        values = torch.stack([v.float().cpu() for v in reduced.values()]).tolist()
         acts = {name: dict(zip(STAT_NAMES, v)) for name, v in zip(reduced, values)}
     silent = [s.name for s, c, m in zip(sites, called, maps) if attention and c and not m]
     if silent:  # the module ran but nothing showed its probabilities: say so rather than return nothing

@@ -20,17 +20,19 @@ import torch
 import torch.nn as nn
 
 from ._attention_names import ATTENTION_STATS
+from .adapters._probs import LazyProbs, Probs, float32_only, query_chunks
 from .adapters.base import AttentionSite
 from .objectives import batch_size_of, call_model
 
 STATS = ATTENTION_STATS  # the one list (_attention_names.py), in the order of the rows of HeadStats.sums
 LOCAL = 2  # "local": keys at most this many positions away (not the query itself)
 SCHEMA = "diagnose.attention/1"
-_CHUNK = 1 << 20  # elements of probability per reduction step: bounds the temporaries (4 MB)
+_CHUNK = 1 << 22  # elements of probability per reduction step (a chunk of query rows): bounds the temporaries
 _MAP_BUDGET = 1 << 24  # attention elements per map and forward in attention_summary (64 MB float32)
+WINDOW = 512  # kept maps cover at most the first WINDOW queries and keys (a 16k map would be 1 GB per head)
 
 
-def _masks(probs: torch.Tensor, key_mask: torch.Tensor | None):
+def _masks(probs: Probs, key_mask: torch.Tensor | None):
     """(key weights [B, Tk], query weights [B, Tq], offset of query 0 among the keys)."""
     B, _, Tq, Tk = probs.shape
     off = Tk - Tq  # queries are the last Tq positions (a cache may hold earlier keys)
@@ -38,23 +40,34 @@ def _masks(probs: torch.Tensor, key_mask: torch.Tensor | None):
     return keys, keys[:, off:], off
 
 
+def _entropy(p: torch.Tensor) -> torch.Tensor:
+    """-sum p log p over the last dim (p = 0 adds 0).  # [..., K] -> [...]
+
+    Two to three times faster than special.entr(p).sum(-1) on CPU, which is not vectorised
+    (einsum was faster still on a few long rows but twice as slow on many short ones)."""
+    return -p.clamp_min(1e-30).log_().mul_(p).sum(-1)
+
+
 @torch.no_grad()
-def entropy_and_max(probs: torch.Tensor, key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def entropy_and_max(probs: Probs, key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean entropy (nats) and mean max weight per head over real query rows.  # [H], [H] on the device
 
-    probs [B, H, Tq, Tk]; key_mask [B, Tk] with 1 for real tokens, 0 for padding. No host sync.
+    probs [B, H, Tq, Tk] (a Tensor or LazyProbs, read by query chunks); key_mask [B, Tk] with 1
+    for real tokens, 0 for padding. No host sync.
     """
     _, qw, _ = _masks(probs, key_mask)
-    p = probs.detach().float()
-    ent = -(p * p.clamp_min(1e-30).log()).sum(-1)  # [B, H, Tq]; p = 0 adds 0 (faster than special.entr on CPU)
-    mx = p.amax(-1)  # [B, H, Tq]
-    w = qw[:, None, :]  # [B, 1, Tq]
-    n = (w.sum() * 1.0).clamp_min(1.0)
-    return (ent * w).sum((0, 2)) / n, (mx * w).sum((0, 2)) / n
+    ent_sum = mx_sum = 0.0
+    with float32_only(probs.device):
+        for s, p in query_chunks(probs, _CHUNK):  # p [B, H, c, Tk] float32
+            w = qw[:, None, s:s + p.shape[-2]]  # [B, 1, c]
+            ent_sum = ent_sum + (_entropy(p) * w).sum((0, 2))
+            mx_sum = mx_sum + (p.amax(-1) * w).sum((0, 2))
+    n = (qw.sum() * 1.0).clamp_min(1.0)
+    return ent_sum / n, mx_sum / n
 
 
 @torch.no_grad()
-def uniform_entropy(probs: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+def uniform_entropy(probs: Probs, key_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Entropy (nats) of uniform attention over the keys each query can see, mean over real rows.  # [] on the device
 
     A key is visible to a query when any head gives it weight (the model's own causal and
@@ -63,13 +76,20 @@ def uniform_entropy(probs: torch.Tensor, key_mask: torch.Tensor | None = None) -
     scores are all alike, should be close to. No host sync.
     """
     keys, qw, _ = _masks(probs, key_mask)
-    visible = (probs.detach() > 0).any(1) & (keys[:, None, :] > 0)  # [B, Tq, Tk]
-    n = visible.sum(-1).clamp_min(1).float().log()  # [B, Tq]
-    return (n * qw).sum() / qw.sum().clamp_min(1.0)
+    total = torch.zeros((), device=probs.device)
+    for s, p in query_chunks(probs, _CHUNK):
+        visible = (p > 0).any(1) & (keys[:, None, :p.shape[-1]] > 0)  # [B, c, K]
+        n = visible.sum(-1).clamp_min(1).float().log()  # [B, c]
+        total = total + (n * qw[:, s:s + p.shape[-2]]).sum()
+    return total / qw.sum().clamp_min(1.0)
 
 
 class HeadStats:
-    """Running per-head sums of every statistic in STATS, fed one batch of maps at a time."""
+    """Running per-head sums of every statistic in STATS, fed one batch of maps at a time.
+
+    Each map is read by chunks of query rows against all keys (query_chunks), so memory is
+    O(chunk x Tk) whatever the sequence length; the sums are float64 (float32 on MPS).
+    """
 
     def __init__(self, n_heads: int):
         self.n_heads = n_heads
@@ -77,48 +97,50 @@ class HeadStats:
         self.rows: torch.Tensor | None = None  # [3]: real query rows, ... with a previous, ... with a next position
 
     @torch.no_grad()
-    def update(self, probs: torch.Tensor, key_mask: torch.Tensor | None = None) -> None:
-        """Add a batch: probs [B, H, Tq, Tk], key_mask [B, Tk] (1 real, 0 padding) or None."""
+    def update(self, probs: Probs, key_mask: torch.Tensor | None = None) -> None:
+        """Add a batch: probs [B, H, Tq, Tk] (Tensor or LazyProbs), key_mask [B, Tk] (1 real, 0 padding) or None."""
         B, H, Tq, Tk = probs.shape
         assert H == self.n_heads, f"expected {self.n_heads} heads, got probs {tuple(probs.shape)}"
+        with float32_only(probs.device):
+            self._update(probs, key_mask)
+
+    def _update(self, probs: Probs, key_mask: torch.Tensor | None) -> None:
+        B, H, Tq, Tk = probs.shape
         keys, queries, off = _masks(probs, key_mask)
-        acc_dtype = torch.float32 if probs.device.type == "mps" else torch.float64
+        dev = probs.device
+        acc_dtype = torch.float32 if dev.type == "mps" else torch.float64
         if self.sums is None:
-            self.sums = torch.zeros(len(STATS), H, dtype=acc_dtype, device=probs.device)
-            self.rows = torch.zeros(3, dtype=acc_dtype, device=probs.device)
-        q_pos = torch.arange(Tq, device=probs.device) + off
-        dist = (q_pos[:, None] - torch.arange(Tk, device=probs.device)[None, :]).abs().float()  # [Tq, Tk]
-        has_prev = (q_pos >= 1).float()[None, None, :]  # [1, 1, Tq]
-        has_next = (q_pos + 1 < Tk).float()[None, None, :]  # [1, 1, Tq]
-        near = ((dist > 0) & (dist <= LOCAL)).float()  # [Tq, Tk]
-        last = (keys * torch.arange(1, Tk + 1, device=probs.device)).argmax(-1)  # [B] last real key
-        step = max(1, _CHUNK // max(1, H * Tq * Tk))
-        for s in range(0, B, step):
-            p = probs[s:s + step].detach().float()  # [b, H, Tq, Tk]
-            qw = queries[s:s + step, None, :]  # [b, 1, Tq]
-            pad = (1.0 - keys[s:s + step])[:, None, :, None]  # [b, 1, Tk, 1]
-            prev = p.new_zeros(p.shape[:3])  # [b, H, Tq]
-            if Tk > 1 and off + Tq > 1:
-                d = p.diagonal(off - 1, -2, -1)  # only rows whose previous position exists
-                prev[..., Tq - d.shape[-1]:] = d
-            nxt = p.new_zeros(p.shape[:3])  # [b, H, Tq]
-            if Tk > off + 1:
-                d = p.diagonal(off + 1, -2, -1)  # rows whose next position exists
-                nxt[..., :d.shape[-1]] = d
-            idx = last[s:s + step].view(-1, 1, 1, 1).expand(p.shape[0], H, Tq, 1)
-            per_row = {  # each [b, H, Tq]
-                "entropy": torch.special.entr(p).sum(-1),
+            self.sums = torch.zeros(len(STATS), H, dtype=acc_dtype, device=dev)
+            self.rows = torch.zeros(3, dtype=acc_dtype, device=dev)
+        k_pos = torch.arange(Tk, device=dev)
+        last = (keys * (k_pos + 1)).argmax(-1).view(B, 1, 1, 1)  # [B, 1, 1, 1] last real key
+        pad = (1.0 - keys)[:, None, :, None]  # [B, 1, Tk, 1]
+        for s, p in query_chunks(probs, _CHUNK):  # p [B, H, c, K] float32; keys from K on weigh 0 here
+            c, K = p.shape[-2:]
+            q_pos = torch.arange(s, s + c, device=dev) + off  # [c] positions of these queries among the keys
+
+            def at(k: torch.Tensor) -> torch.Tensor:
+                """Weight on key k ([c] or [B, 1, 1, 1]; 0 where k is outside 0..K-1) -> [B, H, c]."""
+                idx = k.clamp(0, K - 1).view(-1, 1, c if k.dim() == 1 else 1, 1).expand(B, H, c, 1)
+                return p.gather(-1, idx)[..., 0] * ((k >= 0) & (k < K)).view(-1, 1, c if k.dim() == 1 else 1)
+
+            has_prev = ((q_pos >= 1) & (q_pos - 1 < Tk)).float()  # [c]
+            has_next = (q_pos + 1 < Tk).float()  # [c]
+            dist = (q_pos[:, None] - k_pos[None, :K]).abs().float()  # [c, K]
+            per_row = {  # each [B, H, c]
+                "entropy": _entropy(p),
                 "max_weight": p.amax(-1),
                 "first_token": p[..., 0],
-                "self": p.diagonal(off, -2, -1) if off >= 0 else p.new_zeros(p.shape[:3]),
-                "prev_token": prev,
-                "padding": (p @ pad)[..., 0] if key_mask is not None else p.new_zeros(p.shape[:3]),
+                "self": at(q_pos) if off >= 0 else p.new_zeros(p.shape[:3]),
+                "prev_token": at(q_pos - 1),
+                "padding": (p @ pad[:, :, :K])[..., 0] if key_mask is not None else p.new_zeros(p.shape[:3]),
                 "mean_distance": (p * dist).sum(-1),
-                "next_token": nxt,
-                "last_token": p.gather(-1, idx)[..., 0],
-                "local": (p * near).sum(-1),
+                "next_token": at(q_pos + 1),
+                "last_token": at(last),
+                "local": sum(at(q_pos + d) + at(q_pos - d) for d in range(1, LOCAL + 1)),
             }
-            with_prev, with_next = qw * has_prev, qw * has_next  # [b, 1, Tq]
+            qw = queries[:, None, s:s + c]  # [B, 1, c]
+            with_prev, with_next = qw * has_prev, qw * has_next  # [B, 1, c]
             rows = {"prev_token": with_prev, "next_token": with_next}
             sums = [(per_row[k] * rows.get(k, qw)).sum((0, 2)) for k in STATS]  # [H] each
             self.sums += torch.stack(sums).to(acc_dtype)
@@ -142,8 +164,9 @@ class AttentionSummary:
 
     sites: list[dict]  # layer, name, n_heads, head_dim
     stats: list[dict[str, list[float]]]  # per site: statistic -> one value per head
-    examples: list[torch.Tensor] = field(repr=False)  # per site [keep, H, Tq, Tk] float32, on the CPU
+    examples: list[torch.Tensor] = field(repr=False)  # per site [keep, H, <=WINDOW, <=WINDOW] float32, on the CPU
     n_examples: int = 0
+    window: int | None = None  # kept maps cover only the first `window` queries and keys; None: whole maps
 
     def head(self, layer: int, head: int) -> dict[str, float]:
         """The statistics of one head, as in the heads JSON `attention` field."""
@@ -154,6 +177,7 @@ class AttentionSummary:
         out = {"schema": SCHEMA, "n_examples": self.n_examples,
                "sites": [{**s, "stats": st} for s, st in zip(self.sites, self.stats)]}
         if maps:
+            out["maps_window"] = self.window
             for s, ex in zip(out["sites"], self.examples):
                 s["maps"] = ex.tolist()
         return out
@@ -181,14 +205,20 @@ def key_mask_of(inputs: Any) -> torch.Tensor | None:
 
 def attention_summary(model: nn.Module, data: Any, *, keep: int = 4, batch_size: int = 32,
                       sites: list[AttentionSite] | None = None, attention_module: str | None = None,
-                      n_heads: int | None = None, micro_batch: int | None = None) -> AttentionSummary:
+                      n_heads: int | None = None, micro_batch: int | None = None,
+                      window: int = WINDOW) -> AttentionSummary:
     """Stream `data` through the model once and summarise every head's attention.
 
     data: an iterable of (inputs, labels) pairs (or of inputs), or a DataSet with
-    .batches(batch_size). Only the maps of the first `keep` examples are kept. Statistics are
-    per example, so each batch is run in micro-batches of `micro_batch` examples (default:
-    as many as keep one [b, H, T, T] map under 2**24 elements; 0: never split), which bounds
-    memory by the sequence length, not by the batch size.
+    .batches(batch_size). Only the maps of the first `keep` examples are kept, and of those
+    only the first `window` queries and keys (default 512; summary.window says when that cut
+    anything). Statistics are per example, so each batch is run in micro-batches of
+    `micro_batch` examples (default: as many as keep one [b, H, T, T] map under 2**24
+    elements; 0: never split), which bounds memory by the sequence length, not by the batch
+    size. Each map is read by chunks of query rows against all keys, so where diagnose
+    recomputes the probabilities (SDPA, fused kernels) no [H, T, T] map is ever made: memory
+    is O(chunk x T). A model that writes its own softmax makes its [B, H, T, T] map itself;
+    diagnose reads it in place and adds only a chunk to it.
     """
     from .sites import find_heads
 
@@ -202,14 +232,15 @@ def attention_summary(model: nn.Module, data: Any, *, keep: int = 4, batch_size:
         sites = find_heads(model, attention_module=attention_module, n_heads=n_heads, example=_inputs_of(first))
     accs = [HeadStats(s.n_heads) for s in sites]
     kept: list[list[torch.Tensor]] = [[] for _ in sites]
-    state = {"mask": None, "room": keep}
+    state = {"mask": None, "room": keep, "windowed": False}
 
     def callback(i: int):
-        def on_probs(probs: torch.Tensor) -> None:  # [B, H, Tq, Tk]
+        def on_probs(probs: Probs) -> None:  # [B, H, Tq, Tk]
             mask = state["mask"]
             accs[i].update(probs, mask if mask is not None and mask.shape[-1] == probs.shape[-1] else None)
             if state["room"] > 0:
-                kept[i].append(probs[: state["room"]].detach().float().cpu().clone())
+                kept[i].append(_window(probs, state["room"], window))
+                state["windowed"] |= max(probs.shape[-2:]) > window
         return on_probs
 
     n = 0
@@ -230,7 +261,18 @@ def attention_summary(model: nn.Module, data: Any, *, keep: int = 4, batch_size:
             batch = next(it, None)
     examples = [torch.cat(k) if k else torch.empty(0) for k in kept]
     info = [{"layer": s.layer, "name": s.name, "n_heads": s.n_heads, "head_dim": s.head_dim} for s in sites]
-    return AttentionSummary(info, [a.result() for a in accs], examples, n)
+    return AttentionSummary(info, [a.result() for a in accs], examples, n, window if state["windowed"] else None)
+
+
+def _window(probs: Probs, room: int, window: int) -> torch.Tensor:
+    """The first `room` examples' map over the first `window` queries and keys (each row
+    normalised over all keys, as the model computed it).  # [<=room, H, <=window, <=window] on the CPU"""
+    wq, wk = min(window, probs.shape[-2]), min(window, probs.shape[-1])
+    if isinstance(probs, LazyProbs):
+        step = max(1, _CHUNK // max(1, probs.shape[0] * probs.shape[1] * probs.shape[-1]))
+        parts = [probs.rows(s, min(wq, s + step))[:room, ..., :wk] for s in range(0, wq, step)]
+        return torch.cat(parts, -2).cpu()
+    return probs[:room, :, :wq, :wk].detach().float().cpu().clone()
 
 
 def _auto_micro_batch(inputs: Any, n_heads: int) -> int:

@@ -41,7 +41,8 @@ def _examples(maps: list[torch.Tensor], batches: Sequence[tuple[Any, Any]], keep
             break
         real = torch.arange(row.shape[0]) if masks[i] is None else masks[i].nonzero().flatten().cpu()
         if any(m.shape[-1] != row.shape[0] or m.shape[-2] != row.shape[0] for m in maps):
-            real = torch.arange(min(m.shape[-1] for m in maps))  # maps not over the input tokens
+            W = min(min(m.shape[-2:]) for m in maps)  # maps windowed to the first W positions, or over other keys
+            real = real[real < W] if W < row.shape[0] else torch.arange(W)
         words = list(tokens[i]) if tokens is not None and i < len(tokens) else [str(int(t)) for t in row]
         out.append({
             "index": i,

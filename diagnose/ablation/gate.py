@@ -46,10 +46,10 @@ class Gate:
         assert self.scale.shape == (head_out.shape[0], head_out.shape[2]), (
             f"gate of {self.site.name!r}: scale {tuple(self.scale.shape)} does not match head output "
             f"{tuple(head_out.shape)} as [B, H]")
-        s = self.scale.to(head_out.dtype)[:, None, :, None]  # [B, 1, H, 1]
+        s = self.scale.to(head_out.device, head_out.dtype)[:, None, :, None]  # [B, 1, H, 1], on this layer's device
         if self.fill is None:
             return head_out * s
-        return head_out * s + (1 - s) * self.fill.to(head_out.dtype)[None, None]  # fill [1, 1, H, D]
+        return head_out * s + (1 - s) * self.fill.to(head_out.device, head_out.dtype)[None, None]  # fill [1, 1, H, D]
 
     def reset(self) -> None:
         self.scale = self.fill = self.observer = None

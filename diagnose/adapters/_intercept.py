@@ -1,12 +1,12 @@
 """Attention probabilities from inside any forward: a TorchFunctionMode, active only while an
 attention module runs, sees every softmax over the last dim of a 4-D tensor (eager code) and
 every F.scaled_dot_product_attention call (fused code, whose probabilities never exist), for
-which it recomputes softmax(q k^T * scale + mask) from the very same q, k, mask and scale.
+which it recomputes softmax(q k^T * scale + mask) from the very same q, k, mask and scale,
+lazily, by query rows (see _probs.py): nothing of size [B, H, Tq, Tk] is made unless asked.
 """
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -16,40 +16,22 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ._hooks import hooks
+from ._probs import LazyProbs, Probs
 
 SDPA = F.scaled_dot_product_attention
 SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.special.softmax}
-# on_call(kind, probs, q) with kind "softmax" or "sdpa"; probs float32 [B, H, Tq, Tk]; q [B, H, Tq, D] for sdpa
-OnCall = Callable[[str, torch.Tensor, "torch.Tensor | None"], None]
+# on_call(kind, probs, q) with kind "softmax" or "sdpa"; probs [B, H, Tq, Tk]: the model's own softmax output
+# (a Tensor, its dtype) or, for sdpa, a LazyProbs that recomputes rows on demand; q [B, H, Tq, D] for sdpa
+OnCall = Callable[[str, Probs, "torch.Tensor | None"], None]
 
 
 def _sdpa_args(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     return query, key, attn_mask, is_causal, scale
 
 
-@torch.no_grad()
 def sdpa_probs(query, key, attn_mask=None, is_causal=False, scale=None) -> torch.Tensor:
-    """The probabilities SDPA uses but never returns.  # [B, H, Tq, Tk] float32
-
-    Follows torch's reference semantics: scale defaults to 1/sqrt(D); is_causal keeps the
-    lower triangle aligned top-left; a bool mask keeps True, a float mask is added; key/value
-    heads are repeated for grouped-query attention; a row with every key masked gives zeros.
-    """
-    q, k = query.detach().float(), key.detach().float()  # [B, H, Tq, D], [B, Hkv, Tk, D]
-    if k.shape[-3] != q.shape[-3]:
-        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
-    L, S = q.shape[-2], k.shape[-2]
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = (q @ k.transpose(-2, -1)) * scale  # [B, H, Tq, Tk]
-    if is_causal:
-        scores = scores.masked_fill(~torch.ones(L, S, dtype=torch.bool, device=q.device).tril(), float("-inf"))
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        else:
-            scores = scores + attn_mask.float()
-    probs = torch.softmax(scores, dim=-1)
-    return probs.nan_to_num_(0.0)  # fully masked rows
+    """The probabilities SDPA uses but never returns, all at once (see LazyProbs).  # [B, H, Tq, Tk] float32"""
+    return LazyProbs(query, key, attn_mask, is_causal, scale).full()
 
 
 def _is_attention_softmax(func, args, kwargs, out) -> bool:
@@ -82,9 +64,9 @@ class AttentionMode(TorchFunctionMode):
         try:
             if func is SDPA:
                 q, k, mask, causal, scale = _sdpa_args(*args, **kwargs)
-                self.on_call("sdpa", sdpa_probs(q, k, mask, causal, scale), q)
+                self.on_call("sdpa", LazyProbs(q, k, mask, causal, scale), q)
             elif _is_attention_softmax(func, args, kwargs, out):
-                self.on_call("softmax", out.detach().float(), None)
+                self.on_call("softmax", out.detach(), None)  # the model's own map, in its own dtype
         finally:
             _BUSY[0] -= 1
         return out
@@ -122,6 +104,6 @@ def intercept(module: nn.Module, on_call: OnCall):
     return mode_inside(module, lambda: AttentionMode(on_call))
 
 
-def watch_probs(module: nn.Module, callback: Callable[[torch.Tensor], None]):
+def watch_probs(module: nn.Module, callback: Callable[[Probs], None]):
     """Context manager: callback(probs [B, H, Tq, Tk]) for each attention call inside module."""
     return intercept(module, lambda _kind, probs, _q: callback(probs))

@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ._hooks import blocks_around, hooks
+from ._probs import LazyProbs
 from .base import AttentionSite, HeadOutputFn, PatternCallback
 
 
@@ -42,9 +43,10 @@ def _float_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor |
     return mask.to(dtype)
 
 
-def recompute(m: nn.MultiheadAttention, query, key, value, key_padding_mask=None, need_weights=True,
-              attn_mask=None, average_attn_weights=True, is_causal=False, *, probs_only=False):
-    """(probs [B, H, Tq, Tk], per-head outputs [B, Tq, H, D]) as the module computes them."""
+def _inputs(m: nn.MultiheadAttention, query, key, value, key_padding_mask=None, need_weights=True,
+            attn_mask=None, average_attn_weights=True, is_causal=False):
+    """What the module's softmax sees: (q / sqrt(D), k, v, each [B, H, T, D]; additive masks, each
+    broadcastable to [B, H, Tq, Tk]: the attention mask, then the key padding mask)."""
     unbatched = query.dim() == 2
     if unbatched:
         query, key, value = query[None], key[None], value[None]
@@ -72,14 +74,25 @@ def recompute(m: nn.MultiheadAttention, query, key, value, key_padding_mask=None
         key_padding_mask = None if key_padding_mask is None else F.pad(key_padding_mask, (0, 1))
     Tk = k.shape[1]
     q, k, v = (t.reshape(B, -1, H, D).transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
-    scores = (q / math.sqrt(D)) @ k.transpose(-2, -1)  # [B, H, Tq, Tk]
-    if attn_mask is not None:
-        scores = scores + (attn_mask.reshape(B, H, Tq, Tk) if attn_mask.dim() == 3 else attn_mask)
-    if key_padding_mask is not None:
-        scores = scores + key_padding_mask[:, None, None, :]
+    masks = (None if attn_mask is None else (attn_mask.reshape(B, H, Tq, Tk) if attn_mask.dim() == 3 else attn_mask),
+             None if key_padding_mask is None else key_padding_mask[:, None, None, :])
+    return q / math.sqrt(D), k, v, masks
+
+
+def lazy_probs(m: nn.MultiheadAttention, *args, **kwargs) -> LazyProbs:
+    """The module's probabilities, recomputed by query rows on demand (no [B, H, Tq, Tk] at once)."""
+    q, k, _, masks = _inputs(m, *args, **kwargs)
+    return LazyProbs(q, k, masks, scale=1.0)
+
+
+def recompute(m: nn.MultiheadAttention, *args, **kwargs):
+    """(probs [B, H, Tq, Tk], per-head outputs [B, Tq, H, D]) as the module computes them."""
+    q, k, v, masks = _inputs(m, *args, **kwargs)
+    scores = q @ k.transpose(-2, -1)  # [B, H, Tq, Tk]
+    for mask in masks:
+        if mask is not None:
+            scores = scores + mask
     probs = torch.softmax(scores, dim=-1)  # [B, H, Tq, Tk]
-    if probs_only:
-        return probs, None
     dropped = F.dropout(probs, m.dropout, m.training)
     heads = (dropped @ v).transpose(1, 2)  # [B, Tq, H, D]
     return probs, heads
@@ -108,8 +121,8 @@ class MHAAdapter:
     def watch_pattern(self, site: AttentionSite, callback: PatternCallback) -> Iterator[None]:
         def hook(m, args, kwargs, _out):
             with torch.no_grad():
-                probs, _ = recompute(m, *args, **kwargs, probs_only=True)
-            callback(probs.float())  # [B, H, Tq, Tk]
+                probs = lazy_probs(m, *args, **kwargs)
+            callback(probs)  # [B, H, Tq, Tk], rows made on demand
 
         with no_fastpath(), hooks(lambda: site.module.register_forward_hook(hook, with_kwargs=True)):
             yield

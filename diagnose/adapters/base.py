@@ -15,8 +15,12 @@ from typing import Callable, Protocol
 import torch
 import torch.nn as nn
 
-# callback(probs) with probs float32 [B, H, Tq, Tk], one call per forward of the site
-PatternCallback = Callable[[torch.Tensor], None]
+from ._probs import LazyProbs
+
+# callback(probs), one call per forward of the site, probs [B, H, Tq, Tk] per head: a Tensor (any float dtype)
+# or a _probs.LazyProbs (recomputed SDPA rows, made on demand). Consumers read it through
+# _probs.query_chunks (bounded memory) or _probs.materialise (the whole map, float32).
+PatternCallback = Callable[["torch.Tensor | LazyProbs"], None]
 # fn(head_out) -> head_out, both [B, T, H, D]: each head's output before the output projection
 HeadOutputFn = Callable[[torch.Tensor], torch.Tensor]
 

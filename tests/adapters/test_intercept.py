@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from diagnose.adapters._intercept import AttentionMode, sdpa_probs
+from diagnose.adapters._probs import LazyProbs, materialise, query_chunks
 
 
 def _case(name):
@@ -39,6 +40,21 @@ def test_probs_reproduce_sdpa(name):
     torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:3]))
 
 
+@pytest.mark.parametrize("name", ["plain", "bool_mask", "float_mask", "causal", "scale", "gqa"])
+def test_lazy_rows_in_chunks_are_the_whole_map(name):
+    q, k, v, kw = _case(name)
+    lazy = LazyProbs(q, k, kw.get("attn_mask"), kw.get("is_causal", False), kw.get("scale"))
+    whole = sdpa_probs(q, k, kw.get("attn_mask"), kw.get("is_causal", False), kw.get("scale"))
+    assert lazy.shape == whole.shape
+    chunks = list(query_chunks(lazy, lazy.shape[0] * lazy.shape[1] * lazy.shape[-1] * 2))  # two rows a step
+    assert [s for s, _ in chunks] == list(range(0, lazy.shape[-2], 2))
+    Tk = lazy.shape[-1]
+    if name == "causal":  # keys no row of a chunk can see are left out
+        assert [c.shape[-1] for _, c in chunks] == [min(s + 2, lazy.shape[-2], Tk) for s, _ in chunks]
+    padded = [F.pad(c, (0, Tk - c.shape[-1])) for _, c in chunks]  # the keys left out weigh 0
+    torch.testing.assert_close(torch.cat(padded, -2), whole, rtol=0, atol=1e-6)
+
+
 def test_mode_sees_positional_and_keyword_sdpa_and_leaves_output_alone():
     q, k, v, kw = _case("causal")
     seen = []
@@ -48,4 +64,4 @@ def test_mode_sees_positional_and_keyword_sdpa_and_leaves_output_alone():
         torch.softmax(torch.randn(4, 5), dim=-1)  # not 4-D: not attention
     assert [s[0] for s in seen] == ["sdpa"]
     assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
-    assert torch.allclose(seen[0][1] @ v, out, atol=1e-5)
+    assert torch.allclose(materialise(seen[0][1]) @ v, out, atol=1e-5)

@@ -1,0 +1,166 @@
+"""Long contexts: statistics by chunks of query rows give what the whole maps give, and a
+16k-token example is summarised without any [H, T, T] map (peak resident memory measured
+in a fresh process)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+import torch
+
+import diagnose
+from diagnose import attention_stats
+from diagnose.adapters._probs import LazyProbs
+from diagnose.attention_stats import STATS, HeadStats
+
+from .long_model import LongLM, twin
+
+
+def reference(probs: torch.Tensor) -> dict[str, list[float]]:
+    """Every statistic straight from one example's whole causal map, float64.  # probs [1, H, T, T]"""
+    p = probs[0].double()  # [H, T, T]
+    H, T, _ = p.shape
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    dist = (i - j).abs().double()  # [T, T]
+    ent = -(p * p.clamp_min(1e-300).log()).sum(-1)  # [H, T]
+    diag = lambda k: p.diagonal(k, -2, -1)  # noqa: E731  [H, T - |k|]
+    out = {
+        "entropy": ent.mean(-1), "max_weight": p.amax(-1).mean(-1), "first_token": p[..., 0].mean(-1),
+        "self": diag(0).mean(-1), "prev_token": diag(-1).mean(-1), "next_token": diag(1).mean(-1),
+        "padding": torch.zeros(H, dtype=torch.float64), "mean_distance": (p * dist).sum(-1).mean(-1),
+        "last_token": p[..., T - 1].mean(-1),
+        "local": (p * ((dist > 0) & (dist <= attention_stats.LOCAL))).sum(-1).mean(-1),
+    }
+    assert set(out) == set(STATS), "the reference covers every statistic"
+    return {k: v.tolist() for k, v in out.items()}
+
+
+@pytest.mark.slow
+def test_chunked_statistics_match_the_whole_maps_at_2048():
+    torch.manual_seed(0)
+    model = LongLM().eval()
+    ids = torch.randint(0, 64, (1, 2048))
+    maps = diagnose.capture(twin(model), ids, activations=False).attention  # the model's own softmax
+    got = diagnose.attention_summary(model, [ids], keep=0)  # SDPA: recomputed, by chunks of rows
+    assert got.window is None and got.n_examples == 1
+    for layer, m in enumerate(maps):
+        want = reference(m)
+        for k in STATS:
+            assert got.stats[layer][k] == pytest.approx(want[k], rel=1e-5, abs=1e-5), (layer, k)
+    eager = diagnose.attention_summary(twin(model), [ids], keep=0)  # the model's own maps, read by chunks
+    for a, b in zip(eager.stats, got.stats):
+        for k in STATS:
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-5), k
+
+
+def test_many_small_chunks_equal_one_chunk(monkeypatch):
+    """Padding, a key cache (Tq < Tk) and rows split across chunks: same sums as one chunk."""
+    g = torch.Generator().manual_seed(1)
+    probs = torch.softmax(torch.randn(3, 2, 7, 10, generator=g) * 3, -1)  # [B, H, Tq, Tk]
+    mask = torch.ones(3, 10)
+    mask[1, 8:] = 0
+    mask[2, 5:] = 0
+    whole = HeadStats(2)
+    whole.update(probs, mask)
+    monkeypatch.setattr(attention_stats, "_CHUNK", 3 * 2 * 10 * 2)  # two query rows a step
+    chunked = HeadStats(2)
+    chunked.update(probs, mask)
+    a, b = whole.result(), chunked.result()
+    for k in STATS:
+        assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-7), k
+
+
+def test_mha_rows_by_chunks_match_its_own_weights(monkeypatch):
+    """nn.TransformerEncoder with key padding: statistics read a few rows at a time equal those
+    of MultiheadAttention's own per-head weights (need_weights, average_attn_weights=False)."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(3, 40, 16)
+    pad = torch.zeros(3, 40, dtype=torch.bool)
+    pad[1, 30:] = True
+    inputs = {"src": x, "src_key_padding_mask": pad}
+    mask = (~pad).long()  # [B, T] 1 real
+    own = []
+    h = x
+    with torch.no_grad():
+        for mod in model.layers:
+            _, w = mod.self_attn(h, h, h, key_padding_mask=pad, average_attn_weights=False)  # [B, H, T, T]
+            own.append(w)
+            h = mod(h, src_key_padding_mask=pad)
+    monkeypatch.setattr(attention_stats, "_CHUNK", 3 * 4 * 40 * 3)  # three query rows a step
+    got = []
+    sites = diagnose.find_heads(model, example=inputs)
+    acc = [HeadStats(4) for _ in sites]
+    with torch.no_grad(), ExitStack() as stack:
+        for a, s in zip(acc, sites):
+            stack.enter_context(s.adapter.watch_pattern(s, lambda p, a=a: (got.append(p), a.update(p, mask))))
+        model(**inputs)
+    assert all(isinstance(p, LazyProbs) for p in got), "MHA probabilities are recomputed by rows, not whole"
+    for a, w in zip(acc, own):
+        want = HeadStats(4)
+        want.update(w, mask)
+        for k in STATS:
+            assert a.result()[k] == pytest.approx(want.result()[k], rel=1e-5, abs=1e-6), k
+
+
+def test_kept_maps_are_windowed():
+    model = LongLM().eval()
+    ids = torch.randint(0, 64, (2, 40))
+    s = diagnose.attention_summary(model, [ids], keep=1, window=16)
+    full = diagnose.capture(twin(model), ids[:1], activations=False).attention
+    assert s.window == 16
+    assert [tuple(e.shape) for e in s.examples] == [(1, 4, 16, 16)] * 2
+    for kept, m in zip(s.examples, full):
+        torch.testing.assert_close(kept, m[:, :, :16, :16], rtol=1e-4, atol=1e-6)
+    assert s.to_json(maps=True)["maps_window"] == 16
+    assert diagnose.attention_summary(model, [ids], keep=1).window is None  # 40 < 512: whole maps
+
+
+_PEAK = textwrap.dedent("""
+    import json, resource, sys, torch
+    sys.path.insert(0, {root!r})
+    torch.set_num_threads(1)
+    import diagnose
+    from tests.long_model import LongLM
+    torch.manual_seed(0)
+    model = LongLM().eval()
+    ids = torch.randint(0, 64, (1, {T}))
+    s = diagnose.attention_summary(model, [ids], keep=1)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GiB (ru_maxrss is KiB on Linux)
+    print(json.dumps({{"peak_gib": peak, "window": s.window, "entropy": s.stats[0]["entropy"],
+                       "kept": list(s.examples[0].shape)}}))
+""")
+
+
+@pytest.mark.slow
+def test_16k_tokens_peak_under_2_gib():
+    T = 16384
+    root = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", _PEAK.format(root=root, T=T)], capture_output=True, text=True,
+                         timeout=600, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    # one head's whole map alone would be T * T * 4 bytes = 1 GiB, the four heads of a layer 4 GiB
+    assert got["peak_gib"] < 2.0, got
+    assert got["window"] == attention_stats.WINDOW and got["kept"] == [1, 4, 512, 512]
+    assert all(0.0 < e < torch.log(torch.tensor(float(T))).item() for e in got["entropy"])
+
+
+def test_report_examples_from_windowed_maps_label_the_window():
+    from diagnose.ablation.attention import _examples
+
+    ids = torch.arange(1, 11)[None]  # [1, 10]
+    mask = torch.ones(1, 10, dtype=torch.long)
+    mask[0, 2] = 0  # a padded position inside the window
+    maps = [torch.softmax(torch.randn(1, 2, 4, 4), -1)]  # windowed to the first 4 positions
+    out = _examples(maps, [({"input_ids": ids, "attention_mask": mask}, None)], 1, None)
+    assert out[0]["tokens"] == ["1", "2", "4"]  # real tokens of the window only
+    assert torch.tensor(out[0]["attention"][0]).shape == (2, 3, 3)
