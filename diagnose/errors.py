@@ -37,3 +37,13 @@ class OutputError(DiagnoseError):
 
 class NonFiniteError(DiagnoseError):
     """The model's outputs hold NaN or inf (e.g. NaN weights): no analysis of them would mean anything."""
+
+
+class TrainingAlertError(DiagnoseError):
+    """TrainingMonitor(raise_on=...) saw an alert of a kind the user asked to stop on.
+
+    `alerts` holds the alert records that fired (already written to alerts.jsonl)."""
+
+    def __init__(self, message: str, alerts: list | None = None):
+        super().__init__(message)
+        self.alerts = list(alerts or [])

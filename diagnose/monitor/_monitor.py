@@ -14,15 +14,18 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ..errors import TrainingAlertError
 from ._alerts import AlertEngine, Thresholds, print_alert
+from ._evals import eval_record
 from ._layout import StepLayout
 from ._runfolder import RunWriter
+from ._spikes import SPIKE_KINDS, save_spike
 from ._signals import ActivationWatch, AttentionWatch, GradNorms, find_blocks, find_sites, scaler_divisor, unwrap
 
 
@@ -43,15 +46,32 @@ class TrainingMonitor:
     clip: the max norm the loop clips gradients to, to record the clip coefficient.
     thresholds: alert thresholds (Thresholds()); echo: print alerts to stderr as they fire.
     settings: extra entries for run.json's "settings" (e.g. how the integration reads norms).
+    raise_on: alert kinds (e.g. ("nonfinite",)) on which step() raises TrainingAlertError after
+        writing the step; on_alert: a function called with each alert dict as it fires.
+    save_spikes: when a grad_spike, loss_spike or nonfinite alert fires, save the batch given to
+        step(batch=..., per_example_loss=...) to spikes/ in the run folder, at most spike_bytes
+        of tensors per step and spike_limit steps per run.
     """
 
     def __init__(self, model: nn.Module, run_dir: str | os.PathLike, *, every: int = 1,
                  attention_every: int = 50, thresholds: Thresholds | None = None,
-                 clip: float | None = None, echo: bool = True, settings: dict[str, Any] | None = None):
+                 clip: float | None = None, echo: bool = True, settings: dict[str, Any] | None = None,
+                 raise_on: Iterable[str] = (), on_alert: Callable[[dict[str, Any]], Any] | None = None,
+                 save_spikes: bool = False, spike_bytes: int = 16 << 20, spike_limit: int = 20):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
+        if isinstance(raise_on, str):
+            raise_on = (raise_on,)
+        if spike_bytes < 0 or spike_limit < 0:
+            raise ValueError("spike_bytes and spike_limit must be >= 0")
         self.model = unwrap(model)
         self.every, self.attention_every, self.clip, self.echo = every, attention_every, clip, echo
+        self.raise_on, self.on_alert = frozenset(raise_on), on_alert
+        self.save_spikes, self.spike_bytes, self.spike_limit = save_spikes, int(spike_bytes), int(spike_limit)
+        self._spikes_saved = 0
+        self.last_alerts: list[dict[str, Any]] = []  # the alerts of the last logged step
+        self._grad_snapshot: tuple | None = None  # gradient norms read early (_capture_grads)
+        self._last_logged: tuple[int, float] | None = None  # (step, perf_counter) of the last logged step
         self.thresholds = thresholds or Thresholds()
         self._extra_settings = dict(settings or {})
         self.rank, self.world = _dist_world()
@@ -81,7 +101,9 @@ class TrainingMonitor:
                       "blocks": self.block_names, "attention_sites": self.site_names},
             "settings": {"every": self.every, "attention_every": self.attention_every,
                          "clip": self.clip, "world_size": self.world,
+                         "save_spikes": self.save_spikes, "spike_bytes": self.spike_bytes,
                          "thresholds": self.thresholds.to_dict(), **self._extra_settings},
+            "clip": self.clip,
         }
 
     def _arm(self, step: int) -> None:
@@ -91,12 +113,20 @@ class TrainingMonitor:
             self._attn.arm()
 
     def step(self, loss: torch.Tensor | float | None, *, optimizer: Any = None, lr: float | None = None,
-             scaler: Any = None, step: int | None = None) -> dict[str, Any] | None:
+             scaler: Any = None, step: int | None = None, micro_batches: int | None = None,
+             tokens: int | torch.Tensor | None = None, batch: Any = None,
+             per_example_loss: torch.Tensor | None = None) -> dict[str, Any] | None:
         """Record this step (after backward, before optimizer.step); returns the record on logged steps.
 
+        loss: the optimizer step's loss; under gradient accumulation the mean over its
+        micro-batches (as the trainers report it), not the last micro-batch's share.
         scaler: the torch.amp.GradScaler whose scaled loss was backpropagated; gradient norms are
         divided by its scale unless scaler.unscale_(optimizer) already ran. step: override the
         monitor's own counter (e.g. the trainer's global step, or after resuming).
+        micro_batches: forwards in this step (default: counted by the block hooks).
+        tokens: tokens in this step (default: batch x positions of the forwards seen, padding included).
+        batch, per_example_loss: this step's inputs, saved to spikes/ when save_spikes is on and a
+        spike alert fires at this step.
         """
         if self._closed:
             raise RuntimeError("TrainingMonitor.step() after close()")
@@ -108,25 +138,86 @@ class TrainingMonitor:
             # drop what a forward armed under another numbering left (step= jumped)
             self._acts.discard()
             self._attn.discard()
+            self._grad_snapshot = None
             self._arm(self._step)
             return None
+        now = time.perf_counter()
+        forwards = self._acts.forwards
         try:
-            record = self._measure(s, loss, optimizer, lr, scaler)
+            record = self._measure(s, loss, optimizer, lr, scaler, tokens)
         finally:
+            self._grad_snapshot = None
             self._arm(self._step)
+        self._timing(record, s, now, micro_batches if micro_batches is not None else forwards)
+        alerts = self._alerts.check(record, amp=scaler is not None)  # every rank: raise_on acts alike
+        self.last_alerts = alerts
         if self.writer is not None:
             self.writer.write_step(record)
-            for alert in self._alerts.check(record, amp=scaler is not None):
+            for alert in alerts:
                 self.writer.write_alert(alert)
                 if self.echo:
                     print_alert(alert)
+            self._forensics(s, alerts, batch, per_example_loss)
+        for alert in alerts:
+            if self.on_alert is not None:
+                self.on_alert(alert)
+        stop = [a for a in alerts if a["kind"] in self.raise_on]
+        if stop:
+            kinds = ", ".join(sorted({a["kind"] for a in stop}))
+            raise TrainingAlertError(f"step {s}: {kinds} (TrainingMonitor raise_on); see {stop[0]['where']}: "
+                                     f"{stop[0]['message']}", stop)
         return record
 
-    def _measure(self, s: int, loss: Any, optimizer: Any, lr: Any, scaler: Any) -> dict[str, Any]:
+    def _timing(self, record: dict[str, Any], s: int, now: float, micro_batches: int) -> None:
+        """step_time (seconds per step since the last logged step), tokens and tokens/s."""
+        step_time = None
+        if self._last_logged is not None and s > self._last_logged[0]:
+            step_time = (now - self._last_logged[1]) / (s - self._last_logged[0])
+        self._last_logged = (s, now)
+        tokens = record.pop("tokens", None)
+        record["micro_batches"] = max(1, int(micro_batches))
+        record["step_time"] = step_time
+        record["tokens"] = tokens
+        record["tokens_per_s"] = (tokens / step_time if tokens is not None and step_time else None)
+
+    def _forensics(self, s: int, alerts: list[dict[str, Any]], batch: Any, per_example_loss: Any) -> None:
+        kinds = [a["kind"] for a in alerts if a["kind"] in SPIKE_KINDS]
+        if (not self.save_spikes or not kinds or self._spikes_saved >= self.spike_limit
+                or (batch is None and per_example_loss is None)):
+            return
+        save_spike(self.writer.dir, s, kinds, batch, per_example_loss, self.spike_bytes)
+        self._spikes_saved += 1
+
+    def log_eval(self, step: int, loss: float | torch.Tensor | None = None, **metrics: Any) -> dict[str, Any]:
+        """Record an evaluation at `step` to evals.jsonl: {step, time, loss, metrics {name: number}}."""
+        if self._closed:
+            raise RuntimeError("TrainingMonitor.log_eval() after close()")
+        record = eval_record(step, loss, metrics)
+        if self.writer is not None:
+            self.writer.write_eval(record)
+        return record
+
+    def _capture_grads(self, scaler: Any = None, optimizer: Any = None) -> None:
+        """Read the gradient norms now (no sync) for the next step(): for integrations whose
+        trainer clips between backward and the last callback before optimizer.step()."""
+        norms, idx, sharded = self._grads.norms()
+        if norms is not None:
+            div = scaler_divisor(scaler, optimizer)
+            if div is not None:
+                norms = norms / div.to(norms.device)
+        self._grad_snapshot = (norms, idx, sharded)
+
+    def will_log(self, step: int) -> bool:
+        """Whether step() at this step number records it (step % every == 0)."""
+        return step % self.every == 0
+
+    def _measure(self, s: int, loss: Any, optimizer: Any, lr: Any, scaler: Any, tokens: Any) -> dict[str, Any]:
         sampled = self._attn.armed
+        positions = self._acts.positions
         acts, act_present = self._acts.collect()  # [L_present, S]
         attn = self._attn.collect() if sampled else []  # per site [3, H] or None
-        norms, grad_idx, sharded = self._grads.norms()  # [P]
+        snapshot = self._grad_snapshot
+        norms, grad_idx, sharded = snapshot if snapshot is not None else self._grads.norms()  # [P]
         dev = next((t.device for t in (norms, acts) if t is not None), None)
         if dev is None:
             dev = loss.device if isinstance(loss, torch.Tensor) else torch.device("cpu")
@@ -145,14 +236,23 @@ class TrainingMonitor:
         if norms is not None:
             if any(sharded) and self.world > 1:
                 norms = self._gather_shards(norms, sharded)
-            div = scaler_divisor(scaler, optimizer)
+            div = scaler_divisor(scaler, optimizer) if snapshot is None else None  # a snapshot is unscaled
             if div is not None:
                 norms = norms / div.to(dev)
         parts = [shared_v] + ([norms] if norms is not None else [])
+        if isinstance(tokens, torch.Tensor):  # counted on the device: rides along with the one sync
+            parts.append(tokens.detach().to(dev, torch.float64).reshape(1))
         values = torch.cat(parts).tolist()  # the one host sync of this step
+        if isinstance(tokens, torch.Tensor):
+            tokens = values.pop()
         if loss is None:
             values[0] = None  # not given: null in the log, not a NaN alert
-        return self._record(s, lr, layout, values, act_present, attn, grad_idx)
+        record = self._record(s, lr, layout, values, act_present, attn, grad_idx)
+        if tokens is None and positions:
+            tokens = positions
+        # this rank's count times the ranks (each runs the same shapes under DDP)
+        record["tokens"] = None if tokens is None or not math.isfinite(tokens) else int(tokens) * self.world
+        return record
 
     @staticmethod
     def _gather_shards(norms: torch.Tensor, sharded: list[bool]) -> torch.Tensor:

@@ -12,7 +12,8 @@ from typing import Any
 from ..errors import RunFolderError
 
 _FIX = "the file was not written by diagnose.TrainingMonitor, or was edited: restore it or start a new run folder"
-_NUMBER_FIELDS = ("time", "loss", "lr", "grad_norm", "clip_coef")
+_NUMBER_FIELDS = ("time", "loss", "lr", "grad_norm", "clip_coef", "step_time", "tokens", "tokens_per_s",
+                  "micro_batches")
 
 
 def _is_number(value: Any) -> bool:

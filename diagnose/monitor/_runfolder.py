@@ -9,6 +9,8 @@ reader that survives a killed writer.
                    uniform_entropy: log of the visible keys' count, mean over query rows}};
                    nonfinite_param names the first parameter with a NaN/Inf gradient, when there is one
     alerts.jsonl   step, kind, severity (warning|error), where, message, hint
+    evals.jsonl    step, time, loss, metrics {name: number} (TrainingMonitor.log_eval; _evals.py)
+    spikes/        the batches behind spike alerts, when save_spikes is on (_spikes.py)
 
 Every file is strict JSON (diagnose/_json.py): a non-finite number is written as null and
 named, with its exact value, in the record's `nonfinite` map ({"/loss": "NaN"}); the reader
@@ -36,7 +38,9 @@ from .. import _json
 from .._write import atomic_write
 from ..errors import InputFileError, RunFolderError
 from ..io._read import iter_lines, read_json, require_file
+from ._evals import EVALS, check_eval, evals_frame
 from ._records import check_alert, check_info, check_record
+from ._spikes import read_spikes
 
 SCHEMA = "diagnose.run/1"
 RUN_JSON, METRICS, ALERTS = "run.json", "metrics.jsonl", "alerts.jsonl"
@@ -80,6 +84,7 @@ class RunWriter:
         self._write_info()
         self._metrics = _open_append(self.dir / METRICS)
         self._alerts = _open_append(self.dir / ALERTS)
+        self._evals = None  # opened on the first evaluation
 
     def write_step(self, record: dict[str, Any]) -> None:
         self._metrics.write(_dumps({**record, "session": self.session}) + "\n")
@@ -89,12 +94,20 @@ class RunWriter:
         self._alerts.write(_dumps(alert) + "\n")
         self._alerts.flush()
 
+    def write_eval(self, record: dict[str, Any]) -> None:
+        if self._evals is None:
+            self._evals = _open_append(self.dir / EVALS)
+        self._evals.write(_dumps({**record, "session": self.session}) + "\n")
+        self._evals.flush()
+
     def close(self, **extra: Any) -> None:
         """Mark the run closed (what `diagnose stats --follow` waits for) and close the files."""
         if self._metrics.closed:
             return
         self._metrics.close()
         self._alerts.close()
+        if self._evals is not None:
+            self._evals.close()
         self.info.update(closed=True, ended=_now(), **extra)
         self.info["sessions"][-1]["ended"] = self.info["ended"]
         self._write_info()
@@ -201,6 +214,8 @@ class Run:
     `attention/<site>/entropy_mean` and `.../max_weight_mean` (NaN on other steps).
     attention: tidy per-head table (step, site, head, entropy, max_weight).
     alerts: the alerts.jsonl records in order. info: run.json.
+    evals: one row per TrainingMonitor.log_eval (step, time, loss, one column per metric).
+    spikes: the spikes/step_N.json records (batches saved at spike alerts), by step.
     """
 
     dir: Path
@@ -210,6 +225,8 @@ class Run:
     attention: pd.DataFrame = field(repr=False)
     records: list[dict[str, Any]] = field(repr=False, default_factory=list)
     skipped_lines: int = 0
+    evals: pd.DataFrame = field(repr=False, default_factory=lambda: evals_frame([]))
+    spikes: list[dict[str, Any]] = field(repr=False, default_factory=list)
 
     @property
     def layers(self) -> list[str]:
@@ -253,7 +270,11 @@ def read_run(run_dir: str | os.PathLike, *, allow_empty: bool = False) -> Run:
         raise RunFolderError(f"{run_dir} holds no logged steps yet: is the training loop calling "
                              f"monitor.step(loss) after backward()?")
     alerts = list(iter_records(run_dir / ALERTS, skipped, check_alert))
-    return build_run(run_dir, info, records, alerts, len(skipped))
+    run = build_run(run_dir, info, records, alerts, len(skipped))
+    run.evals = evals_frame(list(iter_records(run_dir / EVALS, skipped, check_eval)))
+    run.spikes = read_spikes(run_dir)
+    run.skipped_lines = len(skipped)
+    return run
 
 
 class RunTail:

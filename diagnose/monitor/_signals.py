@@ -76,6 +76,8 @@ class ActivationWatch:
         self.armed = True
         self.mask: torch.Tensor | None = None  # [B, T] of the current forward, 1 real 0 padding
         self._stats: list[list[tuple]] = [[] for _ in blocks]  # per block, per forward: hidden_partial's
+        self.forwards = 0  # armed forwards with grad since the last collect (micro-batches), from block 0
+        self.positions = 0  # batch x positions of those forwards (padding included): host ints, no sync
         self._handles = [model.register_forward_pre_hook(self._catch_mask, with_kwargs=True)]
         try:
             self._handles += [m.register_forward_hook(self._hook(i)) for i, (_, m) in enumerate(blocks)]
@@ -94,6 +96,9 @@ class ActivationWatch:
             x = _first_tensor(out)
             if x is None or x.dim() != 3 or not x.is_floating_point():
                 return
+            if i == 0:
+                self.forwards += 1
+                self.positions += x.shape[0] * x.shape[1]
             mask = self.mask if self.mask is not None and self.mask.shape == x.shape[:2] else None
             self._stats[i].append((*hidden_partial(x, mask), mask))  # rows, unit_sum, weights, the mask they came from
         return hook
@@ -103,6 +108,7 @@ class ActivationWatch:
         step's forwards, and which blocks ran; clears the buffers. The second moment (not the
         variance) is returned so that micro-batches and ranks pool exactly by averaging."""
         present = [bool(s) for s in self._stats]
+        self.forwards = self.positions = 0
         if not any(present):
             return None, present
         stats = self._finished()
@@ -140,6 +146,7 @@ class ActivationWatch:
         if any(self._stats):
             self._stats = [[] for _ in self._stats]
         self.mask = None
+        self.forwards = self.positions = 0
 
     def remove(self) -> None:
         for h in self._handles:

@@ -1,0 +1,63 @@
+"""Evaluation records: TrainingMonitor.log_eval(step, loss=..., **metrics) -> evals.jsonl.
+
+One object per evaluation: step, time, loss (or null), metrics {name: number}. Read back as
+Run.evals, a DataFrame with columns step, time, loss and one per metric name.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import pandas as pd
+
+from ..errors import RunFolderError
+
+EVALS = "evals.jsonl"
+_FIX = "the file was not written by diagnose.TrainingMonitor, or was edited: restore it or delete it"
+
+
+def _number(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if hasattr(value, "detach"):  # a tensor
+        value = value.detach().float().item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            value = float(value)  # numpy scalars
+        except (TypeError, ValueError):
+            raise TypeError(f"log_eval: {name} must be a number, got {type(value).__name__}") from None
+    return float(value)
+
+
+def eval_record(step: int, loss: Any, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The evals.jsonl object for one evaluation (numbers as floats; NaN kept, written as strict JSON)."""
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"log_eval: step must be an integer, got {type(step).__name__}")
+    return {"step": step, "time": time.time(), "loss": _number("loss", loss),
+            "metrics": {str(k): _number(str(k), v) for k, v in metrics.items()}}
+
+
+def check_eval(rec: dict[str, Any], where: str) -> None:
+    """Refuse an evals.jsonl line whose fields are not what the readers use."""
+    step = rec.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise RunFolderError(f"{where}: `step` is not an integer; {_FIX}")
+    metrics = rec.get("metrics", {})
+    ok = lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))  # noqa: E731
+    if not ok(rec.get("loss")) or not ok(rec.get("time")):
+        raise RunFolderError(f"{where}: `loss` or `time` is not a number; {_FIX}")
+    if not isinstance(metrics, dict) or not all(ok(v) for v in metrics.values()):
+        raise RunFolderError(f"{where}: `metrics` is not an object of numbers; {_FIX}")
+
+
+def evals_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """step, time, loss, then one column per metric (NaN where an evaluation lacks it)."""
+    rows = [{"step": r["step"], "time": r.get("time"), "loss": r.get("loss"),
+             **{k: (math.nan if v is None else v) for k, v in (r.get("metrics") or {}).items()
+                if k not in ("step", "time", "loss")}} for r in records]
+    frame = pd.DataFrame(rows, columns=None if rows else ["step", "time", "loss"])
+    if "loss" in frame:
+        frame["loss"] = pd.to_numeric(frame["loss"], errors="coerce")
+    return frame
