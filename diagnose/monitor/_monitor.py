@@ -207,6 +207,13 @@ class TrainingMonitor:
                 norms = norms / div.to(norms.device)
         self._grad_snapshot = (norms, idx, sharded)
 
+    def _expect(self, step: int) -> None:
+        """The next step() will be `step` (an integration numbering steps its own way): arm for it."""
+        self._acts.discard()
+        self._attn.discard()
+        self._step = int(step)
+        self._arm(self._step)
+
     def will_log(self, step: int) -> bool:
         """Whether step() at this step number records it (step % every == 0)."""
         return step % self.every == 0

@@ -1,16 +1,29 @@
 """Hugging Face TrainerCallback (extra: `transformers`): Trainer(..., callbacks=[DiagnoseHFCallback("runs/x")]).
 
-Trap: the HF Trainer clips gradients before its last callback ahead of optimizer.step()
-(`on_pre_optimizer_step`), so with max_grad_norm > 0 the norms logged here are post-clip;
-run.json records this as settings.grad_norm_post_clip. Set max_grad_norm=0 (and clip in
-your own code) to see the true pre-clip norm. The loss is the last micro-batch's
-`outputs.loss`, read by a forward hook the callback owns and removes at the end.
+What it logs, and how it matches the Trainer's own logs (logging_steps=1):
+- step: the Trainer's global step after the optimizer step (the first step is 1, as in its logs).
+- loss: the optimizer step's loss over all its micro-batches, as the Trainer reports it: the sum
+  of the micro-batches' `outputs.loss` when the model normalised them by the step's token count
+  (`num_items_in_batch`), else their mean. Read by a forward hook the callback owns; a custom
+  `compute_loss` / `compute_loss_func` is not seen (the model's own loss is logged).
+- grad_norm: PRE-clip. The Trainer clips before the last callback ahead of optimizer.step(), so
+  the norms are read at the end of each backward (an autograd end-of-backward callback, queued
+  after DDP's gradient averaging) and the last one is logged; `clip` in run.json is
+  args.max_grad_norm (null when 0 / None) and clip_coef is logged.
+- tokens: the attention mask's sum (else input_ids' size) over the step's micro-batches.
+- evaluations: the Trainer's eval metrics go to evals.jsonl (`eval_loss` as loss, the rest
+  without their `eval_` prefix).
+stop_on=("nonfinite",) ends training (control.should_training_stop) when such an alert fires;
+other keyword arguments go to TrainingMonitor (every, attention_every, raise_on, save_spikes, ...).
+With save_spikes=True the step's micro-batches (input_ids, attention_mask, labels, ...) are saved.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Iterable
+
+import torch
 
 from ._monitor import TrainingMonitor
 
@@ -23,38 +36,119 @@ def _base():
     return TrainerCallback
 
 
+def _first_grad_tensor(output: Any) -> torch.Tensor | None:
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return loss
+    values = output.values() if hasattr(output, "values") else output if isinstance(output, (tuple, list)) else [output]
+    return next((v for v in values if isinstance(v, torch.Tensor) and v.requires_grad), None)
+
+
 class DiagnoseHFCallback(_base()):
     """Runs a TrainingMonitor inside the Hugging Face Trainer loop."""
 
-    def __init__(self, run_dir: str | os.PathLike, **monitor_kwargs: Any):
+    def __init__(self, run_dir: str | os.PathLike, *, stop_on: Iterable[str] = (), **monitor_kwargs: Any):
         self.run_dir, self.kwargs = run_dir, monitor_kwargs
+        self.stop_on = frozenset((stop_on,) if isinstance(stop_on, str) else stop_on)
         self.monitor: TrainingMonitor | None = None
-        self._loss = None
-        self._hook = None
+        self._hooks: list = []
+        self._scaler = None
+        self._new_step()
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    def _new_step(self) -> None:
+        self._losses: list[torch.Tensor] = []
+        self._share = False  # the model divided its loss by the step's token count
+        self._tokens: torch.Tensor | None = None
+        self._batches: list[dict[str, torch.Tensor]] = []
+        self._logging = False
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         # every rank runs a monitor (its step joins the cross-rank reduction); rank 0 writes
-        post_clip = bool(args.max_grad_norm and args.max_grad_norm > 0)
-        self.monitor = TrainingMonitor(model, self.run_dir, settings={"grad_norm_post_clip": post_clip}, **self.kwargs)
+        kwargs_ = dict(self.kwargs)
+        kwargs_.setdefault("clip", args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None)
+        self.monitor = TrainingMonitor(model, self.run_dir, settings={"grad_norm_post_clip": False,
+                                                                      "integration": "hf"}, **kwargs_)
+        self._scaler = getattr(optimizer, "scaler", None)  # accelerate's GradScaler (fp16), else None
+        self._world = max(1, int(getattr(args, "world_size", 1) or 1))
+        self._avg_tokens = bool(getattr(args, "average_tokens_across_devices", False))
+        self._hooks = [model.register_forward_pre_hook(self._pre, with_kwargs=True),
+                       model.register_forward_hook(self._post)]
+        self.monitor._expect(state.global_step + 1)
+        self._new_step()
 
-        def grab_loss(module, inputs, output):
-            loss = getattr(output, "loss", None)
-            if loss is not None and loss.requires_grad:
-                self._loss = loss.detach()
+    def _pre(self, module, args, kwargs):
+        if not torch.is_grad_enabled() or not self._logging:
+            return
+        if kwargs.get("num_items_in_batch") is not None:
+            self._share = True
+        mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids")
+        count = mask.sum() if isinstance(mask, torch.Tensor) else ids.numel() if isinstance(ids, torch.Tensor) else None
+        if count is not None:
+            self._tokens = count if self._tokens is None else self._tokens + count
+        if self.monitor is not None and self.monitor.save_spikes:
+            self._batches.append({k: v.detach() for k, v in kwargs.items()
+                                  if isinstance(v, torch.Tensor) and v.dim() >= 1})
 
-        self._hook = model.register_forward_hook(grab_loss)
+    def _post(self, module, args, output):
+        loss = getattr(output, "loss", None)
+        if isinstance(loss, torch.Tensor) and loss.requires_grad:
+            self._losses.append(loss.detach())
+        anchor = _first_grad_tensor(output)
+        if anchor is not None and self._logging:
+            anchor.register_hook(self._on_backward)
+
+    def _on_backward(self, grad):
+        # queued twice: the inner callback runs after every callback queued during this backward
+        # (DDP queues its gradient averaging there), so the gradients read are final and pre-clip
+        engine = torch.autograd.Variable._execution_engine
+        engine.queue_callback(lambda: engine.queue_callback(self._capture))
+
+    def _capture(self) -> None:
+        if self.monitor is not None:
+            self.monitor._capture_grads(self._scaler)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._new_step()
+        self._logging = self.monitor is not None and self.monitor.will_log(state.global_step + 1)
+
+    def _step_loss(self) -> torch.Tensor | None:
+        if not self._losses:
+            return None
+        losses = torch.stack([x.float().reshape(()) for x in self._losses])
+        if not self._share:
+            return losses.mean()
+        total = losses.sum()
+        # the Trainer multiplies each rank's share by the world size when it averages tokens
+        # across devices; the monitor averages over ranks, so multiply here as it does
+        return total * self._world if self._avg_tokens and self._world > 1 else total
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
-        if self.monitor is not None:
-            self.monitor.step(self._loss, optimizer=optimizer, step=state.global_step)
+        if self.monitor is None:
+            return
+        batch = None
+        if self._batches:
+            batch = self._batches[0] if len(self._batches) == 1 else {
+                f"micro_batch_{i}": b for i, b in enumerate(self._batches)}
+        n = len(self._losses) or None
+        self.monitor.step(self._step_loss(), optimizer=optimizer, step=state.global_step + 1, micro_batches=n,
+                          tokens=self._tokens, batch=batch)
+        if self.stop_on and any(a["kind"] in self.stop_on for a in self.monitor.last_alerts):
+            control.should_training_stop = True
+        self._new_step()
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        if self.monitor is None or not metrics:
+            return
+        numbers = {(k[5:] if k.startswith("eval_") else k): v for k, v in metrics.items()
+                   if k not in ("eval_loss", "epoch") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.monitor.log_eval(state.global_step, loss=metrics.get("eval_loss"), **numbers)
 
     def on_train_end(self, args, state, control, **kwargs):
         try:
-            if self._hook is not None:
-                self._hook.remove()
-                self._hook = None
+            for h in self._hooks:
+                h.remove()
+            self._hooks = []
         finally:
             if self.monitor is not None:
                 self.monitor.close()
                 self.monitor = None
-

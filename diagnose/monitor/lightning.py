@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Iterable
+
+import torch
 
 from ._monitor import TrainingMonitor
 
@@ -23,27 +25,64 @@ class DiagnoseCallback(_base()):
     """Runs a TrainingMonitor inside Lightning's loop.
 
     Lightning unscales AMP gradients before `on_before_optimizer_step` and clips after it, so
-    the norms read there are unscaled and pre-clip; the loss comes from `on_before_backward`.
-    Steps are the trainer's global step. Extra keyword arguments go to TrainingMonitor.
+    the norms read there are unscaled and pre-clip; `clip` in run.json is gradient_clip_val.
+    The loss is the optimizer step's: the mean of its micro-batches' training_step losses
+    (Lightning hands `on_before_backward` each one divided by accumulate_grad_batches; the
+    division is undone). Steps are the trainer's global step. Validation metrics logged with
+    self.log during validation go to evals.jsonl (a metric named like `val_loss` / `val/loss`
+    / `loss` is the eval loss). stop_on=("nonfinite",) sets trainer.should_stop when such an
+    alert fires; other keyword arguments go to TrainingMonitor.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, **monitor_kwargs: Any):
+    def __init__(self, run_dir: str | os.PathLike, *, stop_on: Iterable[str] = (), **monitor_kwargs: Any):
         super().__init__()
         self.run_dir, self.kwargs = run_dir, monitor_kwargs
+        self.stop_on = frozenset((stop_on,) if isinstance(stop_on, str) else stop_on)
         self.monitor: TrainingMonitor | None = None
-        self._loss = None
+        self._losses: list[torch.Tensor] = []
+        self._batches: list[Any] = []
+        self._before_val: dict[str, Any] = {}
 
     def on_fit_start(self, trainer, pl_module) -> None:
         kwargs = dict(self.kwargs)
         kwargs.setdefault("clip", trainer.gradient_clip_val or None)
-        self.monitor = TrainingMonitor(pl_module, self.run_dir, **kwargs)
+        self.monitor = TrainingMonitor(pl_module, self.run_dir, settings={"integration": "lightning"}, **kwargs)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.monitor is not None and self.monitor.save_spikes:
+            self._batches.append(batch)
 
     def on_before_backward(self, trainer, pl_module, loss) -> None:
-        self._loss = loss.detach()
+        self._losses.append(loss.detach() * trainer.accumulate_grad_batches)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if self.monitor is not None:
-            self.monitor.step(self._loss, optimizer=optimizer, step=trainer.global_step)
+        if self.monitor is None:
+            return
+        loss = torch.stack([x.float().reshape(()) for x in self._losses]).mean() if self._losses else None
+        batch = None
+        if self._batches:
+            batch = self._batches[0] if len(self._batches) == 1 else {
+                f"micro_batch_{i}": b for i, b in enumerate(self._batches)}
+        n = len(self._losses) or None
+        self._losses, self._batches = [], []
+        self.monitor.step(loss, optimizer=optimizer, step=trainer.global_step, micro_batches=n, batch=batch)
+        if self.stop_on and any(a["kind"] in self.stop_on for a in self.monitor.last_alerts):
+            trainer.should_stop = True
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._before_val = dict(trainer.callback_metrics)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self.monitor is None or trainer.sanity_checking:
+            return
+        new = {k: v for k, v in trainer.callback_metrics.items()
+               if self._before_val.get(k) is not v and isinstance(v, torch.Tensor) and v.numel() == 1}
+        if not new:
+            return
+        loss_key = next((k for k in new if k.replace("/", "_") in ("val_loss", "valid_loss", "validation_loss")),
+                        next((k for k in new if k == "loss"), None))
+        loss = new.pop(loss_key) if loss_key is not None else None
+        self.monitor.log_eval(trainer.global_step, loss=loss, **new)
 
     def _close(self) -> None:
         if self.monitor is not None:

@@ -64,9 +64,9 @@ def test_hf_trainer_callback(tmp_path):
                                    callbacks=[DiagnoseHFCallback(tmp_path / "diag", attention_every=2, echo=False)])
     trainer.train()
     run = read_run(tmp_path / "diag")
-    assert run.steps["step"].tolist() == [0, 1, 2, 3] and run.closed
-    assert run.info["settings"]["grad_norm_post_clip"] is False
+    assert run.steps["step"].tolist() == [1, 2, 3, 4] and run.closed  # the Trainer's own step numbers
+    assert run.info["settings"]["grad_norm_post_clip"] is False and run.info["clip"] is None
     assert run.steps["loss"].between(0.5, 10).all()
     assert len(run.info["model"]["blocks"]) == 2 and (run.steps["grad_norm"] > 0).all()
-    assert sorted(run.attention["step"].unique()) == [0, 2] and len(run.attention) == 2 * 2 * 2  # steps x sites x heads
+    assert sorted(run.attention["step"].unique()) == [2, 4] and len(run.attention) == 2 * 2 * 2  # steps x sites x heads
     assert _no_hooks(model)
