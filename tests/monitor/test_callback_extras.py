@@ -1,0 +1,101 @@
+"""The callbacks forward the trainers' evaluations to evals.jsonl, stop the trainer on chosen
+alert kinds (stop_on), and save the batch behind a spike alert (save_spikes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from diagnose.monitor import read_run
+from diagnose.zoo import ModelConfig, Transformer
+
+
+def _hf(tmp_path, poison=False, **cb):
+    transformers = pytest.importorskip("transformers")
+    from diagnose.monitor.hf import DiagnoseHFCallback
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=23,
+                                                                 n_positions=12))
+    if poison:
+        with torch.no_grad():
+            model.transformer.wte.weight.fill_(float("nan"))
+    ids = torch.randint(0, 23, (24, 12), generator=torch.Generator().manual_seed(1))  # [N, T]
+    data = [{"input_ids": x, "labels": x} for x in ids]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=4, per_device_eval_batch_size=4,
+        eval_strategy="steps", eval_steps=2, report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True,
+        disable_tqdm=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:8],
+                                   callbacks=[DiagnoseHFCallback(tmp_path / "diag", echo=False, **cb)])
+    trainer.train()
+    return trainer, read_run(tmp_path / "diag")
+
+
+@pytest.mark.slow
+def test_hf_forwards_evaluations(tmp_path):
+    trainer, run = _hf(tmp_path)
+    theirs = [h for h in trainer.state.log_history if "eval_loss" in h]
+    assert run.evals["step"].tolist() == [h["step"] for h in theirs] == [2, 4]
+    assert run.evals["loss"].tolist() == pytest.approx([h["eval_loss"] for h in theirs])
+    assert "runtime" in run.evals.columns  # the other eval_* metrics, without their prefix
+
+
+@pytest.mark.slow
+def test_hf_stops_on_nonfinite_and_saves_the_batch(tmp_path):
+    trainer, run = _hf(tmp_path, poison=True, stop_on=("nonfinite",), save_spikes=True)
+    assert trainer.state.global_step == 1 and run.steps["step"].tolist() == [1]
+    (spike,) = run.spikes
+    assert spike["step"] == 1 and "nonfinite" in spike["kinds"]
+    assert spike["tensors"]["input_ids"]["shape"] == [4, 12] and "labels" in spike["tensors"]
+
+
+@pytest.mark.slow
+def test_lightning_forwards_validation_and_stops(tmp_path):
+    L = pytest.importorskip("lightning.pytorch")
+    from diagnose.monitor.lightning import DiagnoseCallback
+
+    class Module(L.LightningModule):
+        def __init__(self, nan_at=None):
+            super().__init__()
+            self.net = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=11))
+            self.nan_at, self.val = nan_at, []
+
+        def _loss(self, ids):
+            return F.cross_entropy(self.net(ids)[:, :-1].reshape(-1, 11), ids[:, 1:].reshape(-1))
+
+        def training_step(self, batch, _):
+            loss = self._loss(batch[0])
+            return loss * float("nan") if self.global_step == self.nan_at else loss
+
+        def validation_step(self, batch, _):
+            loss = self._loss(batch[0])
+            self.log("val_loss", loss)
+            self.log("val_acc", torch.tensor(0.5))
+            return loss
+
+        def on_validation_epoch_end(self):
+            if not self.trainer.sanity_checking:
+                self.val.append((self.global_step, self.trainer.callback_metrics["val_loss"].item()))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    ids = torch.randint(1, 11, (32, 8), generator=torch.Generator().manual_seed(0))  # [N, T]
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=4)
+    kw = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+              accelerator="cpu", default_root_dir=str(tmp_path), val_check_interval=2, limit_val_batches=2)
+    module = Module()
+    L.Trainer(max_steps=4, callbacks=[DiagnoseCallback(tmp_path / "a", echo=False)], **kw).fit(module, loader, loader)
+    ev = read_run(tmp_path / "a").evals
+    assert ev["step"].tolist() == [s for s, _ in module.val] == [2, 4]
+    assert ev["loss"].tolist() == pytest.approx([v for _, v in module.val]) and ev["val_acc"].tolist() == [0.5, 0.5]
+
+    module = Module(nan_at=1)
+    trainer = L.Trainer(max_steps=6, callbacks=[DiagnoseCallback(tmp_path / "b", echo=False, stop_on="nonfinite")],
+                        **kw)
+    trainer.fit(module, loader, loader)
+    run = read_run(tmp_path / "b")
+    assert run.steps["step"].tolist() == [0, 1] and trainer.global_step == 2  # stopped after the bad step
+    assert [a["kind"] for a in run.alerts if a["kind"] == "nonfinite"] == ["nonfinite"]
