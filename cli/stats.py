@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from diagnose._terminal import plain
@@ -9,9 +11,22 @@ from diagnose._terminal import plain
 from ._options import check_outputs, html_option
 
 
+def _num(x, fmt: str) -> str:
+    if isinstance(x, list):  # one lr per parameter group
+        return ",".join(_num(v, fmt) for v in x)
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return "-" if x is None else str(x)
+    return format(x, fmt)
+
+
 def _step_line(rec: dict) -> str:
-    return plain(f"step {rec.get('step')}  loss {rec.get('loss')!s:.8}  grad norm {rec.get('grad_norm')!s:.8}  "
-                 f"lr {rec.get('lr')}")
+    line = (f"step {rec.get('step')}  loss {_num(rec.get('loss'), '.6g')}  grad norm {_num(rec.get('grad_norm'), '.4g')}"
+            f"  lr {_num(rec.get('lr'), '.4g')}")
+    if rec.get("step_time") is not None:
+        line += f"  {_num(rec['step_time'], '.3g')} s/step"
+    if rec.get("tokens_per_s") is not None:
+        line += f"  {_num(rec['tokens_per_s'], '.4g')} tokens/s"
+    return plain(line)
 
 
 @click.command()
@@ -21,14 +36,20 @@ def _step_line(rec: dict) -> str:
                    "(Ctrl-C stops).")
 @click.option("--tensorboard", "tb_dir", type=click.Path(), default=None,
               help="Also export the run's scalars to this TensorBoard log folder.")
+@click.option("--step", "step", type=int, default=None, metavar="N",
+              help="Show logged step N in full, with the batch saved there by save_spikes (its tensors and the "
+                   "examples with the highest loss).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
 @html_option
-def stats(run_dir: str, follow_: bool, tb_dir: str | None, as_json: bool, html_path: str | None) -> None:
-    """Summarise a run folder: loss, grad norms and activations through depth, attention entropy, alerts.
+def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, as_json: bool,
+          html_path: str | None) -> None:
+    """Summarise a run folder: loss, grad norms and activations through depth, attention entropy, alerts,
+    evaluations, step time and throughput.
 
     \b
     Example: diagnose stats runs/exp1 --follow
              diagnose stats runs/exp1 --html run.html
+             diagnose stats runs/exp1 --step 120
     """
     check_outputs({"--html": html_path, "--tensorboard": tb_dir}, inputs=[run_dir], folders=["--tensorboard"])
     from rich.console import Console
@@ -41,10 +62,21 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, as_json: bool, html_p
     from diagnose.monitor._summary import alert_line, render, summarize
 
     console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(highlight=False, width=240)  # piped: rich's default 80 columns would cut names
     if follow_:
         follow_run(run_dir, lambda r: console.print(Text(_step_line(r))), lambda a: console.print(alert_line(a)),
                    on_note=lambda msg: click.echo(clean(msg), err=True))
     run = read_run(run_dir)
+    if step is not None:
+        from diagnose.monitor._stepview import render_step, step_view
+
+        view = step_view(run, step)
+        if as_json:
+            click.echo(_json.dumps(view, indent=1))
+        else:
+            render_step(view, console)
+        return
     summary = summarize(run)
     if tb_dir:
         from diagnose.monitor._tensorboard import export_tensorboard

@@ -10,6 +10,7 @@ import pandas as pd
 
 from .._terminal import plain
 from ._runfolder import LAYER_FIELDS, Run
+from ._summary_more import more, render_more
 
 SUMMARY_SCHEMA = "diagnose.run-summary/1"
 
@@ -69,6 +70,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "attention": attention,
         "alerts": run.alerts,
         "skipped_lines": run.skipped_lines,
+        **more(run),
     }
 
 
@@ -106,6 +108,7 @@ def render(summary: dict[str, Any], console) -> None:
     console.print(Text(f"steps {s['first_step']}..{s['last_step']} ({s['steps_logged']} logged)   "
                        f"final loss {_fmt(s['final_loss'])} (min {_fmt(s['min_loss'])})   "
                        f"lr {_fmt(s['final_lr'])}   grad norm {_fmt(s['final_grad_norm'])}"))
+    render_more(s, console)
     if s["skipped_lines"]:
         console.print(Text(f"{s['skipped_lines']} torn line(s) skipped", style="yellow"))
     t = Table(title="through depth (last logged step)", title_justify="left")

@@ -11,7 +11,7 @@ from ._runfolder import LAYER_FIELDS, Run
 
 def scalars(rec: dict[str, Any]) -> dict[str, float]:
     """The scalars of one metrics record, under TensorBoard tags (the same names as Run.steps)."""
-    out = {k: rec[k] for k in ("loss", "lr", "grad_norm", "clip_coef") if isinstance(rec.get(k), (int, float))}
+    out = {k: rec[k] for k in ("loss", "lr", "grad_norm", "clip_coef", "step_time", "tokens_per_s") if isinstance(rec.get(k), (int, float))}
     for name, st in (rec.get("layers") or {}).items():
         for f in LAYER_FIELDS:
             if isinstance(st.get(f), (int, float)):
@@ -21,6 +21,11 @@ def scalars(rec: dict[str, Any]) -> dict[str, float]:
             for h, v in enumerate(st.get(key) or []):
                 out[f"attention/{site}/{key}/head{h}"] = v
     return out
+
+
+def _walltime(rec: dict[str, Any]) -> float | None:
+    t = rec.get("time")
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
 
 
 def export_tensorboard(run: Run, logdir: str | os.PathLike) -> int:
@@ -34,7 +39,8 @@ def export_tensorboard(run: Run, logdir: str | os.PathLike) -> int:
     try:
         for rec in run.records:
             for tag, value in scalars(rec).items():
-                writer.add_scalar(tag, float(value), rec["step"])  # NaN stays NaN
+                # NaN stays NaN; wall_time is when the step was logged, not when it was exported
+                writer.add_scalar(tag, float(value), rec["step"], walltime=_walltime(rec))
                 n += 1
         for a in run.alerts:
             writer.add_text(f"alerts/{a.get('kind')}", f"{a.get('where')}: {a.get('message')}  \nhint: {a.get('hint')}",

@@ -1,0 +1,100 @@
+"""`diagnose stats RUN --step N`: one logged step in full, and the batch saved behind a spike
+alert there (spikes/step_N.*): data first (step_view -> dict, the --json output), then rendering."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .._terminal import plain
+from ..errors import RunFolderError
+from ._runfolder import Run
+from ._spikes import load_spike
+
+TOP = 5  # examples shown, highest per-example loss first
+_SCALARS = ("loss", "lr", "grad_norm", "clip_coef", "micro_batches", "step_time", "tokens", "tokens_per_s")
+
+
+def _ids_name(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The tensor that holds the examples' token ids: `input_ids` (or `*.input_ids`), else the first integer one."""
+    names = [k for k in tensors if k == "input_ids" or k.endswith(".input_ids")]
+    names += [k for k, v in tensors.items() if not v.is_floating_point() and v.dim() == 2 and k != "labels"]
+    return names[0] if names else None
+
+
+def _examples(tensors: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
+    loss = tensors.get("per_example_loss")
+    if loss is None or loss.dim() != 1:
+        return []
+    ids_name = _ids_name(tensors)
+    ids = tensors.get(ids_name) if ids_name else None
+    order = sorted(range(len(loss)), key=lambda i: -math.inf if math.isnan(loss[i]) else -float(loss[i]))
+    out = []
+    for i in order[:TOP]:
+        row = {"index": i, "loss": float(loss[i])}
+        if ids is not None and ids.shape[0] == len(loss):
+            row["input_ids"] = ids[i].tolist()[:32]
+        out.append(row)
+    return out
+
+
+def step_view(run: Run, step: int) -> dict[str, Any]:
+    """The step's scalars and alerts, and what was saved for it (spike record + top examples)."""
+    rec = next((r for r in run.records if r.get("step") == step), None)
+    spike = next((s for s in run.spikes if s["step"] == step), None)
+    if rec is None and spike is None:
+        logged = [r["step"] for r in run.records]
+        saved = [s["step"] for s in run.spikes]
+        raise RunFolderError(f"{run.dir}: step {step} was not logged (logged steps {logged[0]}..{logged[-1]}, "
+                             f"{len(logged)} of them); give a logged step"
+                             + (f" or one with a saved batch: {saved}" if saved else ""))
+    view: dict[str, Any] = {"step": step, "record": {k: (rec or {}).get(k) for k in _SCALARS},
+                            "alerts": [a for a in run.alerts if a.get("step") == step], "spike": spike,
+                            "examples": [], "saved_steps": [s["step"] for s in run.spikes]}
+    if spike is not None:
+        view["examples"] = _examples(load_spike(run.dir, step))
+    return view
+
+
+def _v(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return "NaN" if math.isnan(x) else f"{x:.6g}"
+    return plain(x)
+
+
+def render_step(view: dict[str, Any], console) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from ._summary import alert_line
+
+    console.print(Text(f"step {view['step']}: " + "  ".join(f"{k} {_v(v)}" for k, v in view["record"].items()
+                                                             if v is not None)))
+    for a in view["alerts"]:
+        console.print(alert_line(a))
+    spike = view["spike"]
+    if spike is None:
+        saved = ", ".join(str(s) for s in view["saved_steps"]) or "none"
+        console.print(Text(f"no batch saved at this step (saved at: {saved}; TrainingMonitor(save_spikes=True) "
+                           f"and step(batch=...) save one)"))
+        return
+    console.print(Text(f"saved batch ({', '.join(plain(k) for k in spike.get('kinds', []))}): "
+                       f"{spike.get('bytes')} bytes" + ("; truncated" if spike.get("truncated") else "")
+                       + (f"; {plain(spike['note'])}" if spike.get("note") else "")))
+    t = Table(title="tensors", title_justify="left")
+    for col in ("name", "shape", "dtype"):
+        t.add_column(col)
+    for name, meta in (spike.get("tensors") or {}).items():
+        t.add_row(Text(plain(name)), Text(plain(meta.get("shape"))), Text(plain(meta.get("dtype"))))
+    console.print(t)
+    if view["examples"]:
+        t = Table(title=f"highest per-example loss (top {len(view['examples'])})", title_justify="left")
+        for col in ("example", "loss", "input ids (first 32)"):
+            t.add_column(col)
+        for e in view["examples"]:
+            t.add_row(Text(str(e["index"])), Text(_v(e["loss"])), Text(plain(" ".join(map(str, e.get("input_ids", []))))))
+        console.print(t)
