@@ -24,6 +24,14 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, wrappers) else model
 
 
+def at_end_of_backward(fn) -> None:
+    """From inside a backward pass (a tensor hook), run fn() once the pass is over and after every
+    callback queued during it: DDP queues its gradient averaging there, so fn sees the final
+    gradients. (Queued from a queued callback: the engine runs callbacks added while it runs them.)"""
+    engine = torch.autograd.Variable._execution_engine
+    engine.queue_callback(lambda: engine.queue_callback(fn))
+
+
 def find_sites(model: nn.Module) -> list:
     """Attention sites through the capture machinery; [] when none (or no adapter knows the model)."""
     try:

@@ -26,6 +26,7 @@ from typing import Any, Iterable
 import torch
 
 from ._monitor import TrainingMonitor
+from ._signals import at_end_of_backward
 
 
 def _base():
@@ -98,10 +99,7 @@ class DiagnoseHFCallback(_base()):
             anchor.register_hook(self._on_backward)
 
     def _on_backward(self, grad):
-        # queued twice: the inner callback runs after every callback queued during this backward
-        # (DDP queues its gradient averaging there), so the gradients read are final and pre-clip
-        engine = torch.autograd.Variable._execution_engine
-        engine.queue_callback(lambda: engine.queue_callback(self._capture))
+        at_end_of_backward(self._capture)  # after DDP's averaging: final and pre-clip
 
     def _capture(self) -> None:
         if self.monitor is not None:

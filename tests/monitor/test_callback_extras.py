@@ -67,6 +67,7 @@ def test_lightning_forwards_validation_and_stops(tmp_path):
 
         def training_step(self, batch, _):
             loss = self._loss(batch[0])
+            self.log("train_loss", loss)  # a training metric: not an evaluation
             return loss * float("nan") if self.global_step == self.nan_at else loss
 
         def validation_step(self, batch, _):
@@ -91,6 +92,7 @@ def test_lightning_forwards_validation_and_stops(tmp_path):
     ev = read_run(tmp_path / "a").evals
     assert ev["step"].tolist() == [s for s, _ in module.val] == [2, 4]
     assert ev["loss"].tolist() == pytest.approx([v for _, v in module.val]) and ev["val_acc"].tolist() == [0.5, 0.5]
+    assert "train_loss" not in ev.columns
 
     module = Module(nan_at=1)
     trainer = L.Trainer(max_steps=6, callbacks=[DiagnoseCallback(tmp_path / "b", echo=False, stop_on="nonfinite")],
