@@ -51,6 +51,19 @@ def batch_tensors(batch: Any) -> dict[str, torch.Tensor]:
     return out
 
 
+def join_micro_batches(batches: list[Any]) -> Any:
+    """One batch from a step's micro-batches: each tensor concatenated along the batch dimension when
+    every micro-batch has the same names and trailing shapes, else `micro_batch_{i}.<name>`."""
+    if len(batches) == 1:
+        return batches[0]
+    parts = [batch_tensors(b) for b in batches]
+    names = list(parts[0])
+    if names and all(list(p) == names for p in parts) and all(
+            p[n].dim() >= 1 and p[n].shape[1:] == parts[0][n].shape[1:] for p in parts for n in names):
+        return {n: torch.cat([p[n] for p in parts]) for n in names}
+    return {f"micro_batch_{i}": b for i, b in enumerate(parts)}
+
+
 def _rows(tensors: dict[str, torch.Tensor]) -> int | None:
     """The batch size: the first dimension most tensors share (None when no tensor has one)."""
     firsts = [t.shape[0] for t in tensors.values() if t.dim() >= 1]

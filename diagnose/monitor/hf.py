@@ -15,7 +15,8 @@ What it logs, and how it matches the Trainer's own logs (logging_steps=1):
   without their `eval_` prefix).
 stop_on=("nonfinite",) ends training (control.should_training_stop) when such an alert fires;
 other keyword arguments go to TrainingMonitor (every, attention_every, raise_on, save_spikes, ...).
-With save_spikes=True the step's micro-batches (input_ids, attention_mask, labels, ...) are saved.
+With save_spikes=True the step's batch (input_ids, attention_mask, labels, ..., micro-batches
+joined) is saved, with per-example losses when the model declares a causal or masked LM loss.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ import os
 from typing import Any, Iterable
 
 import torch
+import torch.nn.functional as F
 
 from ._monitor import TrainingMonitor
 from ._signals import at_end_of_backward
+from ._spikes import join_micro_batches
 
 
 def _base():
@@ -45,6 +48,21 @@ def _first_grad_tensor(output: Any) -> torch.Tensor | None:
     return next((v for v in values if isinstance(v, torch.Tensor) and v.requires_grad), None)
 
 
+def _per_example(logits: Any, labels: Any, shift: int) -> torch.Tensor | None:
+    """Each example's mean token cross-entropy [B], as the model's ForCausalLM (shift 1) or
+    ForMaskedLM (shift 0) loss computes it (labels -100 ignored); no graph, no sync."""
+    if not (isinstance(logits, torch.Tensor) and isinstance(labels, torch.Tensor)) or logits.dim() != 3:
+        return None
+    if labels.shape != logits.shape[:2]:
+        return None
+    with torch.no_grad():
+        if shift:
+            labels = F.pad(labels, (0, 1), value=-100)[:, 1:]
+        tok = F.cross_entropy(logits.float().transpose(1, 2), labels.to(logits.device), ignore_index=-100,
+                              reduction="none")  # [B, T]
+        return tok.sum(1) / (labels != -100).sum(1).clamp(min=1)
+
+
 class DiagnoseHFCallback(_base()):
     """Runs a TrainingMonitor inside the Hugging Face Trainer loop."""
 
@@ -61,6 +79,7 @@ class DiagnoseHFCallback(_base()):
         self._share = False  # the model divided its loss by the step's token count
         self._tokens: torch.Tensor | None = None
         self._batches: list[dict[str, torch.Tensor]] = []
+        self._per_example: list[torch.Tensor] = []
         self._logging = False
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
@@ -70,6 +89,9 @@ class DiagnoseHFCallback(_base()):
         self.monitor = TrainingMonitor(model, self.run_dir, settings={"grad_norm_post_clip": False,
                                                                       "integration": "hf"}, **kwargs_)
         self._scaler = getattr(optimizer, "scaler", None)  # accelerate's GradScaler (fp16), else None
+        # the model's own declared loss: next-token (shifted) or masked-token cross-entropy
+        loss_fn = getattr(getattr(model, "loss_function", None), "__name__", None)
+        self._shift = {"ForCausalLMLoss": 1, "ForMaskedLMLoss": 0}.get(loss_fn)
         self._world = max(1, int(getattr(args, "world_size", 1) or 1))
         self._avg_tokens = bool(getattr(args, "average_tokens_across_devices", False))
         self._hooks = [model.register_forward_pre_hook(self._pre, with_kwargs=True),
@@ -94,6 +116,10 @@ class DiagnoseHFCallback(_base()):
         loss = getattr(output, "loss", None)
         if isinstance(loss, torch.Tensor) and loss.requires_grad:
             self._losses.append(loss.detach())
+            if self._batches and self._shift is not None:
+                per = _per_example(getattr(output, "logits", None), self._batches[-1].get("labels"), self._shift)
+                if per is not None:
+                    self._per_example.append(per)
         anchor = _first_grad_tensor(output)
         if anchor is not None and self._logging:
             anchor.register_hook(self._on_backward)
@@ -123,13 +149,13 @@ class DiagnoseHFCallback(_base()):
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         if self.monitor is None:
             return
-        batch = None
-        if self._batches:
-            batch = self._batches[0] if len(self._batches) == 1 else {
-                f"micro_batch_{i}": b for i, b in enumerate(self._batches)}
+        batch = join_micro_batches(self._batches) if self._batches else None
+        per = None
+        if self._per_example and len(self._per_example) == len(self._batches):
+            per = torch.cat(self._per_example)
         n = len(self._losses) or None
         self.monitor.step(self._step_loss(), optimizer=optimizer, step=state.global_step + 1, micro_batches=n,
-                          tokens=self._tokens, batch=batch)
+                          tokens=self._tokens, batch=batch, per_example_loss=per)
         if self.stop_on and any(a["kind"] in self.stop_on for a in self.monitor.last_alerts):
             control.should_training_stop = True
         self._new_step()

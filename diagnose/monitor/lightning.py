@@ -8,6 +8,7 @@ from typing import Any, Iterable
 import torch
 
 from ._monitor import TrainingMonitor
+from ._spikes import join_micro_batches
 
 
 def _base():
@@ -59,10 +60,7 @@ class DiagnoseCallback(_base()):
         if self.monitor is None:
             return
         loss = torch.stack([x.float().reshape(()) for x in self._losses]).mean() if self._losses else None
-        batch = None
-        if self._batches:
-            batch = self._batches[0] if len(self._batches) == 1 else {
-                f"micro_batch_{i}": b for i, b in enumerate(self._batches)}
+        batch = join_micro_batches(self._batches) if self._batches else None
         n = len(self._losses) or None
         self._losses, self._batches = [], []
         self.monitor.step(loss, optimizer=optimizer, step=trainer.global_step, micro_batches=n, batch=batch)

@@ -11,7 +11,7 @@ from diagnose.monitor import read_run
 from diagnose.zoo import ModelConfig, Transformer
 
 
-def _hf(tmp_path, poison=False, **cb):
+def _hf(tmp_path, poison=False, accum=1, **cb):
     transformers = pytest.importorskip("transformers")
     from diagnose.monitor.hf import DiagnoseHFCallback
 
@@ -25,7 +25,7 @@ def _hf(tmp_path, poison=False, **cb):
     data = [{"input_ids": x, "labels": x} for x in ids]
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=4, per_device_eval_batch_size=4,
-        eval_strategy="steps", eval_steps=2, report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True,
+        gradient_accumulation_steps=accum, eval_strategy="steps", eval_steps=2, report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True,
         disable_tqdm=True)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:8],
                                    callbacks=[DiagnoseHFCallback(tmp_path / "diag", echo=False, **cb)])
@@ -44,11 +44,34 @@ def test_hf_forwards_evaluations(tmp_path):
 
 @pytest.mark.slow
 def test_hf_stops_on_nonfinite_and_saves_the_batch(tmp_path):
-    trainer, run = _hf(tmp_path, poison=True, stop_on=("nonfinite",), save_spikes=True)
+    trainer, run = _hf(tmp_path, poison=True, accum=2, stop_on=("nonfinite",), save_spikes=True)
     assert trainer.state.global_step == 1 and run.steps["step"].tolist() == [1]
     (spike,) = run.spikes
     assert spike["step"] == 1 and "nonfinite" in spike["kinds"]
-    assert spike["tensors"]["input_ids"]["shape"] == [4, 12] and "labels" in spike["tensors"]
+    # the two micro-batches joined, with one loss per example (NaN here: the embeddings are NaN)
+    assert spike["tensors"]["input_ids"]["shape"] == [8, 12] and spike["tensors"]["labels"]["shape"] == [8, 12]
+    assert spike["tensors"]["per_example_loss"]["shape"] == [8]
+
+
+def test_hf_per_example_loss_agrees_with_the_models_loss():
+    transformers = pytest.importorskip("transformers")
+    from diagnose.monitor.hf import _per_example
+
+    torch.manual_seed(0)
+    for model in (transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16,
+                                                                        vocab_size=23, n_positions=12)),
+                  transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=23, hidden_size=16,
+                                                                       num_hidden_layers=1, num_attention_heads=2,
+                                                                       intermediate_size=32))):
+        shift = {"ForCausalLMLoss": 1, "ForMaskedLMLoss": 0}[model.loss_function.__name__]
+        ids = torch.randint(0, 23, (5, 10), generator=torch.Generator().manual_seed(2))  # [B, T]
+        labels = ids.clone()
+        labels[1, 4:] = -100  # fewer counted tokens in one example
+        labels[3, ::2] = -100
+        out = model(input_ids=ids, labels=labels)
+        per = _per_example(out.logits, labels, shift)  # [B]
+        counted = (labels[:, 1:] if shift else labels).ne(-100).sum(1)  # tokens each example's loss averages
+        assert float((per * counted).sum() / counted.sum()) == pytest.approx(out.loss.item(), rel=1e-5)
 
 
 @pytest.mark.slow
