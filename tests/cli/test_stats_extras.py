@@ -125,3 +125,19 @@ def test_tensorboard_wall_time_is_training_time(run, tmp_path):
     times = [r["time"] for r in read_run(d).records]
     assert [e.wall_time for e in acc.Scalars("grad_norm")] == pytest.approx(times, abs=1e-3)
     assert "tokens_per_s" in acc.Tags()["scalars"]
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("evals.jsonl", '{"step": "three", "loss": 1.0}\n', "`step` is not an integer"),
+    ("evals.jsonl", '{"step": 3, "loss": 1.0, "metrics": {"acc": "high"}}\n', "not an object of numbers"),
+    ("spikes/step_00000001.json", '[1, 2]\n', "not a spike record"),
+    ("spikes/step_00000002.json", '{"step": 2, ', "step_00000002.json"),
+])
+def test_damaged_evals_or_spike_record_is_one_line_exit_2(tmp_path, name, text, message):
+    d = tmp_path / "run"
+    _train(d, steps=2, nan_at=None)
+    (d / name).parent.mkdir(exist_ok=True)
+    (d / name).write_text(text)
+    result = CliRunner().invoke(cli, ["stats", str(d)])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
