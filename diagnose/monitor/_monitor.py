@@ -14,13 +14,14 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..errors import TrainingAlertError
+from ..errors import OutputError, TrainingAlertError
 from ._alerts import AlertEngine, Thresholds, print_alert
 from ._evals import eval_record
 from ._layout import StepLayout
@@ -185,7 +186,11 @@ class TrainingMonitor:
         if (not self.save_spikes or not kinds or self._spikes_saved >= self.spike_limit
                 or (batch is None and per_example_loss is None)):
             return
-        save_spike(self.writer.dir, s, kinds, batch, per_example_loss, self.spike_bytes)
+        try:
+            save_spike(self.writer.dir, s, kinds, batch, per_example_loss, self.spike_bytes)
+        except OutputError as exc:  # a full disk must not end the training run: say so and go on
+            warnings.warn(f"spike batch at step {s} not saved: {exc}", RuntimeWarning, stacklevel=3)
+            return
         self._spikes_saved += 1
 
     def log_eval(self, step: int, loss: float | torch.Tensor | None = None, **metrics: Any) -> dict[str, Any]:

@@ -143,3 +143,13 @@ def test_whole_batch_when_it_fits(tmp_path):
         _train(mon, model, 5, nan_at=2)
     (spike,) = read_run(tmp_path).spikes
     assert spike["truncated"] is False and spike["tensors"]["per_example_loss"]["shape"] == [8]
+
+
+def test_a_spike_that_cannot_be_written_warns_and_training_goes_on(tmp_path):
+    model = _model()
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "spikes").write_text("a file where the folder should be")
+    with TrainingMonitor(model, tmp_path, echo=False, save_spikes=True) as mon:
+        with pytest.warns(RuntimeWarning, match="spike batch at step 2 not saved"):
+            _train(mon, model, 4, nan_at=2)
+    assert read_run(tmp_path).steps["step"].tolist() == [0, 1, 2, 3]
