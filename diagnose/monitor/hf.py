@@ -154,8 +154,12 @@ class DiagnoseHFCallback(_base()):
         if self._per_example and len(self._per_example) == len(self._batches):
             per = torch.cat(self._per_example)
         n = len(self._losses) or None
-        self.monitor.step(self._step_loss(), optimizer=optimizer, step=state.global_step + 1, micro_batches=n,
-                          tokens=self._tokens, batch=batch, per_example_loss=per)
+        try:
+            self.monitor.step(self._step_loss(), optimizer=optimizer, step=state.global_step + 1, micro_batches=n,
+                              tokens=self._tokens, batch=batch, per_example_loss=per)
+        except BaseException:  # raise_on fired (or worse): the Trainer has no exception hook, so clean up here
+            self.on_train_end(args, state, control)
+            raise
         if self.stop_on and any(a["kind"] in self.stop_on for a in self.monitor.last_alerts):
             control.should_training_stop = True
         self._new_step()

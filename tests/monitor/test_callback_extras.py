@@ -124,3 +124,13 @@ def test_lightning_forwards_validation_and_stops(tmp_path):
     run = read_run(tmp_path / "b")
     assert run.steps["step"].tolist() == [0, 1] and trainer.global_step == 2  # stopped after the bad step
     assert [a["kind"] for a in run.alerts if a["kind"] == "nonfinite"] == ["nonfinite"]
+
+
+@pytest.mark.slow
+def test_hf_raise_on_propagates_and_closes_the_run(tmp_path):
+    from diagnose.errors import TrainingAlertError
+
+    with pytest.raises(TrainingAlertError, match="nonfinite"):
+        _hf(tmp_path, poison=True, raise_on=("nonfinite",))
+    run = read_run(tmp_path / "diag")
+    assert run.closed and run.steps["step"].tolist() == [1]
