@@ -42,6 +42,13 @@ def export_tensorboard(run: Run, logdir: str | os.PathLike) -> int:
                 # NaN stays NaN; wall_time is when the step was logged, not when it was exported
                 writer.add_scalar(tag, float(value), rec["step"], walltime=_walltime(rec))
                 n += 1
+        # evaluations under eval/<name>, at their step and time; NaN cells (a metric that evaluation
+        # did not log) are left out
+        for _, row in run.evals.iterrows():
+            for col, value in row.items():
+                if col not in ("step", "time", "session") and isinstance(value, (int, float)) and value == value:
+                    writer.add_scalar(f"eval/{col}", float(value), int(row["step"]), walltime=_walltime(row))
+                    n += 1
         for a in run.alerts:
             writer.add_text(f"alerts/{a.get('kind')}", f"{a.get('where')}: {a.get('message')}  \nhint: {a.get('hint')}",
                             a.get("step", 0))

@@ -125,6 +125,10 @@ def test_tensorboard_wall_time_is_training_time(run, tmp_path):
     times = [r["time"] for r in read_run(d).records]
     assert [e.wall_time for e in acc.Scalars("grad_norm")] == pytest.approx(times, abs=1e-3)
     assert "tokens_per_s" in acc.Tags()["scalars"]
+    ev = read_run(d).evals
+    # NaN cells (a metric an evaluation lacks, or here the loss after the NaN step) are left out
+    assert [e.step for e in acc.Scalars("eval/loss")] == ev["step"][ev["loss"].notna()].tolist() == [1, 3]
+    assert [e.value for e in acc.Scalars("eval/accuracy")] == [0.5, 0.5, 0.5]
 
 
 @pytest.mark.parametrize("name, text, message", [
