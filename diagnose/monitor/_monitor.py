@@ -305,7 +305,8 @@ class TrainingMonitor:
         grad_norm = math.sqrt(sum(n * n for n in norms)) if norms else None
         record: dict[str, Any] = {"step": s, "time": time.time(), "loss": loss, "lr": lr, "grad_norm": grad_norm}
         if self.clip is not None and grad_norm is not None:
-            record["clip_coef"] = min(1.0, self.clip / (grad_norm + 1e-6))  # as clip_grad_norm_
+            coef = self.clip / (grad_norm + 1e-6)  # as clip_grad_norm_; a NaN norm gives NaN (min() would say 1)
+            record["clip_coef"] = coef if math.isnan(coef) else min(1.0, coef)
         record["layers"] = layers
         if attention:
             record["attention"] = attention

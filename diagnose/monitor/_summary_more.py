@@ -31,7 +31,7 @@ def more(run: Run) -> dict[str, Any]:
     losses = _col(ev, "loss")
     evals = {"count": int(len(ev)),
              "last_step": int(ev["step"].iloc[-1]) if len(ev) else None,
-             "last_loss": _f(ev["loss"].iloc[-1]) if len(ev) else None,
+             "last_loss": float(ev["loss"].iloc[-1]) if len(ev) else None,  # a NaN is shown, not hidden
              "best_loss": _f(losses.min()) if len(losses) else None,
              "best_step": int(ev["step"][losses.idxmin()]) if len(losses) else None,
              "metrics": [c for c in ev.columns if c not in ("step", "time", "loss", "session")]}

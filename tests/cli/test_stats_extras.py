@@ -4,6 +4,7 @@ piped tables keep long names; --follow prints rounded numbers; TensorBoard wall 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -50,7 +51,7 @@ def test_summary_shows_evals_throughput_clipping_spikes(run):
     result = CliRunner().invoke(cli, ["stats", str(d)])
     assert result.exit_code == 0, result.output
     out = result.output
-    for text in ("step time median", "tokens/s median", "clipping at 0.5:", "evals 3: last loss",
+    for text in ("step time median", "tokens/s median", "clipping at 0.5:", "evals 3: last loss nan at step 5",
                  "metrics accuracy", "spike batches saved at steps 4"):
         assert text in out, out
     s = _json.loads(CliRunner().invoke(cli, ["stats", str(d), "--json"]).output)
@@ -69,6 +70,7 @@ def test_step_shows_the_saved_batch(run):
     view = _json.loads(CliRunner().invoke(cli, ["stats", str(d), "--step", "4", "--json"]).output)
     saved = read_run(d).spikes[0]
     assert view["spike"] == saved and view["step"] == 4
+    assert math.isnan(view["record"]["clip_coef"])  # a NaN norm: NaN, as clip_grad_norm_ computes it
     losses = [e["loss"] for e in view["examples"]]
     assert losses == sorted(losses, reverse=True) and len(losses) == 4  # all 4 examples, worst first
     worst = view["examples"][0]
