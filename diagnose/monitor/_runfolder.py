@@ -257,6 +257,16 @@ def _check_step(rec: dict[str, Any], where: str) -> None:
         check_record(rec, where)
 
 
+def _good_eval(rec: dict[str, Any], where: str, skipped: list[int]) -> bool:
+    """Whether an evals.jsonl record has the types the readers use; a bad one is counted, not fatal."""
+    try:
+        check_eval(rec, where)
+    except RunFolderError:
+        skipped.append(1)
+        return False
+    return True
+
+
 def read_run(run_dir: str | os.PathLike, *, allow_empty: bool = False) -> Run:
     """Read a run folder written by TrainingMonitor; a torn last line is skipped, not fatal.
 
@@ -271,8 +281,10 @@ def read_run(run_dir: str | os.PathLike, *, allow_empty: bool = False) -> Run:
                              f"monitor.step(loss) after backward()?")
     alerts = list(iter_records(run_dir / ALERTS, skipped, check_alert))
     run = build_run(run_dir, info, records, alerts, len(skipped))
-    run.evals = evals_frame(list(iter_records(run_dir / EVALS, skipped, check_eval)))
-    run.spikes = read_spikes(run_dir)
+    # side files: a damaged line or record is skipped and counted, never fatal
+    evals = [r for r in iter_records(run_dir / EVALS, skipped) if _good_eval(r, str(run_dir / EVALS), skipped)]
+    run.evals = evals_frame(evals)
+    run.spikes = read_spikes(run_dir, skipped)
     run.skipped_lines = len(skipped)
     return run
 

@@ -117,8 +117,10 @@ def save_spike(run_dir: Path, step: int, kinds: list[str], batch: Any, per_examp
     return record
 
 
-def read_spikes(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """The spikes/*.json records of a run folder, by step ([] when none were saved)."""
+def read_spikes(run_dir: str | os.PathLike, skipped: list[int] | None = None) -> list[dict[str, Any]]:
+    """The spikes/*.json records of a run folder, by step ([] when none were saved). A damaged
+    record (not JSON, no integer `step`) is skipped and counted in `skipped`: a side file never
+    stops a run from being read."""
     folder = Path(run_dir) / SPIKES
     if not folder.is_dir():
         return []
@@ -126,10 +128,12 @@ def read_spikes(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     for path in sorted(folder.glob("step_*.json")):
         try:
             rec = read_json(path, "spike record", "delete it or restore it from the run", limit=16 << 20)
-        except InputFileError as exc:  # the readers promise RunFolderError for anything wrong with a run
-            raise RunFolderError(str(exc)) from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
-            raise RunFolderError(f"{path}: not a spike record (no integer `step`); delete it or restore it")
+        except InputFileError:
+            rec = None
+        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or isinstance(rec["step"], bool):
+            if skipped is not None:
+                skipped.append(1)
+            continue
         out.append(rec)
     return sorted(out, key=lambda r: r["step"])
 
