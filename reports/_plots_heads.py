@@ -57,7 +57,8 @@ def _image_grid(ax, v: HeadsView, key: str, diverging: bool) -> None:
     ax.figure.colorbar(im, ax=ax, shrink=0.8)
     if key in ("delta_accuracy", "delta_loss"):
         layers, heads = np.nonzero(v.significant)
-        ax.scatter(heads, layers, marker=".", s=6, c="black", linewidths=0, zorder=3)
+        ax.scatter(heads, layers, marker=".", s=6, c="black", linewidths=0, zorder=3,
+                   rasterized=len(heads) > 200)  # thousands of dots: one raster, not a path each
     marked = v.flags[:MAX_LABELLED]  # flags come ranked; hundreds of squares would hide the grid
     for kind in dict.fromkeys(f.kind for f in marked):
         at = np.array([(f.head, f.layer) for f in marked if f.kind == kind], dtype=float)
@@ -203,7 +204,7 @@ def scatter(v: HeadsView) -> str | None:
             ax.scatter(x[sig], y[sig], s=20 if small else 8, c="#000000", label="significant", rasterized=not small)
             for kind in dict.fromkeys(f.kind for f in flagged.values()):
                 at = tuple(np.array([k for k, f in flagged.items() if f.kind == kind]).T)  # (layers, heads)
-                ax.scatter(x[at], y[at], s=70 if small else 30, facecolors="none",
+                ax.scatter(x[at], y[at], s=70 if small else 30, facecolors="none", rasterized=not small,
                            edgecolors=FLAG_COLOR.get(kind, "#6a1b9a"), linewidths=1.6 if small else 1.0)
             for (layer, head), f in list(flagged.items())[:MAX_LABELLED]:  # flags come ranked
                 ax.annotate(f.label, (x[layer, head], y[layer, head]), fontsize=7,
