@@ -3,13 +3,20 @@ what a heatmap shows against what removing the head does."""
 
 from __future__ import annotations
 
+import matplotlib
 import numpy as np
 import seaborn as sns
+from matplotlib.patches import Patch
 from matplotlib.patches import Rectangle
 
 from ._figures import new_figure, style, to_data_uri
 from .view_heads import HeadsView
 
+# Past this many heads a grid is drawn as an image (`_image_grid`) rather than as seaborn's
+# cell-by-cell heatmap, whose SVG holds a path per cell: 32 x 32 heads took 16 s and 4 GB for the
+# four grids (this 2-core box), and 80 x 64 ran out of memory. The page lists every layer's values.
+IMAGE_FROM = 256
+MAX_LABELLED = 12  # flagged heads named on scatter plots and squared on image grids (the table lists all)
 FLAG_COLOR = {"striking_but_inert": "#1565c0", "diffuse_but_vital": "#c62828"}
 LABELS = {
     "delta_accuracy": "Δ accuracy when removed",
@@ -24,15 +31,53 @@ LABELS = {
 }
 
 
-def _grid(ax, v: HeadsView, key: str, diverging: bool) -> None:
-    data = v.grids[key]  # [n_layers, n_heads]
+def _colours(data: np.ndarray, key: str, diverging: bool) -> dict:
+    """cmap and limits of one grid: diverging grids centred on zero (red = removal hurts)."""
     finite = data[np.isfinite(data)]
     if diverging:
         lim = float(np.max(np.abs(finite))) if len(finite) else 1.0
-        kw = {"cmap": "RdBu_r" if key == "delta_loss" else "RdBu", "center": 0.0,
-              "vmin": -lim or -1, "vmax": lim or 1}
-    else:
-        kw = {"cmap": "viridis"}
+        return {"cmap": "RdBu_r" if key == "delta_loss" else "RdBu", "vmin": -lim or -1, "vmax": lim or 1}
+    return {"cmap": "viridis"}
+
+
+def _ticks(ax, n_layers: int, n_heads: int) -> None:
+    """About ten labelled ticks per axis on image grids, at round steps."""
+    for n, set_ticks in ((n_heads, ax.set_xticks), (n_layers, ax.set_yticks)):
+        step = next(s for s in (1, 2, 5, 10, 20, 25, 50, 100, 1000) if n / s <= 12)
+        set_ticks(range(0, n, step))
+
+
+def _image_grid(ax, v: HeadsView, key: str, diverging: bool) -> None:
+    """A big grid as one image: one pixel-row per layer, one pixel per head, scaled up unsmoothed by
+    the browser; significant heads as dots, flagged heads as squares in their flag's colour."""
+    data = v.grids[key]  # [n_layers, n_heads]
+    kw = _colours(data, key, diverging)
+    cmap = matplotlib.colormaps[kw.pop("cmap")].with_extremes(bad="#e0e0e0")  # grey: no value
+    im = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, interpolation="none", aspect="auto", **kw)
+    ax.figure.colorbar(im, ax=ax, shrink=0.8)
+    if key in ("delta_accuracy", "delta_loss"):
+        layers, heads = np.nonzero(v.significant)
+        ax.scatter(heads, layers, marker=".", s=6, c="black", linewidths=0, zorder=3,
+                   rasterized=len(heads) > 200)  # thousands of dots: one raster, not a path each
+    marked = v.flags[:MAX_LABELLED]  # flags come ranked; hundreds of squares would hide the grid
+    for kind in dict.fromkeys(f.kind for f in marked):
+        at = np.array([(f.head, f.layer) for f in marked if f.kind == kind], dtype=float)
+        ax.scatter(at[:, 0], at[:, 1], marker="s", s=16, facecolors="none", linewidths=1.0,
+                   edgecolors=FLAG_COLOR.get(kind, "#6a1b9a"), zorder=4)
+    _ticks(ax, v.n_layers, v.n_heads)
+    ax.set_title(LABELS.get(key, key))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.tick_params(labelsize=7)
+
+
+def _grid(ax, v: HeadsView, key: str, diverging: bool) -> None:
+    if is_image(v):
+        return _image_grid(ax, v, key, diverging)
+    data = v.grids[key]  # [n_layers, n_heads]
+    kw = _colours(data, key, diverging)
+    if diverging:
+        kw["center"] = 0.0
     small = v.n_total <= 64
     sns.heatmap(data, ax=ax, square=v.n_heads <= 3 * v.n_layers, annot=small, fmt=".2f",
                 annot_kws={"fontsize": 6}, linewidths=0.4, linecolor="white",
@@ -52,6 +97,17 @@ def _grid(ax, v: HeadsView, key: str, diverging: bool) -> None:
     ax.tick_params(labelsize=7, rotation=0)
 
 
+def is_image(v: HeadsView) -> bool:
+    return v.n_total > IMAGE_FROM
+
+
+def _panel(v: HeadsView, cell: float, pad: tuple[float, float], least: tuple[float, float]) -> tuple[float, float]:
+    """Width and height of one grid in inches: `cell` per head and layer, image grids a few inches."""
+    if is_image(v):
+        return pad[0] + min(6.0, max(2.5, 0.06 * v.n_heads)), pad[1] + min(7.0, max(2.5, 0.06 * v.n_layers))
+    return max(least[0], v.n_heads * cell + pad[0]), max(least[1], v.n_layers * cell + pad[1])
+
+
 def head_grids(v: HeadsView) -> str | None:
     """Δaccuracy, Δloss, gradient importance and max attention weight, side by side (None: no
     grid holds a finite number, e.g. a heads JSON with only layer/head, or NaN everywhere)."""
@@ -59,9 +115,7 @@ def head_grids(v: HeadsView) -> str | None:
     keys = [(k, d) for k, d in keys if np.isfinite(v.grids[k]).any()]
     if not keys:
         return None
-    cell = 0.28 if v.n_heads > 6 else 0.45
-    w = max(2.8, v.n_heads * cell + 1.4)
-    h = max(2.4, v.n_layers * cell + 1.0)
+    w, h = _panel(v, 0.28 if v.n_heads > 6 else 0.45, (1.4, 1.0), (2.8, 2.4))
     ncol = len(keys) if v.n_heads <= 6 else 2  # big grids two by two, so cells stay readable
     nrow = -(-len(keys) // ncol)
     with style():
@@ -77,6 +131,8 @@ def head_grids(v: HeadsView) -> str | None:
 
 ROLE_LETTERS = {"first_token": "F", "last_token": "L", "self": "S", "prev_token": "P", "next_token": "N",
                 "local": "W", "broad": "B"}
+ROLE_NAMES = {"first_token": "first token", "last_token": "last token", "self": "itself", "prev_token": "previous",
+              "next_token": "next", "local": "local window", "broad": "broad"}
 ROLE_KEY = "F first token, L last token, S itself, P previous, N next, W local window, B broad"
 
 
@@ -84,11 +140,21 @@ def _role_grid(ax, v: HeadsView) -> None:
     """Each head's role (diagnose.ablation.roles) as a letter on a categorical colour."""
     names = list(ROLE_LETTERS)
     codes = np.array([[names.index(r) if r in names else np.nan for r in row] for row in v.roles], dtype=float)
-    ax.imshow(np.ma.masked_invalid(codes), cmap="tab10", vmin=0, vmax=9, aspect="auto", alpha=0.55)
-    for (layer, head), r in np.ndenumerate(v.roles):
-        if r in ROLE_LETTERS:
-            ax.text(head, layer, ROLE_LETTERS[r], ha="center", va="center", fontsize=7)
-    ax.set_title("role\n" + ROLE_KEY.replace(", W", ",\nW"), fontsize=7)
+    big = is_image(v)
+    ax.imshow(np.ma.masked_invalid(codes), cmap="tab10", vmin=0, vmax=9, aspect="auto", alpha=0.55,
+              interpolation="none" if big else "antialiased")
+    if big:  # no room for a letter per head: a colour key instead
+        cmap = matplotlib.colormaps["tab10"]
+        present = [i for i, n in enumerate(names) if (v.roles == n).any()]
+        ax.legend(handles=[Patch(color=cmap(i), alpha=0.55, label=ROLE_NAMES[names[i]]) for i in present],
+                  fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        _ticks(ax, v.n_layers, v.n_heads)
+        ax.set_title("role", fontsize=9)
+    else:
+        for (layer, head), r in np.ndenumerate(v.roles):
+            if r in ROLE_LETTERS:
+                ax.text(head, layer, ROLE_LETTERS[r], ha="center", va="center", fontsize=7)
+        ax.set_title("role\n" + ROLE_KEY.replace(", W", ",\nW"), fontsize=7)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.tick_params(labelsize=7)
@@ -101,12 +167,16 @@ def attention_grids(v: HeadsView) -> str | None:
         keys.append("role")
     if not keys:
         return None
-    cell = 0.22 if v.n_heads > 6 else 0.4
-    w = max(2.5, v.n_heads * cell + 1.3)
-    h = max(2.2, v.n_layers * cell + 0.9)
+    w, h = _panel(v, 0.22 if v.n_heads > 6 else 0.4, (1.3, 0.9), (2.5, 2.2))
+    legend = 1.1 if is_image(v) and "role" in keys else 0.0  # the role key beside the last grid
+    ncol = 3 if is_image(v) else len(keys)  # image grids are a few inches each: three to a row
+    nrow = -(-len(keys) // ncol)
     with style():
-        fig = new_figure(w * len(keys), h, left=0.5, right=0.1, top=0.5, bottom=0.45, wspace=0.35)
-        axes = fig.subplots(1, len(keys), squeeze=False)[0]
+        fig = new_figure(w * min(ncol, len(keys)) + legend, h * nrow, left=0.5, right=0.1 + legend, top=0.5,
+                         bottom=0.45, wspace=0.35, hspace=0.35)
+        axes = fig.subplots(nrow, min(ncol, len(keys)), squeeze=False).ravel()
+        for ax in axes[len(keys):]:
+            ax.set_visible(False)
         for ax, key in zip(axes, keys):
             _role_grid(ax, v) if key == "role" else _grid(ax, v, key, False)
         return to_data_uri(fig)
@@ -120,6 +190,7 @@ def scatter(v: HeadsView) -> str | None:
         return None
     corr = {(c.statistic, c.effect): c for c in v.correlations}
     flagged = {(f.layer, f.head): f for f in v.flags}
+    small = not is_image(v)
     with style():
         fig = new_figure(3.6 * len(stats), 3.2, left=0.65, top=0.55, wspace=0.4)
         axes = fig.subplots(1, len(stats), squeeze=False)[0]
@@ -127,11 +198,15 @@ def scatter(v: HeadsView) -> str | None:
         for ax, stat in zip(axes, stats):
             x = v.grids[stat]
             sig = v.significant
-            ax.scatter(x[~sig], y[~sig], s=14, c="#9e9e9e", label="not significant")
-            ax.scatter(x[sig], y[sig], s=20, c="#000000", label="significant")
-            for (layer, head), f in flagged.items():
-                ax.scatter([x[layer, head]], [y[layer, head]], s=70, facecolors="none",
-                           edgecolors=FLAG_COLOR.get(f.kind, "#6a1b9a"), linewidths=1.6)
+            # thousands of points: drawn as one raster inside the SVG rather than a path each
+            ax.scatter(x[~sig], y[~sig], s=14 if small else 5, c="#9e9e9e", label="not significant",
+                       rasterized=not small)
+            ax.scatter(x[sig], y[sig], s=20 if small else 8, c="#000000", label="significant", rasterized=not small)
+            for kind in dict.fromkeys(f.kind for f in flagged.values()):
+                at = tuple(np.array([k for k, f in flagged.items() if f.kind == kind]).T)  # (layers, heads)
+                ax.scatter(x[at], y[at], s=70 if small else 30, facecolors="none", rasterized=not small,
+                           edgecolors=FLAG_COLOR.get(kind, "#6a1b9a"), linewidths=1.6 if small else 1.0)
+            for (layer, head), f in list(flagged.items())[:MAX_LABELLED]:  # flags come ranked
                 ax.annotate(f.label, (x[layer, head], y[layer, head]), fontsize=7,
                             xytext=(4, 4), textcoords="offset points")
             c = corr.get((stat, effect))

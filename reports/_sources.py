@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from diagnose.errors import DiagnoseError, InputFileError
-from diagnose.io._read import read_json
+from diagnose.io._read import read_bytes
+
+from ._heads_json import FILE_LIMIT, parse_source
 
 HEADS_SCHEMA = "diagnose.heads/1"
 RUN_SCHEMA = "diagnose.run/1"
@@ -228,8 +230,8 @@ def _load_path(out: Sources, path: Path) -> None:
         return
     if not path.exists() and not path.is_symlink():
         raise InputFileError(f"{path}: no such file or folder; give heads JSON files and run folders")
-    data = read_json(path, "report source", "give a file written by `diagnose heads --json`, "
-                     "`diagnose check --json` or `diagnose demo`")
+    data = parse_source(read_bytes(path, "report source", limit=FILE_LIMIT), str(path),
+                        "give a file written by `diagnose heads --json`, `diagnose check --json` or `diagnose demo`")
     _add_document(out, data, _label(path), str(path))
 
 

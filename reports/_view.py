@@ -3,7 +3,6 @@ the one data blob handed to the page's script (attention maps for the selector).
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +24,7 @@ class HeadsSection:
     flag_rows: list[tuple[Any, dict[str, Any]]]  # (Flag, its head record)
     correlations: list[tuple[str, Any, Any]]  # (statistic, vs Δloss, vs Δaccuracy)
     note: str = ""  # why there are no pictures, when there are none
+    per_layer: bool = False  # grids drawn as images, without numbers: list every layer's values on the page
 
 
 @dataclass
@@ -129,12 +129,6 @@ def _heads_blob(v: HeadsView) -> dict[str, Any]:
             "top": top[:8], "examples": v.examples}
 
 
-# The head grids' figures grow with layers x heads: 32 x 32 took 27 s and 4.2 GB, 48 x 32
-# 52 s and 7.5 GB (this 2-core box). Beyond this many heads they are not drawn, and the report
-# says so, rather than dying of MemoryError on a 70B-class model (80 x 64).
-MAX_DRAWN_HEADS = 1024
-
-
 class ReportNote(UserWarning):
     """Something the report left out, said once on stderr by the CLI."""
 
@@ -173,15 +167,9 @@ def build_report(sources: Sources, title: str | None = None) -> Report:
     for src in sources.heads:
         v = heads_view(src.name, src.data, budget)
         report.verdicts.append(heads_verdict(v))
-        if v.n_layers * v.n_heads <= MAX_DRAWN_HEADS:
-            report.heads.append(HeadsSection(v, plots_heads.head_grids(v), plots_heads.attention_grids(v),
-                                             plots_heads.scatter(v), v.ranked[:10], *_tables(v)))
-            continue
-        note = (f"{v.name}: {v.n_layers} x {v.n_heads} = {v.n_layers * v.n_heads:,} heads are more than the "
-                f"{MAX_DRAWN_HEADS:,} the report draws; its grids and scatter plots are left out, the tables "
-                "are complete")
-        warnings.warn(note, ReportNote, stacklevel=2)
-        report.heads.append(HeadsSection(v, None, None, None, v.ranked[:10], *_tables(v), note=note))
+        report.heads.append(HeadsSection(v, plots_heads.head_grids(v), plots_heads.attention_grids(v),
+                                         plots_heads.scatter(v), v.ranked[:10], *_tables(v),
+                                         per_layer=plots_heads.is_image(v)))
     _training(report, [training_view(src.name, src.run) for src in sources.runs])
     for src in sources.checks:
         findings = [_finding(f) for f in src.data.get("findings", [])]

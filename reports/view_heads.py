@@ -22,6 +22,7 @@ HEAD_NUMBERS = ("delta_accuracy", "delta_loss", "accuracy", "loss", "kl", "grad_
 CORRELATED = (*ATTENTION_STATS, "grad_importance")  # the document's correlations the page shows, in this order
 MAX_EXAMPLES = 4
 MAX_TOKENS = 128
+MIN_TOKENS = 8  # the fewest tokens of an example shown, however many heads share the budget
 # Raw bytes of quantised attention kept per heads document (base64 adds a third): keeps a
 # 12x12-head report with several 64-token examples well under the 15 MB page budget.
 MAP_BYTE_BUDGET = 4_500_000
@@ -61,6 +62,21 @@ class Correlation:
     n: int
 
 
+LAYER_COLUMNS = ("delta_accuracy", "p_value", "delta_loss", "grad_importance", "max_weight", "entropy", "first_token")
+
+
+@dataclass
+class LayerRows:
+    """One layer's heads for the page: (head, role, significant, *LAYER_COLUMNS) per head."""
+
+    layer: int
+    n_significant: int
+    flagged: list[str]  # "H3", ... of the flags on this layer
+    top_head: int | None  # the head whose removal raises the loss most
+    top_delta_loss: float
+    rows: list[tuple]
+
+
 @dataclass
 class HeadsView:
     name: str
@@ -92,6 +108,23 @@ class HeadsView:
     def n_total(self) -> int:
         return self.n_layers * self.n_heads
 
+    def layers(self) -> list[LayerRows]:
+        """Every head's numbers, layer by layer (for the page when the grids are too big to print them)."""
+        flagged: dict[int, list[str]] = {}
+        for f in self.flags:
+            flagged.setdefault(f.layer, []).append(f"H{f.head}")
+        g = self.grids
+        out = []
+        for layer in range(self.n_layers):
+            rows = [(head, "" if self.roles is None else str(self.roles[layer, head]).replace("_", " "),
+                     bool(self.significant[layer, head]), *(_known(g[k][layer, head]) for k in LAYER_COLUMNS))
+                    for head in range(self.n_heads)]
+            loss = g["delta_loss"][layer]
+            top = int(np.nanargmax(loss)) if np.isfinite(loss).any() else None
+            out.append(LayerRows(layer, int(self.significant[layer].sum()), flagged.get(layer, []),
+                                 top, float(loss[top]) if top is not None else math.nan, rows))
+        return out
+
 
 def _num(value: Any) -> float:
     """A float; beyond +-1e300 (where matplotlib's axis arithmetic overflows) it is taken as infinite."""
@@ -100,6 +133,11 @@ def _num(value: Any) -> float:
     except (TypeError, ValueError, OverflowError):
         return math.nan
     return math.copysign(math.inf, out) if abs(out) > 1e300 else out
+
+
+def _known(value: float) -> float | None:
+    """None for a missing number (NaN in the grids), so the page prints a dash, not "nan"."""
+    return None if math.isnan(value) else float(value)
 
 
 def _harm_key(head: dict[str, Any]) -> tuple[float, float]:
@@ -161,6 +199,9 @@ def _pack_examples(raw: Any, n_layers: int, n_heads: int, where: str,
         if packed and used + cost > budget:
             notes.append(f"{len(raw) - i} more example(s) left out to keep the page small")
             break
+        if cost > budget:  # a big model: the first example alone is over budget, so fewer of its tokens
+            keep = max(MIN_TOKENS, min(keep, math.isqrt(budget // (n_layers * n_heads))))
+            cost = n_layers * n_heads * min(tq, keep) * keep
         q0 = tk - tq  # queries are the last Tq positions when Tq < Tk
         att = att[:, :, : max(0, keep - q0), :keep]  # [L, H, tq', keep]
         if keep < tk:

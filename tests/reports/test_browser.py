@@ -227,3 +227,36 @@ def test_two_runs_overlaid_with_evals_throughput_and_spike_batches(browser, tmp_
         assert pg.events["dialogs"] == []
     finally:
         pg.close()
+
+
+def test_a_big_model_shows_each_layer_on_demand(browser, tmp_path):
+    """Past a few hundred heads the grids are images without numbers; every layer's heads are one
+    click away, and the map viewer reaches any head of any layer."""
+    import json
+
+    from diagnose.reports import write_report
+
+    doc = rf.make_heads(20, 16, seq_len=6, n_kept=1, vital=((3, 5),), inert=((2, 1),))
+    src = tmp_path / "heads.json"
+    src.write_text(json.dumps(doc))
+    pg = _open(browser, write_report([src], tmp_path / "big.html"))
+    try:
+        assert not [m for m in pg.events["console"] if m[0] in ("error", "pageerror")]
+        assert pg.events["requests"] == [(tmp_path / "big.html").as_uri()]
+        layer = pg.locator('details.layer[data-layer="3"]')
+        table = layer.locator("table")
+        assert not table.is_visible()
+        pg.locator("details.per-layer > summary").click()
+        assert "largest Δ loss" in layer.locator("summary").inner_text() and not table.is_visible()
+        layer.locator("summary").click()
+        assert table.is_visible()
+        h = doc["heads"][3 * 16 + 5]
+        cells = table.locator("tbody tr").nth(5).locator("td").all_inner_texts()
+        assert cells[0] == "L3H5" and cells[2] == "yes", cells
+        assert cells[3] == f"{h['delta_accuracy']:+.3f}" and cells[5] == f"{h['delta_loss']:+.3f}", cells
+        assert "(H5)" in layer.locator("summary").inner_text()
+        pg.select_option("#map-layer", "19")
+        pg.select_option("#map-head", "15")
+        assert _map(pg)[0] == "0,19,15,0"
+    finally:
+        pg.close()

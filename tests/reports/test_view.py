@@ -11,7 +11,7 @@ import report_fixtures as rf
 from diagnose.errors import InputFileError
 from diagnose.reports._sources import load_sources
 from diagnose.reports._summary import heads_verdict, training_verdict
-from diagnose.reports.view_heads import MAX_TOKENS, heads_view
+from diagnose.reports.view_heads import MAX_TOKENS, MIN_TOKENS, heads_view
 from diagnose.reports._view_training import group_alerts, training_view
 
 
@@ -68,9 +68,23 @@ def test_examples_packed_and_decodable():
 
 def test_examples_budget_and_truncation():
     doc = rf.make_heads(1, 2, seq_len=MAX_TOKENS + 10, n_kept=3)
-    v = heads_view("m", doc, budget=1)  # only the first example fits (always at least one)
+    v = heads_view("m", doc, budget=2 * MAX_TOKENS ** 2)  # the first example fits, cut to MAX_TOKENS
     assert len(v.examples) == 1 and v.examples[0]["n_k"] == MAX_TOKENS
     assert "left out" in v.examples_note and f"first {MAX_TOKENS}" in v.examples_note
+
+
+def test_a_big_model_shows_fewer_tokens_of_its_first_example_within_the_budget():
+    """80 x 64 heads x 32 tokens is 5.2 MB of bytes for one example: over the page's budget, so
+    its first tokens are shown (still at least MIN_TOKENS), and the maps are the file's."""
+    doc = rf.make_heads(6, 5, seq_len=20, n_kept=2)
+    v = heads_view("m", doc, budget=30 * 12 * 12 + 5)
+    ex = v.examples[0]
+    assert len(v.examples) == 1 and ex["n_k"] == ex["n_q"] == 12 and ex["tokens"] == doc["examples"][0]["tokens"][:12]
+    assert "first 12 of 20 tokens" in v.examples_note and "1 more example(s) left out" in v.examples_note
+    q = np.frombuffer(base64.b64decode(ex["maps"][4][3]), dtype=np.uint8).reshape(12, 12)
+    want = np.asarray(doc["examples"][0]["attention"][4][3])[:12, :12]
+    assert np.allclose((q / 255.0) ** 2, want, atol=0.01)
+    assert heads_view("m", doc, budget=1).examples[0]["n_k"] == MIN_TOKENS
 
 
 def test_bad_examples_name_the_source():
