@@ -62,10 +62,15 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     effect disagree, most telling first, and the smallest accuracy effect the data
     can show.
 
+    Under torchrun each process sweeps a shard of the examples (one GPU each with NCCL, else gloo
+    on CPUs); the per-example results are gathered, so the output is the same as one process's,
+    and only rank 0 prints and writes.
+
     \b
     Example: diagnose heads demo-out/induction/model.pt --data demo-out/induction/eval.pt --json heads.json
              diagnose heads model.pt --data eval.pt --html heads.html
              diagnose heads model.pt --data eval.pt --together L0.H3,L0.H0
+             torchrun --nproc-per-node 4 -m diagnose heads model.pt --data eval.pt --json heads.json
     """
     check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data])  # before the slow imports
     from diagnose._terminal import plain
@@ -74,16 +79,26 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     from diagnose.objectives import default_task
     from diagnose.sites import find_heads
 
+    from diagnose._distributed import init_from_env, leave
+
     closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
-    net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
-    ds = load_data_for(net, data, max_length=max_length)
-    trial_forward(net, ds)
-    sites = find_heads(net, attention_module=attention_module, n_heads=n_heads, example=ds.inputs(0, 2))
-    task = task or default_task(net, ds)
-    check_task(ds, task)
-    result = ablate_heads(net, ds, task=task, method=method, batch_size=batch_size,
-                          fast=fast, top=top, sites=sites, progress=True, correction=correction,
-                          min_effect=min_effect, rank_by=rank_by, together=closed)
+    ranks, device = init_from_env()  # torchrun: join the group (NCCL on this rank's GPU, else gloo)
+    try:
+        net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
+        ds = load_data_for(net, data, max_length=max_length)
+        trial_forward(net, ds)
+        sites = find_heads(net, attention_module=attention_module, n_heads=n_heads, example=ds.inputs(0, 2))
+        task = task or default_task(net, ds)
+        check_task(ds, task)
+        if device is not None:
+            net.to(device)  # after the checks on the CPU; the data stays there, each batch moves when used
+        result = ablate_heads(net, ds, task=task, method=method, batch_size=batch_size,
+                              fast=fast, top=top, sites=sites, progress=True, correction=correction,
+                              min_effect=min_effect, rank_by=rank_by, together=closed, distributed=ranks.active)
+    finally:
+        leave()
+    if not ranks.main:
+        return  # rank 0 prints and writes
     if json_path:
         result.save(json_path)
     _print(result, json_path)

@@ -167,6 +167,7 @@ class AttentionSummary:
     examples: list[torch.Tensor] = field(repr=False)  # per site [keep, H, <=WINDOW, <=WINDOW] float32, on the CPU
     n_examples: int = 0
     window: int | None = None  # kept maps cover only the first `window` queries and keys; None: whole maps
+    rows: list[list[float]] = field(default_factory=list)  # per site: real query rows, with a previous, with a next
 
     def head(self, layer: int, head: int) -> dict[str, float]:
         """The statistics of one head, as in the heads JSON `attention` field."""
@@ -261,7 +262,9 @@ def attention_summary(model: nn.Module, data: Any, *, keep: int = 4, batch_size:
             batch = next(it, None)
     examples = [torch.cat(k) if k else torch.empty(0) for k in kept]
     info = [{"layer": s.layer, "name": s.name, "n_heads": s.n_heads, "head_dim": s.head_dim} for s in sites]
-    return AttentionSummary(info, [a.result() for a in accs], examples, n, window if state["windowed"] else None)
+    rows = [[0.0, 0.0, 0.0] if a.rows is None else a.rows.tolist() for a in accs]  # weights to merge shards
+    return AttentionSummary(info, [a.result() for a in accs], examples, n, window if state["windowed"] else None,
+                            rows)
 
 
 def _window(probs: Probs, room: int, window: int) -> torch.Tensor:

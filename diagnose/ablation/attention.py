@@ -7,16 +7,35 @@ from typing import Any, Sequence
 
 import torch
 
+from .._distributed import Ranks, pick
 from ..adapters.base import AttentionSite
 from ..attention_stats import attention_summary
 from .batches import padding_mask
+from .shards import merge_stats
 
 
 def summarise(model: torch.nn.Module, sites: Sequence[AttentionSite], batches: Sequence[tuple[Any, Any]],
-              keep: int, tokens: Sequence[Sequence[str]] | None = None) -> dict[str, Any]:
-    """{"stats": per site {statistic: [per head]}, "examples": [{index, tokens, attention}]}."""
-    summary = attention_summary(model, batches, keep=keep, sites=list(sites))
-    return {"stats": summary.stats, "examples": _examples(summary.examples, batches, keep, tokens)}
+              keep: int, tokens: Sequence[Sequence[str]] | None = None, ranks: Ranks = Ranks()) -> dict[str, Any]:
+    """{"stats": per site {statistic: [per head]}, "examples": [{index, tokens, attention}]}.
+
+    With several ranks each summarises its shard of the batches; the statistics are merged and the
+    kept examples (the first ones: rank 0's) are the same on every rank.
+    """
+    if not ranks.active:
+        summary = attention_summary(model, batches, keep=keep, sites=list(sites))
+        return {"stats": summary.stats, "examples": _examples(summary.examples, batches, keep, tokens)}
+    mine = pick(batches, ranks)
+
+    def work():
+        if not len(mine):
+            return None, []
+        summary = attention_summary(model, mine, keep=keep if ranks.main else 0, sites=list(sites))
+        examples = _examples(summary.examples, mine, keep, tokens) if ranks.main else []
+        return (summary.stats, summary.rows), examples
+
+    share, examples = ranks.together("summarising attention", work)
+    parts = ranks.gather((share, examples))
+    return {"stats": merge_stats([p[0] for p in parts]), "examples": parts[0][1]}
 
 
 def _examples(maps: list[torch.Tensor], batches: Sequence[tuple[Any, Any]], keep: int,

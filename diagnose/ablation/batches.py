@@ -1,8 +1,12 @@
-"""Whatever the user passes as `data`, as a re-iterable list of (inputs, labels) batches."""
+"""Whatever the user passes as `data`, as a re-iterable sequence of (inputs, labels) batches.
+
+The batches stay where the data is (usually the CPU) and each one moves to the model's device
+only when it is read: a data set larger than the accelerator's memory still sweeps.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -12,12 +16,15 @@ from ..objectives import batch_size_of
 DEFAULT_BATCH = 32
 
 
-def as_batches(data: Any, batch_size: int | None, device: torch.device | None = None) -> list[tuple[Any, Any]]:
+def as_batches(data: Any, batch_size: int | None, device: torch.device | None = None) -> "Batches":
     """(inputs, labels) pairs from a DataSet/TaskData (anything with input_ids), a dict of
-    tensors, or an iterable of pairs (used as given; batch_size then only applies to the others)."""
+    tensors, or an iterable of pairs (used as given; batch_size then only applies to the others).
+    Each pair moves to `device` when it is read, one at a time."""
     bs = int(batch_size or DEFAULT_BATCH)
     if bs < 1:
         raise DataError(f"batch_size must be at least 1, got {batch_size}")
+    if isinstance(data, Batches):  # already cut: keep the pairs where they are
+        return Batches(data.pairs, device)
     if isinstance(data, Mapping) and "input_ids" in data:
         pairs = _chunks(dict(data), data.get("labels"), bs)
     elif hasattr(data, "input_ids") and isinstance(getattr(data, "input_ids"), torch.Tensor):
@@ -34,7 +41,26 @@ def as_batches(data: Any, batch_size: int | None, device: torch.device | None = 
     pairs = [(x, y) for x, y in pairs if batch_size_of(x) > 0]  # an empty batch has nothing to score
     if not pairs:
         raise DataError("the data holds no examples")
-    return [(_to(x, device), _to(y, device)) for x, y in pairs]
+    return Batches(pairs, device)
+
+
+class Batches(Sequence):
+    """A re-iterable list of (inputs, labels) pairs that are moved to `device` one at a time, as read."""
+
+    def __init__(self, pairs: list[tuple[Any, Any]], device: torch.device | None = None):
+        self.pairs, self.device = list(pairs), device
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Batches(self.pairs[i], self.device)
+        x, y = self.pairs[i]
+        return _to(x, self.device), _to(y, self.device)
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        return (self[i] for i in range(len(self)))
 
 
 def padding_mask(inputs: Any) -> torch.Tensor | None:

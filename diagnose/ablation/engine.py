@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from .._distributed import Ranks, pick, ranks
 from ..adapters.base import AttentionSite
 from ..adapters.shared import shared_modules
 from ..errors import ConfigError
@@ -30,9 +31,10 @@ from ..sites import find_heads
 from . import contrast, roles, significance
 from .accumulate import Accumulator, head_effects
 from .attention import summarise
-from .batches import as_batches
+from .batches import Batches, as_batches
 from .gate import METHODS, gated
 from .result import HeadEffect, HeadsResult
+from .shards import merge
 from .sweep import Sweep
 from .together import ablate_together
 
@@ -49,7 +51,7 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
                  seed: int = 0, attention: bool = True, keep: int = 3, sites: Sequence[AttentionSite] | None = None,
                  reuse: bool = True, tokens: Sequence[Sequence[str]] | None = None, correction: str = "holm",
                  min_effect: float = MIN_EFFECT, rank_by: str = FAST_RANK,
-                 together: Sequence[Sequence[tuple[int, int]]] = ()) -> HeadsResult:
+                 together: Sequence[Sequence[tuple[int, int]]] = (), distributed: bool | None = None) -> HeadsResult:
     """Ablate every head (or, with fast=True, the `top` heads by the rank_by estimate) and test each effect.
 
     data: a DataSet / TaskData / dict with input_ids (cut into batch_size batches) or an iterable of
@@ -61,27 +63,37 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
     `striking_but_inert`, as a fraction of the baseline loss. rank_by: the --fast estimate.
     together: groups of (layer, head) to also close at once (`result.together`); closed first, so a
     head that does not exist fails before the sweep.
+    distributed: None (default) shards the batches over the ranks of an initialised torch.distributed
+    group (torchrun), True requires one, False runs alone. Each rank sweeps a contiguous shard; the
+    per-example outcomes are gathered, so every rank returns the result one process would (write it
+    from rank 0 only). Call it on every rank with the same model, data and settings.
     """
     opts = _Options(task=task, method=method, batch_size=batch_size, fast=fast, top=top, alpha=alpha,
                     n_boot=n_boot, seed=seed, attention=attention, keep=keep, reuse=reuse,
                     correction=correction, min_effect=min_effect, rank_by=rank_by)
     opts.check()
-    run = _Run(model=model, started=time.perf_counter())
+    r = ranks(distributed)
+    run = _Run(model=model, started=time.perf_counter(), ranks=r)
     run.batches = as_batches(data, batch_size, next((p.device for p in model.parameters()), None))
+    run.mine = pick(run.batches, r)
     run.sites = list(sites) if sites is not None else find_heads(model, example=run.batches[0][0])
     closing = time.perf_counter()
     closed = [ablate_together(model, data, list(members), task=task, method=method, batch_size=batch_size,
-                              sites=run.sites).to_json() for members in together]
+                              sites=run.sites, distributed=r.active).to_json() for members in together]
     run.started += time.perf_counter() - closing  # the timing figures are the sweep's own
-    with eval_mode(model), _progress(progress) as bar, gated(run.sites) as gates:
+    with eval_mode(model), _progress(progress if r.main or callable(progress) else False) as bar, \
+            gated(run.sites) as gates:
         run.sweep = Sweep(model, run.sites, gates, task, reuse=reuse)
         run.acc = Accumulator(len(run.sweep.heads))
         n_top = opts.n_top(len(run.sweep.heads))
-        bar.total(len(run.batches) * ((method == "mean") + (1 if fast else len(run.sites)) + (fast and n_top > 0)))
+        bar.total(len(run.mine) * ((method == "mean") + (1 if fast else len(run.sites)) + (fast and n_top > 0)))
         if method == "mean":
-            for gate, fill in zip(gates, run.sweep.mean_outputs(run.batches, bar.tick)):
+            reduce = (lambda sums, counts: r.add_up(sums, counts, run.batches.device)) if r.active else None
+            fills = r.together("averaging head outputs", lambda: run.sweep.mean_outputs(run.mine, bar.tick, reduce))
+            for gate, fill in zip(gates, fills):
                 gate.fill = fill
         run.chosen = _fast(run, opts, n_top, bar) if fast else _exact(run, bar)
+        run.acc = merge(run.acc, r)
     run.ablation_seconds = time.perf_counter() - run.started
     summary = _attention(run, opts, tokens if tokens is not None else getattr(data, "tokens", None))
     result = _assemble(run, opts, summary)
@@ -130,7 +142,9 @@ class _Run:
 
     model: torch.nn.Module
     started: float
-    batches: list | None = None
+    ranks: Ranks = Ranks()
+    batches: Batches | None = None
+    mine: Sequence | None = None  # this rank's shard of the batches (all of them when alone)
     sites: list[AttentionSite] | None = None
     sweep: Sweep | None = None
     acc: Accumulator | None = None
@@ -140,23 +154,31 @@ class _Run:
 
 
 def _exact(run: _Run, bar: "_Bar") -> list[int]:
-    """Every head: one clean pass per batch (with gradients), then every head ablated in it."""
-    for inputs, labels in run.batches:
-        clean = run.sweep.clean(inputs, labels, grad=True, record=True)
-        run.acc.add_clean(clean)
-        run.acc.add_ablated(run.sweep.ablate(clean, range(run.acc.n_heads), bar.tick))
+    """Every head: one clean pass per batch of this rank's shard (with gradients), then every head ablated in it."""
+    def work() -> None:
+        for inputs, labels in run.mine:
+            clean = run.sweep.clean(inputs, labels, grad=True, record=True)
+            run.acc.add_clean(clean)
+            run.acc.add_ablated(run.sweep.ablate(clean, range(run.acc.n_heads), bar.tick))
+
+    run.ranks.together("ablating heads", work)
     return list(range(run.acc.n_heads))
 
 
 def _fast(run: _Run, opts: _Options, n_top: int, bar: "_Bar") -> list[int]:
     """Rank every head from the clean passes by opts.rank_by, then ablate only the n_top first."""
-    kept = _clean_passes(run, record=n_top > 0, bar=bar)
+    kept = run.ranks.together("ranking heads", lambda: _clean_passes(run, record=n_top > 0, bar=bar))
     run.ranking_seconds = time.perf_counter() - run.started
-    chosen = list(np.argsort(-run.acc.fast_score(opts.rank_by), kind="stable")[:n_top])
-    for i, (inputs, labels) in enumerate(run.batches if chosen else []):
-        clean = kept[i] if kept is not None else run.sweep.clean(inputs, labels, grad=False, record=True)
-        run.acc.add_ablated(run.sweep.ablate(clean, chosen), i)
-        bar.tick()
+    score = merge(run.acc, run.ranks).fast_score(opts.rank_by)  # every rank ranks the same sums
+    chosen = list(np.argsort(-score, kind="stable")[:n_top])
+
+    def work() -> None:
+        for i, (inputs, labels) in enumerate(run.mine if chosen else []):
+            clean = kept[i] if kept is not None else run.sweep.clean(inputs, labels, grad=False, record=True)
+            run.acc.add_ablated(run.sweep.ablate(clean, chosen), i)
+            bar.tick()
+
+    run.ranks.together("verifying the top heads", work)
     return chosen
 
 
@@ -164,7 +186,7 @@ def _clean_passes(run: _Run, *, record: bool, bar: "_Bar") -> list | None:
     """The clean passes of --fast; returns them while they fit KEEP_BYTES, else None (the
     verification then recomputes each clean pass)."""
     kept: list | None = []
-    for inputs, labels in run.batches:
+    for inputs, labels in run.mine:
         clean = run.sweep.clean(inputs, labels, grad=True, record=record)
         run.acc.add_clean(clean)
         if kept is not None:
@@ -180,7 +202,7 @@ def _attention(run: _Run, opts: _Options, tokens: Any) -> dict | None:
     if not opts.attention:
         return None
     with eval_mode(run.model):
-        return summarise(run.model, run.sites, run.batches, opts.keep, tokens)
+        return summarise(run.model, run.sites, run.batches, opts.keep, tokens, ranks=run.ranks)
 
 
 def _assemble(run: _Run, opts: _Options, summary: dict | None) -> HeadsResult:
@@ -200,13 +222,14 @@ def _assemble(run: _Run, opts: _Options, summary: dict | None) -> HeadsResult:
         fast_info = {"top": opts.n_top(len(heads)), "ranked_by": opts.rank_by,
                      "seconds_ranking": run.ranking_seconds, "spearman_vs_exact": dict(correlations[opts.rank_by])}
     flags = contrast.flags_with_groups(heads, run.model, run.batches, opts.task, opts.method, run.sites, baseline,
-                                       band)
+                                       band, distributed=run.ranks.active)
+    counts = run.ranks.gather((run.sweep.forwards, run.sweep.examples_forwarded, run.sweep.reuse))
     return HeadsResult(
         model=_model_info(run.model, run.sites), task=opts.task, method=opts.method, n_examples=acc.n_examples,
         n_units=int(acc.units()), baseline=baseline, heads=heads, correlations=correlations, flags=flags,
         timing={"seconds": time.perf_counter() - run.started, "ablation_seconds": run.ablation_seconds,
-                "forward_passes": run.sweep.forwards, "examples_forwarded": run.sweep.examples_forwarded,
-                "prefix_reuse": run.sweep.reuse, "batches": len(run.batches)},
+                "forward_passes": sum(c[0] for c in counts), "examples_forwarded": sum(c[1] for c in counts),
+                "prefix_reuse": all(c[2] for c in counts), "batches": len(run.batches), "ranks": run.ranks.world},
         significance=_significance_info(heads, len(run.chosen), acc.n_examples, opts, band),
         fast=fast_info, examples=summary["examples"] if summary else [])
 

@@ -71,10 +71,11 @@ class Sweep:
 
     # ---- passes ----------------------------------------------------------------------------
 
-    def mean_outputs(self, batches: Sequence[tuple[Any, Any]], tick=None) -> list[torch.Tensor]:
+    def mean_outputs(self, batches: Sequence[tuple[Any, Any]], tick=None, reduce=None) -> list[torch.Tensor]:
         """Each head's output averaged over the data set's real tokens, examples and positions pooled.
 
         One [H, D] per site: a per-position mean would leak position information the head did not carry.
+        reduce(sums, counts) -> (sums, counts): adds up the other ranks' shares (torch.distributed).
         """
         sums: list[torch.Tensor | None] = [None] * len(self.sites)
         counts = [0.0] * len(self.sites)
@@ -106,6 +107,8 @@ class Sweep:
         finally:
             for gate in self.gates:
                 gate.observer = None
+        if reduce is not None:
+            sums, counts = reduce(sums, counts)
         for s, total in enumerate(sums):
             if total is None:
                 raise DiagnoseError(f"the head gate on {self.sites[s].name!r} never saw an output; its adapter "

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from .._distributed import pick, ranks
 from ..adapters.base import AttentionSite
 from ..errors import ConfigError
 from ..modes import eval_mode
@@ -51,11 +52,11 @@ class GroupEffect:
 def ablate_together(model: torch.nn.Module, data: Any, heads: Iterable[tuple[int, int]], *,
                     task: str = "classification", method: str = "zero", batch_size: int | None = None,
                     sites: Sequence[AttentionSite] | None = None,
-                    baseline: tuple[float, float] | None = None) -> GroupEffect:
+                    baseline: tuple[float, float] | None = None, distributed: bool | None = None) -> GroupEffect:
     """Close every (layer, head) in `heads` at once and score the model on `data`.
 
-    data, task, method and batch_size as for ablate_heads; method "mean" replaces each closed
-    head's output by its mean over the data set's real tokens. baseline: the clean (accuracy,
+    data, task, method, batch_size and distributed as for ablate_heads; method "mean" replaces each
+    closed head's output by its mean over the data set's real tokens. baseline: the clean (accuracy,
     loss) when already known (the sweep's), which saves the clean passes.
     """
     if task not in TASKS:
@@ -72,26 +73,43 @@ def ablate_together(model: torch.nn.Module, data: Any, heads: Iterable[tuple[int
             shape = ", ".join(f"layer {s.layer}: {s.n_heads} heads" for s in sites)
             raise ConfigError(f"there is no head {head} in layer {layer} ({shape})")
 
+    r = ranks(distributed)
+    mine = pick(batches, r)
+
+    def work() -> list[float]:
+        with eval_mode(model), gated(sites) as gates, torch.no_grad():
+            if method == "mean":
+                reduce = (lambda sums, counts: r.add_up(sums, counts, device)) if r.active else None
+                for gate, fill in zip(gates, Sweep(model, sites, gates, task, reuse=False).mean_outputs(mine,
+                                                                                                      reduce=reduce)):
+                    gate.fill = fill
+            return _closed_sums(model, mine, task, closed, gates, device, clean=not baseline)
+
+    # [clean loss_sum, clean correct, closed loss_sum, closed correct, units], added up over the ranks
+    _, (clean_loss_sum, clean_correct, loss_sum, correct, units) = r.add_up([], r.together("closing heads", work))
+    n = max(units, 1.0)
+    clean_acc, clean_loss = baseline if baseline else (clean_correct / n, clean_loss_sum / n)
+    return GroupEffect(closed, method, correct / n, loss_sum / n, clean_acc, clean_loss)
+
+
+def _closed_sums(model: torch.nn.Module, batches: Sequence, task: str, closed: list[tuple[int, int]], gates: list,
+                 device: torch.device | None, *, clean: bool) -> list[float]:
+    """[clean loss_sum, clean correct, closed loss_sum, closed correct, units] over batches (the clean
+    sums stay 0 unless clean)."""
     sums = {"clean": [0.0, 0.0], "closed": [0.0, 0.0]}  # [loss_sum, correct]
     units = 0.0
-    with eval_mode(model), gated(sites) as gates, torch.no_grad():
-        if method == "mean":
-            for gate, fill in zip(gates, Sweep(model, sites, gates, task, reuse=False).mean_outputs(batches)):
-                gate.fill = fill
-        for inputs, labels in batches:
-            targets = targets_for(task, inputs, labels)
-            B = batch_size_of(inputs)
-            for key, shut in (("clean", []), ("closed", closed))[1 if baseline else 0:]:
-                for gate in gates:
-                    scale = torch.ones(B, gate.site.n_heads, device=targets.device)  # [B, H]
-                    for layer, head in shut:
-                        if layer == gate.site.layer:
-                            scale[:, head] = 0.0
-                    gate.scale = scale
-                sc = score(logits_of(call_model(model, inputs)), targets.to(device) if device else targets)
-                sums[key][0] += float(sc.loss_sum.sum())
-                sums[key][1] += float(sc.correct.sum())
-            units += float(sc.count.sum())
-    n = max(units, 1.0)
-    clean_acc, clean_loss = baseline if baseline else (sums["clean"][1] / n, sums["clean"][0] / n)
-    return GroupEffect(closed, method, sums["closed"][1] / n, sums["closed"][0] / n, clean_acc, clean_loss)
+    for inputs, labels in batches:
+        targets = targets_for(task, inputs, labels)
+        B = batch_size_of(inputs)
+        for key, shut in (("clean", []), ("closed", closed))[0 if clean else 1:]:
+            for gate in gates:
+                scale = torch.ones(B, gate.site.n_heads, device=targets.device)  # [B, H]
+                for layer, head in shut:
+                    if layer == gate.site.layer:
+                        scale[:, head] = 0.0
+                gate.scale = scale
+            sc = score(logits_of(call_model(model, inputs)), targets.to(device) if device else targets)
+            sums[key][0] += float(sc.loss_sum.sum())
+            sums[key][1] += float(sc.correct.sum())
+        units += float(sc.count.sum())
+    return [*sums["clean"], *sums["closed"], units]
