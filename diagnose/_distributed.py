@@ -18,16 +18,10 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
-from .errors import ConfigError, DiagnoseError
+from .errors import ConfigError, DistributedError
 
 T = TypeVar("T")
-_TOLD = "_diagnose_ranks_told"  # set on an exception the other ranks already know about
-
-
-class DistributedError(DiagnoseError):
-    """Another rank failed; this one stops too, with that rank's message."""
-
-    _diagnose_ranks_told = True
+_TOLD = "_diagnose_ranks_told"  # set on an exception the other ranks already know about (DistributedError)
 
 
 @dataclass(frozen=True)

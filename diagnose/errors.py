@@ -47,3 +47,9 @@ class TrainingAlertError(DiagnoseError):
     def __init__(self, message: str, alerts: list | None = None):
         super().__init__(message)
         self.alerts = list(alerts or [])
+
+
+class DistributedError(DiagnoseError):
+    """Another rank of a torch.distributed group failed; this rank stops too, with that rank's message."""
+
+    _diagnose_ranks_told = True  # the other ranks know already: do not tell them again (see _distributed.py)
