@@ -25,7 +25,7 @@ class _Group(click.Group):
         except DiagnoseError as exc:
             # messages quote file names and values from files: printed as text, no escapes;
             # under torchrun every rank meets the same error (or is told another's): rank 0 says it
-            if os.environ.get("RANK", "0") == "0":
+            if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or os.environ.get("RANK", "0") == "0":
                 click.echo(f"error: {plain(exc)}", err=True)
             ctx.exit(2)
         except KeyboardInterrupt:
