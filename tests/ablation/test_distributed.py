@@ -73,7 +73,12 @@ def _start(rank: int, world: int, store: Path, out: Path) -> subprocess.Popen:
 @pytest.mark.slow
 def test_two_ranks_give_the_json_of_one_process(tmp_path):
     procs = [_start(r, 2, tmp_path / "store", tmp_path) for r in range(2)]
-    logs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
+    try:
+        logs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
+    finally:  # a hang fails the test without leaving the workers behind
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     assert [p.returncode for p in procs] == [0, 0], logs
     for name, kw in workers.SETTINGS.items():
         one = ablate_heads(workers.model(), workers.data(), progress=False, **kw).to_json()
