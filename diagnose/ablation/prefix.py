@@ -44,6 +44,21 @@ def repeat_batch(obj: Any, k: int, batch: int) -> Any:
     return obj
 
 
+def take_rows(obj: Any, start: int, stop: int, batch: int) -> Any:
+    """Rows start:stop of every tensor whose first dim is `batch` (a micro-batch of a batch)."""
+    if start == 0 and stop >= batch:
+        return obj
+    if isinstance(obj, torch.Tensor):
+        return obj[start:stop] if obj.dim() > 0 and obj.shape[0] == batch else obj
+    if isinstance(obj, dict):
+        return {key: take_rows(v, start, stop, batch) for key, v in obj.items()}
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(take_rows(v, start, stop, batch) for v in obj)
+    if isinstance(obj, list):
+        return [take_rows(v, start, stop, batch) for v in obj]
+    return obj
+
+
 def _detach(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.detach()
@@ -98,12 +113,15 @@ class Recorder:
 @contextmanager
 def replay(recorder: Recorder, outputs: dict[int, Any], block_ids: Sequence[int], k: int,
            batch: int) -> Iterator[None]:
-    """Make the given blocks return their output from `outputs` (one recording), repeated for k replicas."""
+    """Make the given blocks return their output from `outputs` (one recording), repeated for k replicas.
+
+    Each block repeats its output when called, not up front, so that only the replicas of the
+    block running now are held (the caller drops the previous block's output).
+    """
     with ExitStack() as stack:
         for i in block_ids:
             module = recorder.blocks[i]
-            value = repeat_batch(outputs[i], k, batch)
-            stack.enter_context(_forward_replaced(module, lambda *a, _v=value, **kw: _v))
+            stack.enter_context(_forward_replaced(module, lambda *a, _o=outputs[i], **kw: repeat_batch(_o, k, batch)))
         yield
 
 
