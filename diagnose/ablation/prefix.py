@@ -59,6 +59,21 @@ def take_rows(obj: Any, start: int, stop: int, batch: int) -> Any:
     return obj
 
 
+def _fresh(obj: Any, k: int, batch: int) -> Any:
+    """repeat_batch, always into new tensors."""
+    if k > 1:
+        return repeat_batch(obj, k, batch)
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_fresh(v, k, batch) for v in obj)
+    if isinstance(obj, list):
+        return [_fresh(v, k, batch) for v in obj]
+    if isinstance(obj, dict):
+        return {key: _fresh(v, k, batch) for key, v in obj.items()}
+    return obj
+
+
 def _detach(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.detach()
@@ -116,12 +131,13 @@ def replay(recorder: Recorder, outputs: dict[int, Any], block_ids: Sequence[int]
     """Make the given blocks return their output from `outputs` (one recording), repeated for k replicas.
 
     Each block repeats its output when called, not up front, so that only the replicas of the
-    block running now are held (the caller drops the previous block's output).
+    block running now are held (the caller drops the previous block's output). A fresh copy
+    even for k = 1: a model that adds into a block's output in place must not change the record.
     """
     with ExitStack() as stack:
         for i in block_ids:
             module = recorder.blocks[i]
-            stack.enter_context(_forward_replaced(module, lambda *a, _o=outputs[i], **kw: repeat_batch(_o, k, batch)))
+            stack.enter_context(_forward_replaced(module, lambda *a, _o=outputs[i], **kw: _fresh(_o, k, batch)))
         yield
 
 
