@@ -292,7 +292,8 @@ def _progress(progress) -> Iterator[_Bar]:
         shown = _Bar(lambda done, n: bar.update(task, completed=done, total=n))
 
         def describe(text: str) -> None:
-            console.print(f"ablating heads: {text}", highlight=False, markup=False)  # stays after the bar goes
+            if console.is_terminal:  # stays after the bar goes; elsewhere stderr keeps to errors
+                console.print(f"ablating heads: {text}", highlight=False, markup=False)
             bar.update(task, description=text)
         shown.on_describe = describe
         yield shown
