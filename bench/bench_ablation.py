@@ -1,27 +1,35 @@
-"""Exact head-ablation sweep: diagnose.ablate_heads against the naive peer loop.
+"""Exact head-ablation sweep: diagnose.ablate_heads against the batched peer loop, cell by cell.
+
+Model (issue 14): a 6-layer, 8-head HF GPT-2 (d_model 256, vocabulary 512, eager attention),
+trained for a few steps so that heads matter; 128 sequences of 64 tokens (random halves
+repeated, so the second half is predictable by copying). Tasks: lm (next token) and token
+classification (labels [N, T]: the copied token in the second half, -100 elsewhere).
 
 Peer: TransformerLens 4 TransformerBridge.run_with_hooks zeroing blocks.{l}.attn.hook_z[:, :, h],
-one forward per head, over the same 6-layer, 8-head HF GPT-2 (d_model 256, trained for a few
-seconds so that heads matter) and the same 256 sequences of length 64. Then --fast against
-the exact sweep, on that model and on the demo models (Spearman of the fast ranking to exact).
+one forward per head plus one clean forward, over the SAME batches of the size passed, scoring
+each forward. Ours: ablate_heads over the same list of batches (it also computes gradient
+importance, KL, bootstrap CIs, p-values and flags), attention=False; with --attention-at also the
+CLI default (attention statistics on), timed in the same cell. Each cell runs peer and ours back
+to back (ours first on odd cells) so that the machine's load hits both; ratio = peer / ours.
 
-Run: OMP_NUM_THREADS=1 .venv/bin/python bench/bench_ablation.py [--part gpt2|demo] [--variants]
-(about 12 minutes on one contended core, mostly the peer loop; --variants adds our sweep without
-prefix reuse and with attention statistics, about 6 minutes more).
+Run: .venv/bin/python bench/bench_ablation.py --threads 1 [--batch-sizes 16,32,128] [--tasks lm,token]
+     [--attention-at 32] [--demo]   (about 2 minutes per cell and thread on a quiet 2-core machine)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 
 import torch
 
 from diagnose.ablation import ablate_heads
-from diagnose.objectives import logits_of, score, targets_for
+from diagnose.objectives import IGNORE, logits_of, score, targets_for
 
-V, T, N, L, H, C = 256, 64, 256, 6, 8, 256
+V, T, N, L, H, C = 512, 64, 128, 6, 8, 256
+TASKS = {"lm": "lm", "token": "classification"}
 
 
 def repeat_data(n: int, seed: int) -> torch.Tensor:
@@ -29,6 +37,13 @@ def repeat_data(n: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     first = torch.randint(1, V, (n, T // 2), generator=g)
     return torch.cat([first, first], 1)
+
+
+def token_labels(ids: torch.Tensor) -> torch.Tensor:
+    """Token classification: at t >= T/2 - 1 the label is the next (copied) token, else ignored.  # [n, T]"""
+    labels = torch.full_like(ids, IGNORE)
+    labels[:, T // 2 - 1:-1] = ids[:, T // 2:]
+    return labels
 
 
 def gpt2(steps: int):
@@ -41,102 +56,122 @@ def gpt2(steps: int):
     model = transformers.GPT2LMHeadModel(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     train = repeat_data(16 * steps, seed=1)
-    start = time.perf_counter()
     for i in range(steps):
         ids = train[16 * i: 16 * (i + 1)]
         loss = model(input_ids=ids, labels=ids).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
-    print(f"trained GPT-2 ({L} layers, {H} heads, d_model {C}) for {steps} steps in "
-          f"{time.perf_counter() - start:.0f} s; last loss {float(loss.detach()):.3f}")
+    print(f"GPT-2 ({L} layers, {H} heads, d_model {C}, vocabulary {V}) trained {steps} steps; last loss "
+          f"{float(loss.detach()):.3f}")
     return model.eval()
 
 
-def peer_sweep(bridge, ids: torch.Tensor) -> tuple[dict, float]:
-    """The naive loop: one run_with_hooks per head over all sequences; per-head (acc, loss)."""
-    targets = targets_for("lm", ids, None)
+def peer_sweep(bridge, batches: list, task: str) -> tuple[dict, float]:
+    """The naive loop over the same batches: per batch one clean and one run_with_hooks per head;
+    per head (accuracy, loss) over all scored units."""
+    sums: dict = {}
 
-    def measure(logits):
+    def add(key, logits, targets):
         s = score(logits, targets)
-        return float(s.accuracy), float(s.loss)
+        acc, loss, n = sums.get(key, (0.0, 0.0, 0.0))
+        sums[key] = (acc + float(s.correct.sum()), loss + float(s.loss_sum.sum()), n + float(s.count.sum()))
 
     start = time.perf_counter()
     with torch.no_grad():
-        out = {"clean": measure(logits_of(bridge(ids)))}
-        for layer in range(L):
-            for head in range(H):
-                def zero(z, hook, head=head):  # z: [B, T, H, D]
-                    z[:, :, head] = 0.0
-                    return z
-                logits = bridge.run_with_hooks(ids, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero)])
-                out[(layer, head)] = measure(logits)
-    return out, time.perf_counter() - start
+        for ids, labels in batches:
+            targets = targets_for(task, ids, labels)
+            add("clean", logits_of(bridge(ids)), targets)
+            for layer in range(L):
+                for head in range(H):
+                    def zero(z, hook, head=head):  # z: [B, T, H, D]
+                        z[:, :, head] = 0.0
+                        return z
+                    add((layer, head), bridge.run_with_hooks(ids, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero)]),
+                        targets)
+    seconds = time.perf_counter() - start
+    return {k: (a / max(n, 1), lo / max(n, 1)) for k, (a, lo, n) in sums.items()}, seconds
 
 
-def ours(model, ids, **kw):
+def ours(model, batches: list, task: str, attention: bool):
     start = time.perf_counter()
-    result = ablate_heads(model, [(ids[i:i + 32], None) for i in range(0, len(ids), 32)], task="lm", progress=False,
-                          **{"attention": False, **kw})
+    result = ablate_heads(model, batches, task=task, progress=False, attention=attention)
     return result, time.perf_counter() - start
+
+
+def cell(model, bridge, ids: torch.Tensor, kind: str, batch: int, attention: bool, ours_first: bool) -> dict:
+    """One (task, batch size) cell: peer and ours over the same batches, back to back."""
+    task = TASKS[kind]
+    labels = token_labels(ids) if kind == "token" else None
+    batches = [(ids[i:i + batch], None if labels is None else labels[i:i + batch]) for i in range(0, len(ids), batch)]
+    runs: dict = {}
+    order = ["ours", "peer"] if ours_first else ["peer", "ours"]
+    for side in order:
+        if side == "peer":
+            runs["peer"] = peer_sweep(bridge, batches, task)
+        else:
+            runs["ours"] = ours(model, batches, task, attention=False)
+            if attention:
+                runs["ours_attention"] = ours(model, batches, task, attention=True)
+    peer, t_peer = runs["peer"]
+    exact, t_ours = runs["ours"]
+    d_loss = max(abs(h.delta_loss - (peer[(h.layer, h.head)][1] - peer["clean"][1])) for h in exact.heads)
+    d_acc = max(abs(h.delta_accuracy - (peer[(h.layer, h.head)][0] - peer["clean"][0])) for h in exact.heads)
+    out = {"task": kind, "batch": batch, "peer": t_peer, "ours": t_ours, "ratio": t_peer / t_ours,
+           "micro_batch": exact.timing["micro_batch"], "replication": exact.timing["replication"],
+           "d_loss": d_loss, "d_acc": d_acc, "load": os.getloadavg()[0]}
+    if attention:
+        out["ours_attention"] = runs["ours_attention"][1]
+        out["ratio_attention"] = t_peer / runs["ours_attention"][1]
+    return out
+
+
+def show(c: dict) -> None:
+    att = (f"; attention on {c['ours_attention']:6.1f} s = {c['ratio_attention']:.2f}x (goal >= 1.2x)"
+           if "ratio_attention" in c else "")
+    print(f"  {c['task']:5s} batch {c['batch']:4d}: peer {c['peer']:6.1f} s, ours {c['ours']:6.1f} s = "
+          f"{c['ratio']:.2f}x (goal >= 1.5x){att}; micro-batch {c['micro_batch']}, {c['replication']} head(s) "
+          f"per forward; max |diff| dloss {c['d_loss']:.1e} dacc {c['d_acc']:.1e}; load {c['load']:.1f}",
+          flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--part", choices=["all", "gpt2", "demo"], default="all")
+    parser.add_argument("--threads", type=int, choices=[1, 2], default=1, help="torch threads (both sides)")
+    parser.add_argument("--batch-sizes", default="16,32,128", help="comma-separated; the peer uses the same batches")
+    parser.add_argument("--tasks", default="lm,token", help="comma-separated: lm, token")
+    parser.add_argument("--attention-at", default="", help="batch sizes (comma-separated) at which ours is also "
+                        "timed with attention statistics on, the CLI default")
+    parser.add_argument("--sequences", type=int, default=N, help=f"sequences of {T} tokens (default {N})")
     parser.add_argument("--train-steps", type=int, default=10, help="training steps of the GPT-2 (batch 16)")
-    parser.add_argument("--variants", action="store_true", help="also time ours without reuse / with attention")
-    parser.add_argument("--skip-peer", action="store_true", help="time only ours (exact vs --fast)")
+    parser.add_argument("--demo", action="store_true", help="also --fast against exact on the demo models")
     args = parser.parse_args()
-    if args.part in ("all", "gpt2"):
-        gpt2_sweeps(args.train_steps, args.variants, args.skip_peer)
-    if args.part in ("all", "demo"):
-        demo_models()
-
-
-def gpt2_sweeps(train_steps: int, variants: bool, skip_peer: bool = False) -> None:
+    torch.set_num_threads(args.threads)
     from transformer_lens.model_bridge import TransformerBridge
 
-    model = gpt2(steps=train_steps)
-    ids = repeat_data(N, seed=7)  # [N, T]
+    model = gpt2(steps=args.train_steps)
+    ids = repeat_data(args.sequences, seed=7)  # [N, T]
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
         bridge = TransformerBridge.boot_transformers(folder, device="cpu").eval()
     with torch.no_grad():
         assert (logits_of(bridge(ids[:4])) - logits_of(model(ids[:4]))).abs().max() < 1e-4, "bridge != model"
-
-    peer, t_peer = ({"clean": (0.0, 0.0), **{(l, h): (0.0, 0.0) for l in range(L) for h in range(H)}}, float("nan")) \
-        if skip_peer else peer_sweep(bridge, ids)
-    ours(model, ids[:32])  # warm-up (first-call overheads on both sides are excluded)
-    exact, t_exact = ours(model, ids)
-    t_noreuse = ours(model, ids, reuse=False)[1] if variants else float("nan")
-    t_full = ours(model, ids, attention=True)[1] if variants else float("nan")
-    fast, t_fast = ours(model, ids, fast=True, top=5)
-    _, t_rank = ours(model, ids, fast=True, top=0)
-
-    d_loss = max(abs(h.delta_loss - (peer[(h.layer, h.head)][1] - peer["clean"][1])) for h in exact.heads)
-    d_acc = max(abs(h.delta_accuracy - (peer[(h.layer, h.head)][0] - peer["clean"][0])) for h in exact.heads)
-    print(f"\nexact sweep of {L * H} heads, {N} x {T} tokens (torch threads: {torch.get_num_threads()})")
-    print(f"  peer  TransformerLens run_with_hooks loop   {t_peer:7.2f} s  ({L * H + 1} forwards)")
-    print(f"  ours  ablate_heads (grad importance, KL, CIs) {t_exact:5.2f} s  ({exact.timing['forward_passes']} "
-          f"forwards, {exact.timing['examples_forwarded']} sequence-forwards)")
-    print(f"  ours  without prefix reuse                  {t_noreuse:7.2f} s")
-    print(f"  ours  with attention statistics too         {t_full:7.2f} s")
-    print(f"  speed-up vs peer: {t_peer / t_exact:.2f}x (goal >= 1.5x); prefix reuse alone: {t_noreuse / t_exact:.2f}x")
-    print(f"  max |diff| to peer: delta loss {d_loss:.2e}, delta accuracy {d_acc:.2e} (goal <= 1e-5)")
-    rho = exact.correlations["fast_vs_exact"]["rho"]
-    print(f"\n--fast on the GPT-2: top 5 verified {t_fast:.2f} s ({t_exact / t_fast:.1f}x faster than exact); "
-          f"ranking only (--top 0) {t_rank:.2f} s ({t_exact / t_rank:.1f}x); Spearman(grad importance, exact "
-          f"delta loss) over all heads {rho:+.2f}")
-    top5 = {(h.layer, h.head) for h in sorted(exact.heads, key=lambda h: -h.delta_loss)[:5]}
-    found = len(top5 & {(h.layer, h.head) for h in fast.heads if h.verified})
-    print(f"  top-5 heads by exact delta loss found by --fast: {found}/5", flush=True)
+    ours(model, [(ids[:8], None)], "lm", attention=True)  # warm-up: first-call overheads excluded on both sides
+    print(f"exact sweep of {L * H} heads over {len(ids)} x {T} tokens, torch threads {torch.get_num_threads()}, "
+          f"device cpu; ratio = peer time / ours")
+    n = 0
+    for kind in args.tasks.split(","):
+        for batch in (int(b) for b in args.batch_sizes.split(",")):
+            attention = str(batch) in args.attention_at.split(",")
+            show(cell(model, bridge, ids, kind, batch, attention, ours_first=n % 2 == 1))
+            n += 1
+    if args.demo:
+        demo_models()
 
 
 def demo_models() -> None:
-    """Spearman between the fast ranking (gradient importance) and exact delta loss on the demo models."""
-    from diagnose.demo import demo_variants
-    from diagnose.demo import task_data
+    """Spearman between the fast ranking and exact delta loss on the demo models, and the time ratio."""
+    from diagnose.demo import demo_variants, task_data
     from diagnose.zoo import Transformer, train
 
     print("\ndemo models (quick training): Spearman of --fast's ranking to exact ablation, and time ratio")

@@ -48,11 +48,15 @@ RANKINGS = ("second_order_delta_loss", "estimated_delta_loss", "grad_importance_
 @click.option("--together", "groups", multiple=True, metavar="HEADS",
               help="Also close these heads at once, e.g. L0.H3,L0.H0 (repeatable): a head that costs nothing "
                    "alone but more beside another was its backup.")
+@click.option("--max-memory", default=None, metavar="SIZE",
+              help="Cap on the estimated memory of one sweep step, e.g. 2GB or 512MB; the examples per pass "
+                   "and heads per forward are chosen to fit it and the free memory (default: the free memory).")
 @html_option
 def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
           max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
           method: str, json_path: str | None, batch_size: int | None, fast: bool, rank_by: str, correction: str,
-          min_effect: float, top: int | None, groups: tuple[str, ...], html_path: str | None) -> None:
+          min_effect: float, top: int | None, groups: tuple[str, ...], max_memory: str | None,
+          html_path: str | None) -> None:
     """Remove each attention head in turn and measure what the model loses.
 
     Prints every head ranked by its effect: change in accuracy with 95 % CI and
@@ -80,8 +84,10 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     from diagnose.sites import find_heads
 
     from diagnose._distributed import init_from_env, leave
+    from diagnose.ablation.plan import parse_size
 
     closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
+    cap = parse_size(max_memory)
     ranks, device = init_from_env()  # torchrun: join the group (NCCL on this rank's GPU, else gloo)
     try:
         net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
@@ -94,7 +100,8 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
             net.to(device)  # after the checks on the CPU; the data stays there, each batch moves when used
         result = ablate_heads(net, ds, task=task, method=method, batch_size=batch_size,
                               fast=fast, top=top, sites=sites, progress=True, correction=correction,
-                              min_effect=min_effect, rank_by=rank_by, together=closed, distributed=ranks.active)
+                              min_effect=min_effect, rank_by=rank_by, together=closed, distributed=ranks.active,
+                              max_memory=cap)
     finally:
         leave()
     if not ranks.main:
@@ -159,7 +166,8 @@ def _print(result, json_path: str | None) -> None:
                        f"loss {g['loss']:.4f} ({g['delta_loss']:+.4f})"))
     t = result.timing
     where = f"; JSON: {json_path}" if json_path else ""
-    out.print(text(f"{t['seconds']:.1f} s, {t['forward_passes']} forward passes{where}"))
+    chosen = f", micro-batch {t['micro_batch']}, {t['replication']} head(s) per forward" if "micro_batch" in t else ""
+    out.print(text(f"{t['seconds']:.1f} s, {t['forward_passes']} forward passes{chosen}{where}"))
 
 
 def parse_heads(text: str) -> list[tuple[int, int]]:

@@ -32,6 +32,7 @@ from . import contrast, roles, significance
 from .accumulate import Accumulator, head_effects
 from .attention import summarise
 from .batches import Batches, as_batches
+from .plan import Plan, micro_batches, plan_sweep
 from .gate import METHODS, gated
 from .result import HeadEffect, HeadsResult
 from .shards import merge
@@ -51,7 +52,8 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
                  seed: int = 0, attention: bool = True, keep: int = 3, sites: Sequence[AttentionSite] | None = None,
                  reuse: bool = True, tokens: Sequence[Sequence[str]] | None = None, correction: str = "holm",
                  min_effect: float = MIN_EFFECT, rank_by: str = FAST_RANK,
-                 together: Sequence[Sequence[tuple[int, int]]] = (), distributed: bool | None = None) -> HeadsResult:
+                 together: Sequence[Sequence[tuple[int, int]]] = (), distributed: bool | None = None,
+                 max_memory: int | str | None = None) -> HeadsResult:
     """Ablate every head (or, with fast=True, the `top` heads by the rank_by estimate) and test each effect.
 
     data: a DataSet / TaskData / dict with input_ids (cut into batch_size batches) or an iterable of
@@ -67,6 +69,9 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
     group (torchrun), True requires one, False runs alone. Each rank sweeps a contiguous shard; the
     per-example outcomes are gathered, so every rank returns the result one process would (write it
     from rank 0 only). Call it on every rank with the same model, data and settings.
+    max_memory: a cap on one step's estimated memory (bytes, or a size such as "2GB"); the sweep's
+    micro-batch and heads per forward are chosen to fit it and the free memory (plan.py), and reported
+    in `result.timing`.
     """
     opts = _Options(task=task, method=method, batch_size=batch_size, fast=fast, top=top, alpha=alpha,
                     n_boot=n_boot, seed=seed, attention=attention, keep=keep, reuse=reuse,
@@ -83,10 +88,14 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
     run.started += time.perf_counter() - closing  # the timing figures are the sweep's own
     with eval_mode(model), _progress(progress if r.main or callable(progress) else False) as bar, \
             gated(run.sites) as gates:
-        run.sweep = Sweep(model, run.sites, gates, task, reuse=reuse)
+        run.plan = plan_sweep(model, run.sites, run.batches, max_memory=max_memory)
+        run.parts = micro_batches(run.mine, run.plan.micro_batch)  # this rank's shard, in the plan's pieces
+        bar.describe(run.plan.describe())
+        run.sweep = Sweep(model, run.sites, gates, task, reuse=reuse, replication=run.plan.replication)
         run.acc = Accumulator(len(run.sweep.heads))
         n_top = opts.n_top(len(run.sweep.heads))
-        bar.total(len(run.mine) * ((method == "mean") + (1 if fast else len(run.sites)) + (fast and n_top > 0)))
+        bar.total(len(run.mine) * (method == "mean")
+                  + len(run.parts) * ((1 if fast else len(run.sites)) + (fast and n_top > 0)))
         if method == "mean":
             reduce = (lambda sums, counts: r.add_up(sums, counts, run.batches.device)) if r.active else None
             fills = r.together("averaging head outputs", lambda: run.sweep.mean_outputs(run.mine, bar.tick, reduce))
@@ -145,6 +154,8 @@ class _Run:
     ranks: Ranks = Ranks()
     batches: Batches | None = None
     mine: Sequence | None = None  # this rank's shard of the batches (all of them when alone)
+    parts: Sequence | None = None  # `mine` cut into the plan's micro-batches, for the sweep's own passes
+    plan: Plan | None = None
     sites: list[AttentionSite] | None = None
     sweep: Sweep | None = None
     acc: Accumulator | None = None
@@ -156,7 +167,7 @@ class _Run:
 def _exact(run: _Run, bar: "_Bar") -> list[int]:
     """Every head: one clean pass per batch of this rank's shard (with gradients), then every head ablated in it."""
     def work() -> None:
-        for inputs, labels in run.mine:
+        for inputs, labels in run.parts:
             clean = run.sweep.clean(inputs, labels, grad=True, record=True)
             run.acc.add_clean(clean)
             run.acc.add_ablated(run.sweep.ablate(clean, range(run.acc.n_heads), bar.tick))
@@ -173,7 +184,7 @@ def _fast(run: _Run, opts: _Options, n_top: int, bar: "_Bar") -> list[int]:
     chosen = list(np.argsort(-score, kind="stable")[:n_top])
 
     def work() -> None:
-        for i, (inputs, labels) in enumerate(run.mine if chosen else []):
+        for i, (inputs, labels) in enumerate(run.parts if chosen else []):
             clean = kept[i] if kept is not None else run.sweep.clean(inputs, labels, grad=False, record=True)
             run.acc.add_ablated(run.sweep.ablate(clean, chosen), i)
             bar.tick()
@@ -186,7 +197,7 @@ def _clean_passes(run: _Run, *, record: bool, bar: "_Bar") -> list | None:
     """The clean passes of --fast; returns them while they fit KEEP_BYTES, else None (the
     verification then recomputes each clean pass)."""
     kept: list | None = []
-    for inputs, labels in run.mine:
+    for inputs, labels in run.parts:
         clean = run.sweep.clean(inputs, labels, grad=True, record=record)
         run.acc.add_clean(clean)
         if kept is not None:
@@ -229,7 +240,9 @@ def _assemble(run: _Run, opts: _Options, summary: dict | None) -> HeadsResult:
         n_units=int(acc.units()), baseline=baseline, heads=heads, correlations=correlations, flags=flags,
         timing={"seconds": time.perf_counter() - run.started, "ablation_seconds": run.ablation_seconds,
                 "forward_passes": sum(c[0] for c in counts), "examples_forwarded": sum(c[1] for c in counts),
-                "prefix_reuse": all(c[2] for c in counts), "batches": len(run.batches), "ranks": run.ranks.world},
+                "prefix_reuse": all(c[2] for c in counts), "batches": len(run.batches), "ranks": run.ranks.world,
+                "micro_batch": run.plan.micro_batch, "replication": run.plan.replication,
+                "memory_plan": run.plan.to_json()},
         significance=_significance_info(heads, len(run.chosen), acc.n_examples, opts, band),
         fast=fast_info, examples=summary["examples"] if summary else [])
 
@@ -268,9 +281,15 @@ def _significance_info(heads: list[HeadEffect], n_tested: int, n_examples: int, 
 class _Bar:
     def __init__(self, on_step: Callable[[int, int], None] | None):
         self.on_step, self.done, self.n = on_step, 0, 0
+        self.on_describe: Callable[[str], None] | None = None
 
     def total(self, n: int) -> None:
         self.n = n
+
+    def describe(self, text: str) -> None:
+        """What the sweep chose (micro-batch, heads per forward), shown beside the bar."""
+        if self.on_describe is not None:
+            self.on_describe(text)
 
     def tick(self) -> None:
         self.done += 1
@@ -290,7 +309,15 @@ def _progress(progress) -> Iterator[_Bar]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    console = Console(stderr=True)
     with Progress(TextColumn("ablating heads"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("heads", total=None)
-        yield _Bar(lambda done, n: bar.update(task, completed=done, total=n))
+                  TextColumn("{task.description}"), console=console, transient=True) as bar:
+        task = bar.add_task("", total=None)
+        shown = _Bar(lambda done, n: bar.update(task, completed=done, total=n))
+
+        def describe(text: str) -> None:
+            if console.is_terminal:  # stays after the bar goes; elsewhere stderr keeps to errors
+                console.print(f"ablating heads: {text}", highlight=False, markup=False)
+            bar.update(task, description=text)
+        shown.on_describe = describe
+        yield shown

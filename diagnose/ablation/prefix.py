@@ -44,6 +44,36 @@ def repeat_batch(obj: Any, k: int, batch: int) -> Any:
     return obj
 
 
+def take_rows(obj: Any, start: int, stop: int, batch: int) -> Any:
+    """Rows start:stop of every tensor whose first dim is `batch` (a micro-batch of a batch)."""
+    if start == 0 and stop >= batch:
+        return obj
+    if isinstance(obj, torch.Tensor):
+        return obj[start:stop] if obj.dim() > 0 and obj.shape[0] == batch else obj
+    if isinstance(obj, dict):
+        return {key: take_rows(v, start, stop, batch) for key, v in obj.items()}
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(take_rows(v, start, stop, batch) for v in obj)
+    if isinstance(obj, list):
+        return [take_rows(v, start, stop, batch) for v in obj]
+    return obj
+
+
+def _fresh(obj: Any, k: int, batch: int) -> Any:
+    """repeat_batch, always into new tensors."""
+    if k > 1:
+        return repeat_batch(obj, k, batch)
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_fresh(v, k, batch) for v in obj)
+    if isinstance(obj, list):
+        return [_fresh(v, k, batch) for v in obj]
+    if isinstance(obj, dict):
+        return {key: _fresh(v, k, batch) for key, v in obj.items()}
+    return obj
+
+
 def _detach(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.detach()
@@ -98,12 +128,16 @@ class Recorder:
 @contextmanager
 def replay(recorder: Recorder, outputs: dict[int, Any], block_ids: Sequence[int], k: int,
            batch: int) -> Iterator[None]:
-    """Make the given blocks return their output from `outputs` (one recording), repeated for k replicas."""
+    """Make the given blocks return their output from `outputs` (one recording), repeated for k replicas.
+
+    Each block repeats its output when called, not up front, so that only the replicas of the
+    block running now are held (the caller drops the previous block's output). A fresh copy
+    even for k = 1: a model that adds into a block's output in place must not change the record.
+    """
     with ExitStack() as stack:
         for i in block_ids:
             module = recorder.blocks[i]
-            value = repeat_batch(outputs[i], k, batch)
-            stack.enter_context(_forward_replaced(module, lambda *a, _v=value, **kw: _v))
+            stack.enter_context(_forward_replaced(module, lambda *a, _o=outputs[i], **kw: _fresh(_o, k, batch)))
         yield
 
 

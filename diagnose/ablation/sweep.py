@@ -1,8 +1,9 @@
 """The forward passes of an ablation sweep, all through the gates of gate.py.
 
 Per batch: one clean pass (optionally with d loss / d gate, and recording block outputs for
-prefix reuse), then the ablations, several heads per forward: the batch is replicated K
-times and replica k closes one head. Blocks that finish before the ablated layer starts
+prefix reuse), then the ablations, `replication` heads per forward: the batch is replicated K
+times and replica k closes one head (plan.py chooses K, and the batch, so that one forward
+fits the memory and, on a CPU, the cache). Blocks that finish before the ablated layer starts
 replay their clean output (prefix.py). Everything is summed per example so that the
 significance tests can pair clean and ablated results.
 """
@@ -20,9 +21,7 @@ from ..errors import DiagnoseError
 from ..objectives import IGNORE, call_model, logits_of, require_finite, score, targets_for
 from .batches import batch_size_of, padding_mask
 from .gate import Gate, ablation_scale
-from .prefix import Recorder, repeat_batch, replay
-
-BUDGET = 2 ** 26  # float elements of logits + hidden states one replicated forward may hold (256 MB)
+from .prefix import Recorder, repeat_batch, replay, take_rows
 
 
 @dataclass
@@ -38,7 +37,6 @@ class Clean:
     logits: torch.Tensor  # [B, ...]
     logp: torch.Tensor  # [U, V] clean log-probabilities of the scored units
     grads: list[torch.Tensor] | None  # per site [B, H]: d loss_sum[b] / d gate[b, h]
-    per_example: int  # float elements one example costs in a forward (logits + hidden states)
     recorded: dict[int, Any] | None = None  # block index -> its clean output, for prefix replay
 
     def nbytes(self) -> int:
@@ -58,14 +56,15 @@ class Ablated:
 
 class Sweep:
     def __init__(self, model: torch.nn.Module, sites: Sequence[AttentionSite], gates: Sequence[Gate], task: str,
-                 *, reuse: bool = True, budget: int = BUDGET):
+                 *, reuse: bool = True, replication: int | None = None):
         self.model, self.sites, self.gates, self.task = model, list(sites), list(gates), task
         self.heads = [(s, h) for s, site in enumerate(self.sites) for h in range(site.n_heads)]  # global order
         blocks = sites[0].adapter.blocks(model) if reuse and sites else []
         self.recorder = Recorder(blocks, self.sites) if blocks else None
         self.reuse = self.recorder is not None
         self.checked: set[int] = set()  # sites whose replay was verified on a clean replica
-        self.budget = budget
+        # heads closed per ablation forward (None: all of a layer's heads in one forward)
+        self.replication = replication or max((site.n_heads for site in self.sites), default=1)
         self.forwards = 0
         self.examples_forwarded = 0
 
@@ -141,11 +140,8 @@ class Sweep:
                 gate.scale = None
         self._count(B)
         logits = logits.detach()
-        hidden = max((t.numel() for t in _tensors(self.recorder.outputs.values())), default=0) \
-            if (record and self.reuse) else 0
-        per_example = (logits.numel() + 4 * hidden) // max(B, 1) + 1
         return Clean(inputs, targets, B, sc.loss_sum.detach(), sc.correct, sc.count, logits,
-                     _unit_logp(logits, targets), grads, per_example,
+                     _unit_logp(logits, targets), grads,
                      self.recorder.outputs if (record and self.reuse) else None)
 
     def ablate(self, clean: Clean, head_ids: Sequence[int], tick=None) -> dict[int, Ablated]:
@@ -154,10 +150,10 @@ class Sweep:
         by_site: dict[int, list[int]] = {}
         for m in head_ids:
             by_site.setdefault(self.heads[m][0], []).append(m)
-        k_max = max(1, self.budget // (clean.per_example * clean.batch))
+        k = self.replication
         for s, ms in by_site.items():
-            for i in range(0, len(ms), k_max):
-                out.update(self._ablate_chunk(clean, s, ms[i:i + k_max]))
+            for i in range(0, len(ms), k):
+                out.update(self._ablate_chunk(clean, s, ms[i:i + k]))
             if tick:
                 tick()
         return out
@@ -166,15 +162,12 @@ class Sweep:
 
     def _ablate_chunk(self, clean: Clean, s: int, ms: list[int]) -> dict[int, Ablated]:
         blocks = self.recorder.reusable(s) if (self.reuse and clean.recorded is not None) else []
-        check = bool(blocks) and s not in self.checked
-        targets: list[int | None] = ([None] if check else []) + list(ms)
-        logits = self._forward(clean, s, targets, blocks)  # [K, B, ...]
-        if check:
+        if blocks and s not in self.checked:
             self.checked.add(s)
-            if not _same(logits[0], clean.logits):
+            if not self._replay_reproduces(clean, s, blocks):
                 self.reuse = False  # a block with side effects or extra outputs: recompute everything
-                logits = self._forward(clean, s, targets, [])
-            logits = logits[1:]
+                blocks = []
+        logits = self._forward(clean, clean.inputs, clean.recorded, clean.batch, s, list(ms), blocks)  # [K, B, ...]
         K = len(ms)
         flat = logits.reshape(K * clean.batch, *logits.shape[2:])
         sc = score(flat, repeat_batch(clean.targets, K, clean.batch))
@@ -182,13 +175,27 @@ class Sweep:
         kl = _kl_sums(clean, logits)  # [K]
         return {m: Ablated(loss_sum[k], correct[k], float(kl[k])) for k, m in enumerate(ms)}
 
-    def _forward(self, clean: Clean, s: int, targets: list[int | None], blocks: list[int]) -> torch.Tensor:
-        K, B = len(targets), clean.batch
+    def _replay_reproduces(self, clean: Clean, s: int, blocks: list[int]) -> bool:
+        """Two clean replicas of the batch's first example, replaying `blocks`, give its clean logits.
+
+        One example, not the whole batch: the check runs once per layer, and a check as large as
+        the batch would cost a whole extra forward per layer when one head is closed per forward.
+        """
+        B = clean.batch
+        recorded = {i: take_rows(clean.recorded[i], 0, 1, B) for i in blocks}
+        logits = self._forward(clean, take_rows(clean.inputs, 0, 1, B), recorded, 1, s, [None, None], blocks)
+        return all(_same(logits[k], clean.logits[:1]) for k in range(2))
+
+    def _forward(self, clean: Clean, inputs: Any, recorded: dict[int, Any] | None, B: int, s: int,
+                 targets: list[int | None], blocks: list[int]) -> torch.Tensor:
+        """K = len(targets) replicas of `inputs` (B examples of `clean`, recorded: their block outputs),
+        replica k closing head targets[k] (None: none).  # [K, B, ...]"""
+        K = len(targets)
         heads = [None if m is None else self.heads[m][1] for m in targets]
         try:
             self.gates[s].scale = ablation_scale(B, self.sites[s].n_heads, heads, device=clean.targets.device)
-            with torch.no_grad(), replay(self.recorder, clean.recorded, blocks, K, B) if blocks else _nothing():
-                logits = logits_of(call_model(self.model, repeat_batch(clean.inputs, K, B)))
+            with torch.no_grad(), replay(self.recorder, recorded, blocks, K, B) if blocks else _nothing():
+                logits = logits_of(call_model(self.model, repeat_batch(inputs, K, B)))
         finally:
             self.gates[s].scale = None
         self._count(K * B)

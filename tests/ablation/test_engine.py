@@ -70,13 +70,14 @@ def test_nothing_left_after_an_interrupted_sweep(model, data, error, fast):
 
 
 def test_nothing_left_after_ctrl_c_inside_a_replayed_forward(model, data):
-    """Interrupt while block 0 replays and the layer-1 gate is closed (clean, layer 0, then layer 1)."""
+    """Interrupt while block 0 replays and the layer-1 gate is closed (the memory plan's probe, clean,
+    layer 0, then layer 1)."""
     before = snapshot(model)
     calls = []
 
     def interrupt(_m, _args, _out):
         calls.append("forward" in model.blocks[0].__dict__)  # is block 0 replaying right now?
-        if len(calls) == 3:
+        if len(calls) == 4:
             raise KeyboardInterrupt
 
     handle = model.blocks[1].register_forward_hook(interrupt)
@@ -85,7 +86,7 @@ def test_nothing_left_after_ctrl_c_inside_a_replayed_forward(model, data):
             ablate_heads(model, data, task="lm", batch_size=N, progress=False, attention=False)
     finally:
         handle.remove()
-    assert calls == [False, False, True]
+    assert calls == [False, False, False, True]
     assert_untouched(model, before)
 
 

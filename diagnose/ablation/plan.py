@@ -1,0 +1,241 @@
+"""Memory and speed pre-flight of an exact sweep: how many examples per clean pass (the
+micro-batch) and how many heads per ablation forward (the replication).
+
+One probe forward of a single example measures, per example, the largest activation any
+module returns, the sum of all leaf-module outputs (what a backward keeps), the logits and
+a block's output (what prefix replay hands back). From those the peak of one step is
+estimated, and the micro-batch and replication are the largest that
+
+- fit the memory: the free memory (CUDA: torch.cuda.mem_get_info; CPU: available RAM) with
+  a safety margin, and the caller's max_memory when given;
+- on a CPU, keep the rows of one forward in cache: a replicated forward of K x B sequences
+  pushes memory-bound elementwise work (GELU, layer norm, the residual adds) out of the
+  last-level cache, and each sequence then costs more than in a plain forward of B, which
+  eats what prefix replay saves (issue 14). The largest activation of one forward stays under
+  CPU_ROW_BYTES. On a GPU more rows per forward only fill it better (GPU_ROW_BYTES).
+
+The figures are estimates from shapes, not measurements of the allocator; SAFETY leaves room
+for what they miss (the weights' own temporaries, the allocator's slack).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.nn as nn
+
+from ..adapters._hooks import hooks
+from ..adapters.base import AttentionSite
+from ..errors import ConfigError
+from ..objectives import batch_size_of, call_model, logits_of
+from .prefix import take_rows
+from .batches import Batches
+
+CPU_ROW_BYTES = 8 * 2 ** 20  # largest activation of one forward on a CPU: a quarter of a 32 MB L3
+GPU_ROW_BYTES = 2 ** 30  # on a GPU, the same bound only keeps one forward's activations modest
+SAFETY = 0.7  # use at most this share of the free memory
+
+_UNITS = {"": 1, "b": 1, "k": 2 ** 10, "kb": 2 ** 10, "kib": 2 ** 10, "m": 2 ** 20, "mb": 2 ** 20, "mib": 2 ** 20,
+          "g": 2 ** 30, "gb": 2 ** 30, "gib": 2 ** 30, "t": 2 ** 40, "tb": 2 ** 40, "tib": 2 ** 40}
+
+
+def parse_size(value: int | float | str | None) -> int | None:
+    """Bytes from 2000000, '512MB', '1.5G', '4GiB' (powers of 1024); None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        size = float(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(value))
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise ConfigError(f"max_memory {value!r} is not a size; write e.g. 512MB, 4GB or a number of bytes")
+        size = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not size >= 1:
+        raise ConfigError(f"max_memory must be a positive size, got {value!r}")
+    return int(size)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes one example costs in a forward, measured by a probe."""
+
+    largest: int  # the largest single module output
+    saved: int  # all leaf-module outputs together (about what a backward keeps)
+    logits: int
+    hidden: int  # one residual block's output
+    n_blocks: int
+
+    def clean_bytes(self, b: int) -> int:
+        """Peak of a clean pass with d loss / d gate on b examples: the kept activations (x 2 for the
+        elementwise temporaries inside modules), the logits, their softmax and gradient."""
+        return b * (2 * self.saved + 4 * self.logits)
+
+    def ablation_bytes(self, k: int, b: int) -> int:
+        """Peak of one ablation forward of k replicas of b examples, beside the clean batch it needs."""
+        held = b * (3 * self.logits + self.n_blocks * self.hidden)  # clean logits, log-probs, recorded outputs
+        return held + k * b * (4 * self.largest + 2 * self.hidden + 4 * self.logits)
+
+    def step_bytes(self, k: int, b: int) -> int:
+        return max(self.clean_bytes(b), self.ablation_bytes(k, b))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the pre-flight chose, and why."""
+
+    micro_batch: int  # examples per clean pass and per replica
+    replication: int  # heads (replicas) per ablation forward
+    batch: int  # the largest batch passed
+    estimated_step_bytes: int
+    free_bytes: int | None  # None: unknown (then only max_memory bounds the plan)
+    max_memory_bytes: int | None
+    limited_by: str  # "batch" (nothing to cut), "cache" (CPU speed), "gpu" (GPU_ROW_BYTES) or "memory"
+    device: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"micro_batch": self.micro_batch, "replication": self.replication, "batch": self.batch,
+                "estimated_step_bytes": self.estimated_step_bytes, "free_bytes": self.free_bytes,
+                "max_memory_bytes": self.max_memory_bytes, "limited_by": self.limited_by, "device": self.device}
+
+    def describe(self) -> str:
+        """One line for the progress output."""
+        free = "" if self.free_bytes is None else f" of {_mb(self.free_bytes)} free"
+        cap = "" if self.max_memory_bytes is None else f", max {_mb(self.max_memory_bytes)}"
+        return (f"micro-batch {self.micro_batch} of {self.batch}, {self.replication} head(s) per forward, "
+                f"~{_mb(self.estimated_step_bytes)} per step{free}{cap} (by {self.limited_by})")
+
+
+def plan_sweep(model: nn.Module, sites: Sequence[AttentionSite], batches: Sequence[tuple[Any, Any]], *,
+               max_memory: int | str | None = None, free: int | None | str = "measure") -> Plan:
+    """Probe one example, then choose the micro-batch and replication (see the module docstring).
+
+    free: the free bytes to plan against ("measure": ask the device). A max_memory below what one
+    example needs raises ConfigError; without one, a plan that does not fit runs one example at a time.
+    """
+    cap_user = parse_size(max_memory)
+    batch = max(batch_size_of(x) for x, _ in batches)
+    widest = max(batches, key=lambda pair: _tokens_per_example(pair[0]))[0]
+    fp = footprint(model, sites, take_rows(widest, 0, 1, batch_size_of(widest)))
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    free_bytes = free_memory(device) if free == "measure" else free
+    caps = [c for c in (None if free_bytes is None else int(free_bytes * SAFETY), cap_user) if c is not None]
+    cap = min(caps) if caps else None
+    if cap_user is not None and fp.step_bytes(1, 1) > cap_user:
+        raise ConfigError(f"max_memory {_mb(cap_user)} is below the ~{_mb(fp.step_bytes(1, 1))} one example needs "
+                          "in one step (estimated); raise it")
+    rows = max(1, (CPU_ROW_BYTES if device.type == "cpu" else GPU_ROW_BYTES) // max(fp.largest, 1))
+    n_heads = max((s.n_heads for s in sites), default=1)
+    b, k = _choose(fp, batch, n_heads, rows, cap)
+    if (b, k) != _choose(fp, batch, n_heads, rows, None):
+        limited = "memory"
+    elif b == batch and k == n_heads:
+        limited = "batch"
+    else:
+        limited = "cache" if device.type == "cpu" else "gpu"
+    return Plan(micro_batch=b, replication=k, batch=batch, estimated_step_bytes=fp.step_bytes(k, b),
+                free_bytes=free_bytes, max_memory_bytes=cap_user, limited_by=limited, device=str(device))
+
+
+def footprint(model: nn.Module, sites: Sequence[AttentionSite], example: Any) -> Footprint:
+    """Per-example bytes of one forward of `example` (a batch of one), every module hooked."""
+    outs: list[int] = []
+    leaf: list[int] = []
+    blocks = {id(m) for _, m in (sites[0].adapter.blocks(model) if sites else [])}
+    hidden: list[int] = []
+
+    def hook(module: nn.Module, _args, out) -> None:
+        n = _nbytes(out)
+        outs.append(n)
+        if not any(True for _ in module.children()):
+            leaf.append(n)
+        if id(module) in blocks:
+            hidden.append(n)
+
+    regs = [lambda m=m: m.register_forward_hook(hook) for m in model.modules() if m is not model]
+    with torch.no_grad(), hooks(*regs):
+        logits = logits_of(call_model(model, example))
+    n_logits = logits.numel() * max(logits.element_size(), 4)  # scored in float32
+    return Footprint(largest=max([*outs, n_logits]), saved=sum(leaf) + n_logits, logits=n_logits,
+                     hidden=max(hidden, default=0), n_blocks=len(blocks))
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Free bytes on `device`: CUDA's free memory plus what torch's cache holds unused; on a CPU
+    the available RAM (psutil, else /proc/meminfo); None where neither can be read."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    if device.type != "cpu":
+        return None
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _choose(fp: Footprint, batch: int, n_heads: int, rows: int, cap: int | None) -> tuple[int, int]:
+    """(micro-batch, replication): the largest within `rows` sequences per forward and `cap` bytes."""
+    b = _largest(batch, lambda b: b <= rows and (cap is None or fp.step_bytes(1, b) <= cap))
+    k = _largest(n_heads, lambda k: k * b <= rows and (cap is None or fp.step_bytes(k, b) <= cap))
+    return b, k
+
+
+def _largest(n: int, ok) -> int:
+    """The largest m in 1..n with ok(m) (ok is monotone: true up to some m); 1 if none."""
+    lo, hi = 1, n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _tokens_per_example(inputs: Any) -> int:
+    """Elements per example over the input tensors (the widest batch is probed)."""
+    b = batch_size_of(inputs)
+    tensors = inputs.values() if isinstance(inputs, dict) else [inputs]
+    return sum(t.numel() // max(b, 1) for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _nbytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (tuple, list)):
+        return sum(_nbytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(_nbytes(o) for o in obj.values())
+    if hasattr(obj, "to_tuple"):  # transformers' ModelOutput
+        return sum(_nbytes(o) for o in obj.to_tuple())
+    return 0
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2 ** 30:.1f} GB" if n >= 2 ** 30 else f"{n / 2 ** 20:.0f} MB"
+
+
+def micro_batches(batches: Sequence[tuple[Any, Any]], size: int) -> Sequence[tuple[Any, Any]]:
+    """The (inputs, labels) batches cut into pieces of at most `size` examples, in order. Batches
+    that move to the device as read (`Batches`) are cut where they are and still move one at a time."""
+    if isinstance(batches, Batches):
+        return Batches(micro_batches(batches.pairs, size), batches.device)
+    out = []
+    for inputs, labels in batches:
+        B = batch_size_of(inputs)
+        for start in range(0, B, size):
+            out.append((take_rows(inputs, start, start + size, B), take_rows(labels, start, start + size, B)))
+    return out
