@@ -79,10 +79,6 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data])  # before the slow imports
     from diagnose._terminal import plain
     from diagnose.ablation import ablate_heads
-    from diagnose.io import check_task, load_data_for, load_model, trial_forward
-    from diagnose.objectives import default_task
-    from diagnose.sites import find_heads
-
     from diagnose._distributed import init_from_env, leave
     from diagnose.ablation.plan import parse_size
 
@@ -90,12 +86,8 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     cap = parse_size(max_memory)
     ranks, device = init_from_env()  # torchrun: join the group (NCCL on this rank's GPU, else gloo)
     try:
-        net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
-        ds = load_data_for(net, data, max_length=max_length)
-        trial_forward(net, ds)
-        sites = find_heads(net, attention_module=attention_module, n_heads=n_heads, example=ds.inputs(0, 2))
-        task = task or default_task(net, ds)
-        check_task(ds, task)
+        net, ds, sites, task = _load(model, factory, trust_pickle, attn_implementation, data, max_length,
+                                     attention_module, n_heads, task)
         if device is not None:
             net.to(device)  # after the checks on the CPU; the data stays there, each batch moves when used
         result = ablate_heads(net, ds, task=task, method=method, batch_size=batch_size,
@@ -113,6 +105,22 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
         from ._report import write_report_noting
 
         click.echo(f"report: {plain(write_report_noting([result], html_path))}")
+
+
+def _load(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
+          max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None) -> tuple:
+    """The model, its data, its attention sites and the task, each checked on the CPU."""
+    from diagnose.io import check_task, load_data_for, load_model, trial_forward
+    from diagnose.objectives import default_task
+    from diagnose.sites import find_heads
+
+    net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
+    ds = load_data_for(net, data, max_length=max_length)
+    trial_forward(net, ds)
+    sites = find_heads(net, attention_module=attention_module, n_heads=n_heads, example=ds.inputs(0, 2))
+    task = task or default_task(net, ds)
+    check_task(ds, task)
+    return net, ds, sites, task
 
 
 def _print(result, json_path: str | None) -> None:

@@ -51,7 +51,7 @@ def prune(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     Example: diagnose prune model/ --data dev.jsonl --eval test.jsonl --max-drop 1 --out pruned/ --json prune.json
     """
     from diagnose._terminal import plain
-    from diagnose.errors import ConfigError, DataError
+    from diagnose.errors import ConfigError
 
     for name, value in (("--max-drop", max_drop), ("--max-loss", max_loss)):
         if value is not None and not value >= 0:
@@ -59,7 +59,7 @@ def prune(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data, *([eval_path] if eval_path else [])])
     from pathlib import Path
 
-    from diagnose.io import check_task, load_data_for, load_model, trial_forward
+    from diagnose.io import load_data_for, load_model, trial_forward
     from diagnose.objectives import default_task
     from diagnose.prune import prune_heads
     from diagnose.prune.save import check_folder
@@ -71,12 +71,7 @@ def prune(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     trial_forward(net, ds)
     held = load_data_for(net, eval_path, max_length=max_length) if eval_path else None
     task = task or default_task(net, ds)
-    for path, d in ((data, ds), (eval_path, held)):
-        if d is not None and task == "classification" and getattr(d, "labels", None) is None:
-            raise DataError(f"{path}: has no labels; pruning a classifier measures accuracy against them: add "
-                            "labels (a `label` field in text data), or pass --task lm")
-        if d is not None:
-            check_task(d, task)
+    _check_labels(task, ((data, ds), (eval_path, held)))
 
     def step(s, choice) -> None:
         click.echo(f"removed L{s.layer}.H{s.head} ({s.n_removed} of {sum(choice.n_heads)}): accuracy "
@@ -95,6 +90,19 @@ def prune(model: str, factory: str | None, trust_pickle: bool, attn_implementati
         from ._report import write_report_noting
 
         click.echo(f"report: {plain(write_report_noting([result.to_json()], html_path))}")
+
+
+def _check_labels(task: str, files: tuple) -> None:
+    """Each (path, data) pair has the labels `task` scores against (None data: not given)."""
+    from diagnose.errors import DataError
+    from diagnose.io import check_task
+
+    for path, d in files:
+        if d is not None and task == "classification" and getattr(d, "labels", None) is None:
+            raise DataError(f"{path}: has no labels; pruning a classifier measures accuracy against them: add "
+                            "labels (a `label` field in text data), or pass --task lm")
+        if d is not None:
+            check_task(d, task)
 
 
 def _print(d: dict, json_path: str | None) -> None:

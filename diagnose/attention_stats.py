@@ -224,11 +224,7 @@ def attention_summary(model: nn.Module, data: Any, *, keep: int = 4, batch_size:
     from .sites import find_heads
 
     it = iter(_batches(data, batch_size))
-    first = next(it, None)
-    if first is None:
-        from .errors import DataError
-
-        raise DataError("attention_summary got no data")
+    first = _first(it)
     if sites is None:
         sites = find_heads(model, attention_module=attention_module, n_heads=n_heads, example=_inputs_of(first))
     accs = [HeadStats(s.n_heads) for s in sites]
@@ -260,11 +256,26 @@ def attention_summary(model: nn.Module, data: Any, *, keep: int = 4, batch_size:
                 n += B
                 state["room"] = max(0, state["room"] - B)
             batch = next(it, None)
+    return _assemble(sites, accs, kept, n, window if state["windowed"] else None)
+
+
+def _first(it: Any) -> Any:
+    """The first batch; no data at all is a DataError."""
+    first = next(it, None)
+    if first is None:
+        from .errors import DataError
+
+        raise DataError("attention_summary got no data")
+    return first
+
+
+def _assemble(sites: list[AttentionSite], accs: list["HeadStats"], kept: list[list[torch.Tensor]], n: int,
+              window: int | None) -> AttentionSummary:
+    """The summary from each site's accumulated statistics and kept maps."""
     examples = [torch.cat(k) if k else torch.empty(0) for k in kept]
     info = [{"layer": s.layer, "name": s.name, "n_heads": s.n_heads, "head_dim": s.head_dim} for s in sites]
     rows = [[0.0, 0.0, 0.0] if a.rows is None else a.rows.tolist() for a in accs]  # weights to merge shards
-    return AttentionSummary(info, [a.result() for a in accs], examples, n, window if state["windowed"] else None,
-                            rows)
+    return AttentionSummary(info, [a.result() for a in accs], examples, n, window, rows)
 
 
 def _window(probs: Probs, room: int, window: int) -> torch.Tensor:

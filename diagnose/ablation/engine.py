@@ -88,10 +88,7 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, task: str = "classificati
     run.started += time.perf_counter() - closing  # the timing figures are the sweep's own
     with eval_mode(model), _progress(progress if r.main or callable(progress) else False) as bar, \
             gated(run.sites) as gates:
-        run.plan = plan_sweep(model, run.sites, run.batches, max_memory=max_memory)
-        run.parts = micro_batches(run.mine, run.plan.micro_batch)  # this rank's shard, in the plan's pieces
-        bar.describe(run.plan.describe())
-        run.sweep = Sweep(model, run.sites, gates, task, reuse=reuse, replication=run.plan.replication)
+        _plan(run, gates, task, reuse, max_memory, bar)
         run.acc = Accumulator(len(run.sweep.heads))
         n_top = opts.n_top(len(run.sweep.heads))
         bar.total(len(run.mine) * (method == "mean")
@@ -162,6 +159,14 @@ class _Run:
     chosen: list[int] | None = None
     ranking_seconds: float | None = None
     ablation_seconds: float = 0.0
+
+
+def _plan(run: _Run, gates: list, task: str, reuse: bool, max_memory: int | str | None, bar: "_Bar") -> None:
+    """Size the passes (plan.py), cut this rank's shard into them, and set up the sweep."""
+    run.plan = plan_sweep(run.model, run.sites, run.batches, max_memory=max_memory)
+    run.parts = micro_batches(run.mine, run.plan.micro_batch)  # this rank's shard, in the plan's pieces
+    bar.describe(run.plan.describe())
+    run.sweep = Sweep(run.model, run.sites, gates, task, reuse=reuse, replication=run.plan.replication)
 
 
 def _exact(run: _Run, bar: "_Bar") -> list[int]:
