@@ -3,22 +3,20 @@
 step's `clip_coef`) and the batches saved at spike alerts (spikes/step_N.json).
 
 All of it is optional: a folder written before these fields existed gives empty values and the
-report leaves the sections out. `Run.evals` / `Run.spikes` are used when the reader provides
-them; otherwise the files are read here, skipping what does not parse (a torn line, a
-damaged spike record): these are side files, and the report must still show the run.
+report leaves the sections out. The files are read once, by `read_run` (`Run.evals`,
+`Run.spikes`), which skips and counts what does not parse (a torn line, a damaged spike
+record): these are side files, and the report must still show the run.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from diagnose.errors import DiagnoseError
 
 Series = tuple[np.ndarray, np.ndarray]
 MAX_SPIKE_ROWS = 50
@@ -62,22 +60,9 @@ def _numbers(values: Any) -> np.ndarray:
 
 
 def _eval_frame(run: Any) -> pd.DataFrame | None:
+    """read_run's evaluations (it skips and counts damaged lines); None for a run without them."""
     frame = getattr(run, "evals", None)
-    if isinstance(frame, pd.DataFrame):
-        return frame
-    path = Path(getattr(run, "dir", "")) / "evals.jsonl"
-    if not path.is_file():
-        return None
-    from diagnose.monitor._runfolder import iter_records
-
-    try:
-        records = [r for r in iter_records(path) if isinstance(r.get("step"), int) and not isinstance(r["step"], bool)]
-    except DiagnoseError:
-        return None
-    rows = [{"step": r["step"], "loss": r.get("loss"),
-             **{str(k): v for k, v in (r.get("metrics") or {}).items() if k not in ("step", "time", "loss")}}
-            for r in records if isinstance(r.get("metrics", {}), dict)]
-    return pd.DataFrame(rows) if rows else None
+    return frame if isinstance(frame, pd.DataFrame) else None
 
 
 def evals(run: Any) -> Evals | None:
@@ -103,23 +88,9 @@ def clipping(run: Any, clip_coef: np.ndarray) -> Clipping | None:
 
 
 def _spike_records(run: Any) -> list[dict[str, Any]]:
+    """read_run's spike records (damaged ones already skipped and counted); [] when none."""
     records = getattr(run, "spikes", None)
-    if isinstance(records, list):
-        return records
-    folder = Path(getattr(run, "dir", "")) / "spikes"
-    if not folder.is_dir():
-        return []
-    from diagnose.io._read import read_json
-
-    out = []
-    for path in sorted(folder.glob("step_*.json")):
-        try:
-            rec = read_json(path, "spike record", "delete it", limit=16 << 20)
-        except DiagnoseError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+    return records if isinstance(records, list) else []
 
 
 def spikes(run: Any) -> list[Spike]:
