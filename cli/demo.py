@@ -8,7 +8,7 @@ import click
 @click.command()
 @click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(),
               help="Folder to write the demo models, data, runs and report into.")
-@click.option("--quick", is_flag=True, help="Train far fewer steps (a smoke test; the numbers mean little).")
+@click.option("--quick", is_flag=True, help="Train the lesson pairs far fewer steps (a smoke test: their numbers mean little; the three main models are shipped trained).")
 @click.option("--no-lessons", is_flag=True, help="Skip the lesson pairs (only the three main models).")
 def demo(out_dir: str, quick: bool, no_lessons: bool) -> None:
     """Train small models on synthetic tasks, analyse them, and write one report.

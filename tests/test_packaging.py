@@ -1,5 +1,6 @@
 """The wheel holds one top-level package: cli/ and reports/ live inside diagnose, with the
-report's templates and static files, so nothing named `cli` or `reports` reaches site-packages."""
+report's templates and static files and the demo's shipped models, so nothing named `cli` or
+`reports` reaches site-packages. (`make wheel-check` installs the wheel in a clean venv and runs it.)"""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ def test_wheel_layout(tmp_path):
     pytest.importorskip("setuptools")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
-    (wheel,) = tmp_path.glob("diagnose-*.whl")
+    (wheel,) = tmp_path.glob("diagnose_transformers-*.whl")  # `diagnose` on the index is another project
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"diagnose"}
     for needed in ("diagnose/cli/main.py", "diagnose/reports/templates/report.html.j2",
-                   "diagnose/reports/static/report.js", "diagnose/py.typed", "diagnose/adapters/_hf_llama.py"):
+                   "diagnose/reports/static/report.js", "diagnose/py.typed", "diagnose/adapters/_hf_llama.py",
+                   "diagnose/demo/models/manifest.json"):
         assert needed in names, needed
     # every source module ships: a new folder missing from pyproject's packages list would be left out
     sources = {f"diagnose/{p.relative_to(ROOT / 'diagnose').as_posix()}" for p in (ROOT / "diagnose").rglob("*.py")}
@@ -30,3 +32,7 @@ def test_wheel_layout(tmp_path):
                 for p in (ROOT / top).rglob("*.py")}
     assert "diagnose/demo/__init__.py" in sources and "diagnose/demo/_run.py" in sources
     assert sources - set(names) == set()
+    # ... and so does every file of the demo's shipped models (weights, recorded runs)
+    shipped = {f"diagnose/demo/models/{p.relative_to(ROOT / 'diagnose/demo/models').as_posix()}"
+               for p in (ROOT / "diagnose/demo/models").rglob("*") if p.is_file()}
+    assert len(shipped) >= 10 and shipped - set(names) == set()

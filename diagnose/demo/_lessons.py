@@ -18,7 +18,9 @@ from .._write import atomic_write
 from ..checks import check_model
 from ..monitor import TrainingMonitor, read_run
 from ..zoo import ModelConfig, TaskData, TrainConfig, Transformer, induction, order, padded_majority, train
+from ..zoo.train import evaluate
 from . import _head_lesson as head_lesson
+from . import _shipped
 
 SCHEMA = "diagnose.lessons/1"
 
@@ -112,11 +114,16 @@ def variants(quick: bool = False) -> dict[str, Variant]:
     return {v.name: v for v in vs}
 
 
-def train_variant(v: Variant, runs_dir: Path, data_cache: dict[str, TaskData]) -> Trained:
-    """Train one variant under TrainingMonitor into runs_dir/<name>."""
+def _split(v: Variant, data_cache: dict[str, TaskData]) -> tuple[TaskData, TaskData]:
+    """The variant's task data as (train, eval): the last 512 examples are held out."""
     if v.task not in data_cache:
         data_cache[v.task] = task_data(v.task)
-    tr, ev = data_cache[v.task].split(len(data_cache[v.task]) - 512)
+    return data_cache[v.task].split(len(data_cache[v.task]) - 512)
+
+
+def train_variant(v: Variant, runs_dir: Path, data_cache: dict[str, TaskData]) -> Trained:
+    """Train one variant under TrainingMonitor into runs_dir/<name>."""
+    tr, ev = _split(v, data_cache)
     torch.manual_seed(v.train.seed)
     model = Transformer(v.model)
     run_dir = runs_dir / v.name
@@ -125,6 +132,16 @@ def train_variant(v: Variant, runs_dir: Path, data_cache: dict[str, TaskData]) -
         res = train(model, tr, v.train, eval_data=ev,
                     on_backward=lambda step, loss, opt: mon.step(loss, optimizer=opt))
     return Trained(v, model, ev, run_dir, res.eval_accuracy, res.eval_loss)
+
+
+def shipped_variant(v: Variant, runs_dir: Path, data_cache: dict[str, TaskData]) -> Trained:
+    """The shipped model trained from v (hash-checked, see _shipped), with the run recorded while it
+    trained laid into runs_dir/<name>; accuracy and loss measured here, on this machine."""
+    _, ev = _split(v, data_cache)
+    model, entry = _shipped.load(v, ev)
+    run_dir = _shipped.copy_run(_shipped.MODELS_DIR / entry["run"], runs_dir / v.name)
+    loss, accuracy = evaluate(model, ev)
+    return Trained(v, model, ev, run_dir, accuracy, loss)
 
 
 # -- what each lesson measures ---------------------------------------------------------------
@@ -175,27 +192,10 @@ def _check(t: Trained, name: str) -> dict[str, Any]:
 TRAINING = [("accuracy", "eval accuracy", ".3f"), ("loss", "eval loss", ".3f"),
             ("max_grad_norm_first_60", "max grad norm, steps 0-59", ".2f"), ("alerts", "monitor alerts", "s")]
 
-RETRY_SEEDS = (1, 2, 3)  # the heads lesson's fallback recipes (positions model, other seeds)
-
-
-def heads_lesson(a: Trained, seeds: tuple[int, ...] = RETRY_SEEDS) -> dict[str, Any]:
-    """The attention-map lesson on the positions model; when this run has no striking-but-inert head
-    beside a vital one (another CPU rounds differently, and a small model may not grow one), the same
-    recipe is trained with the next seed, and the claim says which seed showed it."""
-    out = head_lesson.measure(a.model, a.eval_data.tensors(), a.eval_data.task)
-    tried = [a.variant.train.seed]
-    for seed in seeds:
-        if out.get("shows"):
-            break
-        v = replace(a.variant, name=f"{a.variant.name}-seed{seed}", train=replace(a.variant.train, seed=seed))
-        t = train_variant(v, a.run_dir.parent, {})
-        out = head_lesson.measure(t.model, t.eval_data.tensors(), t.eval_data.task)
-        tried.append(seed)
-    if len(tried) > 1:
-        before = ", ".join(str(s) for s in tried[:-1])
-        out["claim"] = (f"(Positions model trained with seed {tried[-1]}: with seed(s) {before} no head was both "
-                        f"striking and shown negligible on this machine.) " + out["claim"])
-    return out
+def heads_lesson(a: Trained) -> dict[str, Any]:
+    """The attention-map lesson, on the shipped order model: the same weights on every machine, so
+    the same heads are vital and inert whatever the CPU rounds (see _shipped)."""
+    return head_lesson.measure(a.model, a.eval_data.tensors(), a.eval_data.task)
 
 
 LESSONS = [
@@ -229,7 +229,7 @@ LESSONS = [
                                      ("accuracy", "eval accuracy", ".3f")],
                               {"a": _check(a, "padding"), "b": _check(b, "padding")})),
     Lesson("heads", head_lesson.TITLE, "A head that puts its weight on the first token may do nothing at all; "
-           "only removing heads shows which carry the task.", "positions", "positions",
+           "only removing heads shows which carry the task.", "order", "order",
            lambda a, _: heads_lesson(a)),
 ]
 
@@ -241,16 +241,22 @@ def run_lessons(out_dir: str | Path, *, quick: bool = False, only: list[str] | N
     out = Path(out_dir)
     runs_dir = out / "runs"
     lessons = [les for les in LESSONS if only is None or les.key in only]
+    from ._run import demo_variants
+
     vs = variants(quick)
-    needed = [name for name in vs if any(name in (les.a, les.b) for les in lessons)]
+    shipped = {v.name: v for v in demo_variants()}
+    needed = list(dict.fromkeys(name for les in lessons for name in (les.a, les.b)))
     cache: dict[str, TaskData] = {}
     trained = dict(trained or {})
     for name in needed:
         if name in trained:
             log(f"  reused  {name:22s} accuracy {trained[name].accuracy:.3f} ({trained[name].run_dir.name})")
-            continue
-        trained[name] = t = train_variant(vs[name], runs_dir, cache)
-        log(f"  trained {name:22s} accuracy {t.accuracy:.3f}")
+        elif name in vs:
+            trained[name] = t = train_variant(vs[name], runs_dir, cache)
+            log(f"  trained {name:22s} accuracy {t.accuracy:.3f}")
+        else:
+            trained[name] = t = shipped_variant(shipped[name], runs_dir, cache)
+            log(f"  shipped {name:22s} accuracy {t.accuracy:.3f}")
     results = []
     for lesson in lessons:
         a, b = trained[lesson.a], trained[lesson.b]

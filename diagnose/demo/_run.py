@@ -1,7 +1,9 @@
-"""`diagnose demo`: everything diagnose does, on models it trains itself in a few minutes.
+"""`diagnose demo`: everything diagnose does, on models trained by diagnose itself.
 
-1. trains the reference model on the three synthetic tasks under TrainingMonitor and saves
-   each checkpoint with its evaluation data (out/<task>/model.pt, eval.pt, runs/<task>);
+1. loads the reference models trained on the three synthetic tasks (shipped in the package, see
+   _shipped: the same weights on every machine) with the TrainingMonitor run recorded while each
+   trained, and saves each checkpoint with its evaluation data (out/<task>/model.pt, eval.pt,
+   runs/<task>);
 2. ablates every head of each (out/<task>/heads.json) and checks its wiring (checks.json);
 3. trains the lesson pairs (diagnose.demo._lessons) and measures what each switch does (lessons.json);
 4. writes one self-contained report of all of it (out/report.html).
@@ -21,7 +23,8 @@ from ..checks import check_model
 from ..io._checkpoint import save_checkpoint
 from ..io._data import save_tensors
 from ..zoo import ModelConfig, TaskData, TrainConfig
-from ._lessons import Trained, Variant, markdown_table, run_lessons, train_variant, variants
+from . import _shipped
+from ._lessons import Trained, Variant, markdown_table, run_lessons, shipped_variant, variants
 
 
 @dataclass
@@ -47,20 +50,19 @@ class DemoResult:
     seconds: float = 0.0
 
 
-def demo_variants(quick: bool = False) -> list[Variant]:
-    """The three main demo models: one per synthetic task."""
-    k = 0.3 if quick else 1.0
+def demo_variants() -> list[Variant]:
+    """The recipes of the three main demo models, one per synthetic task (shipped trained: _shipped)."""
     return [
         # two heads a layer: enough for the circuit (previous-token head, induction head) and
         # few enough that single-head ablation can see it; with four, copies cover for each other
         Variant("induction", "induction",
                 ModelConfig(kind="lm", vocab_size=24, max_len=32, n_layers=2, n_heads=2, d_model=64),
-                TrainConfig(steps=int(600 * k), lr=3e-3, batch_size=64, warmup=50)),
+                TrainConfig(steps=600, lr=3e-3, batch_size=64, warmup=50)),
         # the positions lesson's model (a), whose heads the attention-map lesson contrasts: the lessons reuse it
-        replace(variants(quick)["positions"], name="order"),
+        replace(variants()["positions"], name="order"),
         Variant("padding", "padding",
                 ModelConfig(kind="classifier", vocab_size=8, max_len=16, n_layers=2, n_heads=4, d_model=64),
-                TrainConfig(steps=int(400 * k), lr=3e-3, batch_size=64, warmup=50)),
+                TrainConfig(steps=400, lr=3e-3, batch_size=64, warmup=50)),
     ]
 
 
@@ -90,13 +92,16 @@ def _run(out: Path, quick: bool, lessons: bool, report: bool, log: Callable[[str
     start = time.perf_counter()
     result = DemoResult(out)
     cache: dict[str, TaskData] = {}
-    log("Training the demo models (reference Transformer on synthetic tasks) ...")
+    log("Loading the demo models (reference Transformer trained on synthetic tasks, shipped: "
+        "the same weights on every machine) ...")
     reusable: dict[str, Trained] = {}  # main models the lessons use as they are
-    for v in demo_variants(quick):
+    positions = variants(quick)["positions"]
+    for v in demo_variants():
         t0 = time.perf_counter()
-        t = train_variant(v, out / "runs", cache)
-        if v.name == "order":
-            reusable["positions"] = t
+        t = shipped_variant(v, out / "runs", cache)
+        reusable[v.name] = t
+        if _shipped.recipe(v) == _shipped.recipe(positions):  # the positions lesson's (a), already trained
+            reusable[positions.name] = t
         folder = out / v.name
         data = cache[v.task]
         ckpt = save_checkpoint(t.model, folder / "model.pt",
