@@ -10,16 +10,19 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.diagnose-installed
+# what `pip install -e` takes: the extras, and a constraints file that pins versions (the version matrix)
+EXTRAS ?= all,test
+CONSTRAINTS ?=
 # pytest workers (xdist); CI's second pass uses one worker with two torch threads.
 TEST_WORKERS ?= 2
 
-.PHONY: demo test bench families clean
+.PHONY: demo test bench families clean demo-paths versions versions-lowest versions-newest wheel-check gpu
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[all,test]"
+	$(BIN)/python -m pip install -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -35,5 +38,37 @@ bench: $(STAMP)
 families: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python bench/families.py
 
+# The demo under each CPU kernel path: the same lessons and flags on each (CI runs it; ~10 minutes).
+PATHS ?= $(shell bash .ci/kernel-paths)
+demo-paths: $(STAMP)
+	$(BIN)/python .ci/demo_paths.py demo-paths-out $(PATHS)
+
+# The version matrix (docs/development.md), each row in a venv of its own, the whole suite on each:
+# pyproject's lower bounds (python 3.10, torch, numpy, transformers: .ci/lowest.txt; TransformerLens
+# needs torch 2.6 and transformers 5.9, so its tests skip there), and the newest torch and
+# transformers the package index serves. Each row prints the versions it ran.
+LOWEST_PYTHON ?= python3.10
+VERSIONS := import sys, torch, numpy, transformers; print("== versions:", "python", sys.version.split()[0], "torch", torch.__version__, "numpy", numpy.__version__, "transformers", transformers.__version__)
+versions: versions-lowest versions-newest
+versions-lowest:
+	$(MAKE) test VENV=.venv-lowest PYTHON=$(LOWEST_PYTHON) TORCH_SPEC=torch==2.4.0 CONSTRAINTS=.ci/lowest.txt \
+		EXTRAS=transformers,lightning,tensorboard,test
+	.venv-lowest/bin/python -c '$(VERSIONS)'
+versions-newest:
+	$(MAKE) .venv-newest/.diagnose-installed VENV=.venv-newest TORCH_SPEC=torch
+	.venv-newest/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[all,test]"
+	$(MAKE) test VENV=.venv-newest
+	.venv-newest/bin/python -c '$(VERSIONS)'
+
+# The wheel and sdist (python -m build), installed into a clean venv in a temporary folder away from
+# the source tree, then `diagnose --help`, `diagnose demo --quick` and `diagnose report` there.
+wheel-check: $(STAMP)
+	bash .ci/wheel-check $(PYTHON) "$(TORCH_SPEC)"
+
+# On a CUDA machine: the sweep against the peer loop, the monitor's overhead and long-context
+# memory, in under 10 minutes (bench/README.md); elsewhere it says so and exits 0.
+gpu: $(STAMP)
+	$(BIN)/python bench/gpu.py
+
 clean:
-	rm -rf $(VENV) demo-out
+	rm -rf $(VENV) .venv-lowest .venv-newest demo-out demo-paths-out dist
