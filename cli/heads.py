@@ -83,7 +83,7 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     from diagnose.ablation.plan import parse_size
 
     closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
-    cap = parse_size(max_memory)
+    cap = parse_size(max_memory, "--max-memory")
     ranks, device = init_from_env()  # torchrun: join the group (NCCL on this rank's GPU, else gloo)
     try:
         net, ds, sites, task = _load(model, factory, trust_pickle, attn_implementation, data, max_length,
