@@ -230,7 +230,8 @@ def _load_path(out: Sources, path: Path) -> None:
     if not path.exists() and not path.is_symlink():
         raise InputFileError(f"{path}: no such file or folder; give heads JSON files and run folders")
     data = parse_source(read_bytes(path, "report source", limit=FILE_LIMIT), str(path),
-                        "give a file written by `diagnose heads --json`, `diagnose check --json`, `diagnose prune --json` or `diagnose demo`")
+                        "give a file written by `diagnose heads --json`, `diagnose check --json`, "
+                        "`diagnose prune --json` or `diagnose demo`")
     _add_document(out, data, _label(path), str(path))
 
 
