@@ -68,11 +68,8 @@ def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike]
         if src_path.is_dir() and _resolved(src_path) in target.parents:
             raise OutputError(f"{path}: {option} is inside the input folder {src}; writing there could "
                               "overwrite part of it: choose a path outside that folder")
-    if folder and os.path.islink(path):
-        # a folder output is built beside its path and renamed into place: a link would be replaced or
-        # followed elsewhere, and a dangling one makes the rename fail after all the work
-        where = "to nothing" if not os.path.exists(path) else f"to {os.path.realpath(path)}"
-        raise OutputError(f"{path}: {option} is a symbolic link {where}; give the real folder path, or a new one")
+    if folder and os.path.islink(path) and not os.path.exists(path):  # making that folder would fail after the work
+        raise OutputError(f"{path}: {option} is a symbolic link to nothing; give the real folder path, or a new one")
     try:
         st = os.stat(path)
     except FileNotFoundError:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import json
 import shutil
 import tempfile
@@ -36,6 +37,9 @@ def check_folder(folder: Path, *, inputs: Iterable[Any] = (), option: str = "--o
     (the input model's own), a symbolic link, a file, a folder that is not empty (nothing is
     overwritten), or one in a folder this process cannot write to (the shared output guard)."""
     check_output(folder, inputs=[i for i in inputs if i is not None], option=option, folder=True)
+    if folder.is_symlink():  # built beside its path and renamed into place: a link cannot be renamed onto
+        raise OutputError(f"{folder}: {option} is a symbolic link to {os.path.realpath(folder)}; give the real "
+                          "folder path, or a new one")
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise OutputError(f"{folder}: exists and is not empty; name a new or empty folder for the pruned model")
 
