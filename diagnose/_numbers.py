@@ -41,7 +41,7 @@ def to_float(value: Any) -> float:
 def kind(value: Any) -> str:
     """What a value that is not a usable number is, in words, for an error message."""
     if isinstance(value, bool):
-        return "true/false"
+        return "a bool"
     if isinstance(value, int):
         return "an integer too large for a float" if number(value) is None else "an integer"
     if isinstance(value, float):

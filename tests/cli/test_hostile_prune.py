@@ -155,7 +155,7 @@ CONFIG_CASES = [
     ("no heads", _attrs(SELF, num_attention_heads=0), ["num_attention_heads is 0", "head count"]),
     ("10**9 heads", _attrs(SELF, num_attention_heads=10**9), ["num_attention_heads is 1000000000"]),
     ("a float width", _attrs(SELF, all_head_size=4.0), ["all_head_size", "not an integer"]),
-    ("a bool", _attrs(SELF, num_attention_heads=True), ["num_attention_heads", "true/false"]),
+    ("a bool", _attrs(SELF, num_attention_heads=True), ["num_attention_heads", "a bool"]),
     ("a module not there", _attrs("bert.nope", nf=2), ["'bert.nope'", "no weights"]),
     ("in_features against its weight", _attrs(DENSE, in_features=7), ["in_features is 7", "shape"]),
     ("a shape the weights lack", lambda c: c["diagnose_pruned"]["shapes"].update(

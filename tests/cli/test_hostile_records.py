@@ -180,7 +180,7 @@ PRUNE_BAD = [
     ("eval a string", lambda d: d.update(eval="x"), "`eval` is a string"),
     ("stop.next a list", lambda d: d["stop"].update(next=[1]), "`stop.next` is a list"),
     ("notes a number", lambda d: d.update(notes=5), "`notes` is an integer"),
-    ("heads_left a bool", lambda d: d.update(heads_left=[True, 2]), "`heads_left[0]` is true/false"),
+    ("heads_left a bool", lambda d: d.update(heads_left=[True, 2]), "`heads_left[0]` is a bool"),
     ("heads_left over n_heads", lambda d: d.update(heads_left=[3, 2]), "`heads_left`"),
     ("curve empty", lambda d: d.update(curve=[]), "`curve` is empty"),
 ]
