@@ -68,13 +68,14 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
 
     Under torchrun each process sweeps a shard of the examples (one GPU each with NCCL, else gloo
     on CPUs); the per-example results are gathered, so the output is the same as one process's,
-    and only rank 0 prints and writes.
+    and only rank 0 prints and writes. Start it with `torchrun ... --no-python diagnose`, not
+    `-m diagnose`, which would put the current folder (a model folder's .py files) on the path.
 
     \b
     Example: diagnose heads demo-out/induction/model.pt --data demo-out/induction/eval.pt --json heads.json
              diagnose heads model.pt --data eval.pt --html heads.html
              diagnose heads model.pt --data eval.pt --together L0.H3,L0.H0
-             torchrun --nproc-per-node 4 -m diagnose heads model.pt --data eval.pt --json heads.json
+             torchrun --nproc-per-node 4 --no-python diagnose heads model.pt --data eval.pt --json heads.json
     """
     check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data])  # before the slow imports
     from diagnose._terminal import plain
@@ -83,7 +84,7 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     from diagnose.ablation.plan import parse_size
 
     closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
-    cap = parse_size(max_memory)
+    cap = parse_size(max_memory, "--max-memory")
     ranks, device = init_from_env()  # torchrun: join the group (NCCL on this rank's GPU, else gloo)
     try:
         net, ds, sites, task = _load(model, factory, trust_pickle, attn_implementation, data, max_length,

@@ -31,6 +31,23 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
+        except Exception as exc:
+            if _peer_gone(exc):  # rank 0 said why in one line and left; repeating it as a traceback helps no one
+                ctx.exit(2)
+            raise
+
+
+_PEER_GONE = ("Connection closed", "Connection reset", "Broken pipe", "recvBytes", "sendBytes", "peer", "NCCL",
+              "gloo")
+
+
+def _peer_gone(exc: Exception) -> bool:
+    """Under torchrun, on a rank other than 0: the collective failed because another process exited."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or os.environ.get("RANK", "0") == "0":
+        return False
+    if type(exc).__module__.startswith("torch.distributed"):  # DistNetworkError, DistStoreError, ...
+        return True
+    return isinstance(exc, RuntimeError) and any(w in str(exc) for w in _PEER_GONE)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

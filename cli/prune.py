@@ -17,7 +17,8 @@ METHODS = ("zero", "mean")
               help="Held-out data for the before/after accuracy and loss (not used to choose).")
 @max_length_option
 @click.option("--max-drop", type=float, default=None,
-              help="Accuracy points (of 100) the model may lose on --data (classification default 1.0).")
+              help="Accuracy points (of 100) a classifier may lose on --data (default 1.0; refused for a "
+                   "language model, whose budget is --max-loss).")
 @click.option("--max-loss", type=float, default=None,
               help="Mean loss (nats per scored token) the model may gain on --data (lm default 0.05).")
 @click.option("--task", type=click.Choice(TASKS), default=None,
@@ -30,7 +31,8 @@ METHODS = ("zero", "mean")
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Remove at most this many heads.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per batch (default 32).")
 @click.option("--out", "out_dir", type=click.Path(path_type=str), default=None,
-              help="Write the pruned model here (a new or empty folder), in the form it came in.")
+              help="Write the pruned model here (a new or empty folder, outside the input folders), in the "
+                   "form it came in.")
 @click.option("--json", "json_path", type=click.Path(path_type=str), default=None,
               help="Write the diagnose.prune/1 JSON here (atomically).")
 @html_option
@@ -56,7 +58,9 @@ def prune(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     for name, value in (("--max-drop", max_drop), ("--max-loss", max_loss)):
         if value is not None and not value >= 0:
             raise ConfigError(f"{name} {value}: must be 0 or more (how much the model may lose)")
-    check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data, *([eval_path] if eval_path else [])])
+    inputs = [model, data, eval_path]
+    # every output, --out included, is checked before any work: a bad path costs nothing
+    check_outputs({"--out": out_dir, "--json": json_path, "--html": html_path}, inputs=inputs, folders=("--out",))
     from pathlib import Path
 
     from diagnose.io import load_data_for, load_model, trial_forward
@@ -65,13 +69,16 @@ def prune(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     from diagnose.prune.save import check_folder
 
     if out_dir:
-        check_folder(Path(out_dir))
+        check_folder(Path(out_dir), inputs=inputs)
     net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
     ds = load_data_for(net, data, max_length=max_length)
     trial_forward(net, ds)
     held = load_data_for(net, eval_path, max_length=max_length) if eval_path else None
+    if held is not None:
+        trial_forward(net, held)  # token ids and labels of the held-out file too, before any round
     task = task or default_task(net, ds)
     _check_labels(task, ((data, ds), (eval_path, held)))
+    _check_budget(task, max_drop, max_loss)
 
     def step(s, choice) -> None:
         click.echo(f"removed L{s.layer}.H{s.head} ({s.n_removed} of {sum(choice.n_heads)}): accuracy "
@@ -79,8 +86,14 @@ def prune(model: str, factory: str | None, trust_pickle: bool, attn_implementati
 
     result = prune_heads(net, ds, max_drop=max_drop, max_loss=max_loss, task=task, method=method, eval_data=held,
                          candidates=candidates, limit=limit, batch_size=batch_size, on_step=step)
+    from diagnose.errors import OutputError
+
+    failed = None
     if out_dir:
-        result.save(out_dir)
+        try:
+            result.save(out_dir)
+        except OutputError as exc:  # the model is kept in $TMPDIR (named); the figures still get written
+            failed = exc
     if json_path:
         from diagnose.ablation.result import write_json_atomic
 
@@ -90,6 +103,18 @@ def prune(model: str, factory: str | None, trust_pickle: bool, attn_implementati
         from ._report import write_report_noting
 
         click.echo(f"report: {plain(write_report_noting([result.to_json()], html_path))}")
+    if failed is not None:
+        raise failed
+
+
+def _check_budget(task: str, max_drop: float | None, max_loss: float | None) -> None:
+    """--max-drop is an accuracy budget for a classifier: on a language model say so, never ignore it."""
+    from diagnose.errors import ConfigError
+
+    if task == "lm" and max_drop is not None:
+        raise ConfigError(f"--max-drop {max_drop:g}: accuracy points are a classification budget, and this is a "
+                          "language model (task lm); give its budget as --max-loss (nats per token), or pass "
+                          "--task classification")
 
 
 def _check_labels(task: str, files: tuple) -> None:

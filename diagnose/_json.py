@@ -10,7 +10,9 @@ the JSON Pointer (RFC 6901) of each such value to "NaN", "Infinity" or "-Infinit
      "nonfinite": {"/loss": "NaN", "/layers/blocks.0/grad_norm": "Infinity"}}
 
 `loads` reads both that form (restoring the floats) and older files with bare NaN /
-Infinity tokens.
+Infinity tokens. It is also where numbers are first seen: an integer no float can hold
+(JSON allows 10**400) raises TooLargeError naming its field, so no reader meets one later as an
+OverflowError (diagnose._numbers then turns each field it uses into a float).
 """
 
 from __future__ import annotations
@@ -111,6 +113,53 @@ def _child(node: Any, part: str) -> Any:
     return value if isinstance(value, (dict, list)) else None
 
 
+class TooLargeError(ValueError):
+    """A JSON integer no float can hold; `field` is where it sits (`heads[1].delta_loss`)."""
+
+    def __init__(self, field: str, digits: int):
+        super().__init__(f"`{field}` is an integer of {digits} digits, too large for a number")
+        self.field, self.digits = field, digits
+
+
+class _Huge(int):
+    """An integer parse_int found too large for a float, marked so that its field can be named."""
+
+
+def _parse_int(text: str) -> int:
+    value = int(text)
+    if len(text) > 300:  # float() holds up to ~1.8e308 (309 digits); only long ones need the test
+        try:
+            float(value)
+        except OverflowError:
+            return _Huge(value)
+    return value
+
+
+def _find_huge(node: Any, where: str) -> tuple[str, int] | None:
+    if isinstance(node, _Huge):
+        return where or "(the document)", len(str(abs(node)))
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        found = _find_huge(value, f"{where}[{key}]" if isinstance(key, int) else
+                           f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
+
+
 def loads(text: str | bytes) -> Any:
-    """Parse JSON written by any diagnose version: bare NaN/Infinity tokens, or null plus `nonfinite`."""
-    return restore(json.loads(text))
+    """Parse JSON written by any diagnose version: bare NaN/Infinity tokens, or null plus `nonfinite`.
+
+    Raises TooLargeError (a ValueError) for an integer too large for a float."""
+    huge: list[bool] = []
+
+    def parse_int(s: str) -> int:
+        value = _parse_int(s)
+        if isinstance(value, _Huge):
+            huge.append(True)
+        return value
+
+    obj = json.loads(text, parse_int=parse_int)
+    if huge:
+        raise TooLargeError(*(_find_huge(obj, "") or ("(the document)", 0)))
+    return restore(obj)

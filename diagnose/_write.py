@@ -68,9 +68,12 @@ def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike]
         if src_path.is_dir() and _resolved(src_path) in target.parents:
             raise OutputError(f"{path}: {option} is inside the input folder {src}; writing there could "
                               "overwrite part of it: choose a path outside that folder")
+    if folder and os.path.islink(path) and not os.path.exists(path):  # making that folder would fail after the work
+        raise OutputError(f"{path}: {option} is a symbolic link to nothing; give the real folder path, or a new one")
     try:
         st = os.stat(path)
     except FileNotFoundError:
+        _check_parent(path, option)
         return path
     except OSError as exc:
         raise OutputError(f"{path}: cannot write the {option} there ({_reason(exc)}); {_fix(exc)}") from None
@@ -79,6 +82,8 @@ def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike]
         if kind != "a folder":
             raise OutputError(f"{path}: {option} must be a folder, but it is {kind or 'a file'}; "
                               "give a folder path (it is created if missing)")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise OutputError(f"{path}: {option} is a folder you cannot write to; choose a folder you can write to")
         return path
     if kind is not None:
         raise OutputError(f"{path}: {option} is {kind}, not a regular file; give a file path "
@@ -88,7 +93,19 @@ def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike]
     if not st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) or not os.access(path, os.W_OK):
         raise OutputError(f"{path}: {option} exists and is read-only; choose another path, or make it "
                           f"writable (chmod u+w {path}) if it may be replaced")
+    _check_parent(path, option)
     return path
+
+
+def _check_parent(path: Path, option: str) -> None:
+    """The nearest folder above a new output must be one this process may create files in
+    (checked before any work; root passes os.access, and the write's own fallback covers that)."""
+    parent = Path(os.path.abspath(path)).parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if parent.is_dir() and not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{path}: cannot write the {option} there ({parent} is read-only for you); "
+                          "choose a folder you can write to")
 
 
 def check_outputs(outputs: dict[str, str | os.PathLike | None], *,

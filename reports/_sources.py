@@ -212,8 +212,7 @@ def _add_document(out: Sources, data: Any, name: str, where: str) -> None:
     elif schema == PRUNE_SCHEMA:
         from .view_prune import check_prune
 
-        check_prune(data, where)
-        out.prune.append(PruneSource(name, data))
+        out.prune.append(PruneSource(name, check_prune(data, where)))
     else:
         raise InputFileError(f"{where}: not a report source (schema {schema!r}); give "
                              f"{HEADS_SCHEMA}, {CHECKS_SCHEMA} or {PRUNE_SCHEMA} JSON files, or run folders")
@@ -231,7 +230,8 @@ def _load_path(out: Sources, path: Path) -> None:
     if not path.exists() and not path.is_symlink():
         raise InputFileError(f"{path}: no such file or folder; give heads JSON files and run folders")
     data = parse_source(read_bytes(path, "report source", limit=FILE_LIMIT), str(path),
-                        "give a file written by `diagnose heads --json`, `diagnose check --json` or `diagnose demo`")
+                        "give a file written by `diagnose heads --json`, `diagnose check --json`, "
+                        "`diagnose prune --json` or `diagnose demo`")
     _add_document(out, data, _label(path), str(path))
 
 

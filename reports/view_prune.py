@@ -4,9 +4,11 @@ removed), the removal order, the heads left per layer, and the before/after figu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
+from diagnose._numbers import kind, number
 from diagnose.errors import InputFileError
 
 from ._figures import new_figure, to_data_uri
@@ -23,18 +25,100 @@ class PruneSection:
     layers: list[tuple[int, int, int]]  # (layer, heads before, heads left)
 
 
-def check_prune(data: dict[str, Any], where: str) -> None:
-    """Raise InputFileError unless the document has what the section draws."""
-    curve, model, left = data.get("curve"), data.get("model"), data.get("heads_left")
-    ok = (isinstance(curve, list) and curve and all(
-        isinstance(p, dict) and all(_num(p.get(k)) for k in ("fraction_removed", "accuracy", "loss")) for p in curve)
-        and isinstance(model, dict) and isinstance(model.get("n_heads"), list)
-        and isinstance(left, list) and len(left) == len(model["n_heads"])
-        and all(isinstance(x, int) for x in [*left, *model["n_heads"]]) and isinstance(data.get("order"), list))
-    if not ok:
-        raise InputFileError(f"{where}: a {PRUNE_SCHEMA} document needs `curve` (fraction_removed, accuracy, loss "
-                             "per point), `order`, `heads_left` and `model.n_heads` per layer; regenerate it with "
-                             "`diagnose prune --json`")
+_FIX = "regenerate it with `diagnose prune --json`"
+MAX_ROWS = 1 << 16  # curve points, removals, layers: a model with more heads is not a real document
+_OBJECTS = {"budget": ("max_drop", "max_loss"), "verify": ("max_abs_diff", "tolerance"),
+            "size": ("forward_seconds_before", "forward_seconds_after", "speedup")}
+_COUNTS = {"size": ("parameters_before", "parameters_after", "batch", "threads")}
+
+
+def check_prune(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """The document with every field the section reads checked and its numbers made floats (None
+    where diagnose wrote null for a NaN); InputFileError naming the field otherwise."""
+    def bad(field: str, value: Any, want: str) -> InputFileError:
+        return InputFileError(f"{where}: `{field}` is {kind(value)}, not {want}; {_FIX}")
+
+    def num(value: Any, field: str) -> float | None:  # the one conversion: a float, or None for null
+        if value is None:
+            return None
+        if number(value) is None:
+            raise bad(field, value, "a number")
+        return number(value)
+
+    def count(value: Any, field: str, optional: bool = True) -> int | None:
+        if value is None and optional:
+            return None
+        if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value):
+            raise bad(field, value, "a count (an integer, 0 or more)")
+        return value
+
+    def obj(value: Any, field: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise bad(field, value, "an object")
+        return value
+
+    def rows(value: Any, field: str) -> list[Any]:
+        if not isinstance(value, list) or len(value) > MAX_ROWS:
+            raise bad(field, value, f"a list (of at most {MAX_ROWS:,})")
+        return value
+
+    out = dict(data)
+    model = obj(data.get("model"), "model")
+    n_heads = [count(x, f"model.n_heads[{i}]", False) for i, x in enumerate(rows(model.get("n_heads"), "model.n_heads"))]
+    left = [count(x, f"heads_left[{i}]", False) for i, x in enumerate(rows(data.get("heads_left"), "heads_left"))]
+    if len(left) != len(n_heads) or any(a > b for a, b in zip(left, n_heads)):
+        raise InputFileError(f"{where}: `heads_left` must give, for each layer of `model.n_heads`, at most its heads; "
+                             f"{_FIX}")
+    out["model"] = {**model, "n_heads": n_heads}
+    out["heads_left"] = left
+    curve = rows(data.get("curve"), "curve")
+    if not curve:
+        raise InputFileError(f"{where}: `curve` is empty; a {PRUNE_SCHEMA} curve starts with the unpruned model; {_FIX}")
+    out["curve"] = []
+    for i, p in enumerate(curve):
+        p = obj(p, f"curve[{i}]")
+        x = num(p.get("fraction_removed"), f"curve[{i}].fraction_removed")
+        if x is None or not math.isfinite(x):
+            raise bad(f"curve[{i}].fraction_removed", p.get("fraction_removed"), "a finite number")
+        out["curve"].append({**p, "fraction_removed": x, "n_removed": count(p.get("n_removed"), f"curve[{i}].n_removed"),
+                             **{k: _nan(num(p.get(k), f"curve[{i}].{k}")) for k in ("accuracy", "loss")}})
+    out["order"] = []
+    for i, o in enumerate(rows(data.get("order"), "order")):
+        o = obj(o, f"order[{i}]")
+        out["order"].append({**o, "layer": count(o.get("layer"), f"order[{i}].layer", False),
+                             "head": count(o.get("head"), f"order[{i}].head", False),
+                             **{k: _nan(num(o.get(k), f"order[{i}].{k}")) for k in ("accuracy", "loss")}})
+    out["n_removed"] = count(data.get("n_removed"), "n_removed")
+    out["fraction_removed"] = num(data.get("fraction_removed"), "fraction_removed")
+    for key, fields in _OBJECTS.items():
+        o = obj(data.get(key), key)
+        out[key] = {**o, **{k: num(o.get(k), f"{key}.{k}") for k in fields if k in o}}
+    for k in _COUNTS["size"]:
+        if k in out["size"]:
+            out["size"][k] = count(out["size"][k], f"size.{k}")
+    for key in ("data", "eval"):
+        part = obj(data.get(key), key)
+        clean = {**part, "noise": num(part.get("noise"), f"{key}.noise")}
+        for side in ("before", "after"):
+            half = obj(part.get(side), f"{key}.{side}")
+            clean[side] = {k: num(half.get(k), f"{key}.{side}.{k}") for k in ("accuracy", "loss")}
+        out[key] = clean if part else None
+    stop = obj(data.get("stop"), "stop")
+    if stop.get("reason") is not None and not isinstance(stop["reason"], str):
+        raise bad("stop.reason", stop["reason"], "text")
+    nxt = obj(stop.get("next"), "stop.next")
+    out["stop"] = {**stop, "next": {k: num(nxt.get(k), f"stop.next.{k}") for k in ("accuracy", "loss")} if nxt else None}
+    notes = data.get("notes") or []
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise bad("notes", notes, "a list of text")
+    out["notes"] = notes
+    return out
+
+
+def _nan(x: float | None) -> float:
+    return math.nan if x is None else x
 
 
 def prune_section(name: str, data: dict[str, Any]) -> PruneSection:
@@ -44,7 +128,8 @@ def prune_section(name: str, data: dict[str, Any]) -> PruneSection:
 
 def prune_verdict_lines(s: PruneSection) -> list[tuple[str, str]]:
     d = s.data
-    lines = [("removed", f"{d.get('n_removed', len(d['order']))} of {sum(d['model']['n_heads'])} heads "
+    removed = d["n_removed"] if d.get("n_removed") is not None else len(d["order"])
+    lines = [("removed", f"{removed} of {sum(d['model']['n_heads'])} heads "
                          f"({_pct(d.get('fraction_removed'))})")]
     ev = d.get("eval")
     if isinstance(ev, dict) and isinstance(ev.get("before"), dict):
@@ -71,8 +156,8 @@ def _rows(d: dict[str, Any]) -> list[tuple[str, str]]:
                                                f"(noise ±{_pct(part.get('noise'))})"))
             rows.append((f"{label}: loss", f"{_fmt(b.get('loss'))} → {_fmt(a.get('loss'))}"))
     size = d.get("size") or {}
-    if _num(size.get("parameters_before")):
-        rows.append(("parameters", f"{size['parameters_before']:,} → {size.get('parameters_after', 0):,}"))
+    if _num(size.get("parameters_before")) and _num(size.get("parameters_after")):
+        rows.append(("parameters", f"{size['parameters_before']:,} → {size['parameters_after']:,}"))
     if _num(size.get("forward_seconds_before")) and _num(size.get("forward_seconds_after")):
         rows.append(("forward time", f"{size['forward_seconds_before'] * 1e3:.1f} ms → "
                                      f"{size['forward_seconds_after'] * 1e3:.1f} ms (batch {size.get('batch')}, "
@@ -88,23 +173,23 @@ def _rows(d: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _curve(d: dict[str, Any]) -> str:
     pts = d["curve"]
-    x = [100 * p["fraction_removed"] for p in pts]
+    x = [_plotted(100 * p["fraction_removed"]) for p in pts]
     fig = new_figure(6.4, 2.6, left=0.7, right=0.7, wspace=0.45)
     ax = fig.add_subplot(1, 2, 1)
-    ax.plot(x, [100 * p["accuracy"] for p in pts], marker=".", color="#1565c0")
-    base = 100 * pts[0]["accuracy"]
+    ax.plot(x, [_plotted(100 * p["accuracy"]) for p in pts], marker=".", color="#1565c0")
+    base = _plotted(100 * pts[0]["accuracy"])
     drop = (d.get("budget") or {}).get("max_drop")
-    if _num(drop):
+    if _num(drop) and 0 <= drop <= 100 and math.isfinite(base):  # accuracy points: a line on the plot
         ax.axhline(base - drop, color="#c62828", lw=0.8, ls="--")
     ax.set_xlabel("heads removed (%)")
     ax.set_ylabel("accuracy (%)")
     ax2 = fig.add_subplot(1, 2, 2)
-    ax2.plot(x, [p["loss"] for p in pts], marker=".", color="#ef8f00")
+    ax2.plot(x, [_plotted(p["loss"]) for p in pts], marker=".", color="#ef8f00")
     nxt, total = (d.get("stop") or {}).get("next"), sum(d["model"]["n_heads"])
     if isinstance(nxt, dict) and _num(nxt.get("accuracy")) and _num(nxt.get("loss")) and total:
         at = 100 * (pts[-1]["n_removed"] + 1) / total if _num(pts[-1].get("n_removed")) else x[-1]
-        ax.plot([at], [100 * nxt["accuracy"]], "x", color="#c62828")  # the removal it refused
-        ax2.plot([at], [nxt["loss"]], "x", color="#c62828")
+        ax.plot([_plotted(at)], [_plotted(100 * nxt["accuracy"])], "x", color="#c62828")  # the removal it refused
+        ax2.plot([_plotted(at)], [_plotted(nxt["loss"])], "x", color="#c62828")
     ax2.set_xlabel("heads removed (%)")
     ax2.set_ylabel("loss")
     return to_data_uri(fig)
@@ -112,6 +197,12 @@ def _curve(d: dict[str, Any]) -> str:
 
 def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _plotted(v: float) -> float:
+    """A value matplotlib can lay an axis around; a gap (NaN) for anything else (1e308 is finite,
+    yet an axis around it cannot be drawn)."""
+    return v if math.isfinite(v) and abs(v) < 1e15 else math.nan
 
 
 def _pct(v: Any) -> str:

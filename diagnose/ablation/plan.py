@@ -20,6 +20,7 @@ for what they miss (the weights' own temporaries, the allocator's slack).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -29,6 +30,7 @@ import torch.nn as nn
 
 from ..adapters._hooks import hooks
 from ..adapters.base import AttentionSite
+from .._numbers import number
 from ..errors import ConfigError
 from ..objectives import batch_size_of, call_model, logits_of
 from .prefix import take_rows
@@ -38,24 +40,36 @@ CPU_ROW_BYTES = 8 * 2 ** 20  # largest activation of one forward on a CPU: a qua
 GPU_ROW_BYTES = 2 ** 30  # on a GPU, the same bound only keeps one forward's activations modest
 SAFETY = 0.7  # use at most this share of the free memory
 
+MAX_SIZE = 2 ** 60  # bytes: an exabyte
 _UNITS = {"": 1, "b": 1, "k": 2 ** 10, "kb": 2 ** 10, "kib": 2 ** 10, "m": 2 ** 20, "mb": 2 ** 20, "mib": 2 ** 20,
           "g": 2 ** 30, "gb": 2 ** 30, "gib": 2 ** 30, "t": 2 ** 40, "tb": 2 ** 40, "tib": 2 ** 40}
 
 
-def parse_size(value: int | float | str | None) -> int | None:
-    """Bytes from 2000000, '512MB', '1.5G', '4GiB' (powers of 1024); None stays None."""
+def parse_size(value: int | float | str | None, name: str = "max_memory") -> int | None:
+    """Bytes from 2000000, '512MB', '1.5G', '4GiB' (powers of 1024); None stays None. name: how the
+    caller's user spelled the setting (`--max-memory`), for the message."""
     if value is None:
         return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        size = float(value)
+    if number(value) is not None:
+        size = number(value)
+    elif isinstance(value, int) and not isinstance(value, bool):  # more than a float holds
+        size = math.inf
     else:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(value))
         if m is None or m.group(2).lower() not in _UNITS:
-            raise ConfigError(f"max_memory {value!r} is not a size; write e.g. 512MB, 4GB or a number of bytes")
+            raise ConfigError(f"{name} {_short(value)} is not a size; write e.g. 512MB, 4GB or a number of bytes")
         size = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if not size >= 1:
-        raise ConfigError(f"max_memory must be a positive size, got {value!r}")
+        raise ConfigError(f"{name} must be a positive size, got {_short(value)}")
+    if size > MAX_SIZE:  # 400 digits parse as infinity: no machine has that, and int(inf) would raise
+        raise ConfigError(f"{name} {_short(value)} is more memory than any machine has; write e.g. 512MB, "
+                          "4GB or a number of bytes")
     return int(size)
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return repr(text if len(text) <= 24 else text[:12] + "..." + text[-6:])
 
 
 @dataclass(frozen=True)

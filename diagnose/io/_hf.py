@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 import torch.nn as nn
 
+from .._numbers import kind
 from ..errors import ConfigError, InputFileError
 from ._files import one_line
 from ._read import read_json, special_kind
@@ -98,11 +99,20 @@ def _auto_map_targets(auto_map: Any) -> list[str]:
     return out
 
 
-def model_class(transformers: Any, config: Any) -> Any:
-    """The class config.architectures names, else the Auto class for its suffix, else AutoModel."""
-    arch = (getattr(config, "architectures", None) or [None])[0]
-    if arch and hasattr(transformers, arch):
-        return getattr(transformers, arch)
+def model_class(transformers: Any, config: Any, where: Path | None = None) -> Any:
+    """The model class config.architectures names, else the Auto class for its suffix, else AutoModel.
+
+    Only a PreTrainedModel subclass counts: `architectures: ["pipeline"]` names a function of
+    transformers, not a model; anything but a list of names is refused."""
+    archs = getattr(config, "architectures", None)
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        what = "a list holding more than names" if isinstance(archs, list) else kind(archs)
+        raise InputFileError(f"{where or 'config.json'}: `architectures` is {what}, not a list of model class "
+                             "names; re-save the folder with model.save_pretrained(folder)")
+    arch = (archs or [None])[0]
+    found = getattr(transformers, arch, None) if arch else None
+    if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
+        return found
     for suffix, auto in _AUTO_BY_SUFFIX:
         if arch and arch.endswith(suffix):
             return getattr(transformers, auto)
@@ -141,11 +151,9 @@ def load_hf_folder(folder: Path, *, attn_implementation: str | None = None) -> n
                                  "diagnose runs no code from model folders: build such a model in a "
                                  "--factory function instead") from None
         _check_layer_count(folder, config)
-        cls = model_class(transformers, config)
-        if isinstance(getattr(config, "diagnose_pruned", None), dict):  # written by diagnose prune:
-            from ..prune._remote_model import pruned  # diagnose's own copy, never the folder's file
-
-            cls = pruned(cls)
+        cls = model_class(transformers, config, folder / "config.json")
+        if hasattr(config, "diagnose_pruned"):  # written by diagnose prune: checked, then rebuilt with
+            cls = _pruned_class(folder, config, cls, transformers)  # diagnose's own code, never the folder's
         kwargs: dict[str, Any] = {"config": config, "local_files_only": True, "output_loading_info": True,
                                   "trust_remote_code": False}
         if attn_implementation:
@@ -168,6 +176,19 @@ def load_hf_folder(folder: Path, *, attn_implementation: str | None = None) -> n
         model.diagnose_tokenizer = load_tokenizer(folder, transformers)
     model.diagnose_format = "Hugging Face folder"
     return model.eval()
+
+
+def _pruned_class(folder: Path, config: Any, cls: Any, transformers: Any) -> Any:
+    """The family's class with the pruned shapes, once config.diagnose_pruned has passed its checks."""
+    from ..prune._remote_model import pruned
+    from ..prune._spec import check_pruned, weight_shapes
+
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        raise InputFileError(f"{folder / 'config.json'}: a pruned folder's `architectures` must name its family's "
+                             f"model class (e.g. BertForSequenceClassification), not {str((config.architectures or [None])[0])[:80]!r}; "
+                             "prune the original model again (diagnose prune ... --out DIR)")
+    check_pruned(folder, config.diagnose_pruned, config, weight_shapes(folder))
+    return pruned(cls)
 
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)(?:h|layer|layers|block|blocks)\.(\d+)\.")

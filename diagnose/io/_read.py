@@ -94,6 +94,8 @@ def parse_json(text: str | bytes, where: str, fix: str) -> Any:
         raise InputFileError(f"{where}: JSON nested too deeply to read; {fix}") from None
     except UnicodeDecodeError as exc:
         raise InputFileError(f"{where}: is not UTF-8 text ({exc.reason}); {fix}") from None
+    except _json.TooLargeError as exc:
+        raise InputFileError(f"{where}: {exc}; {fix}") from None
     except json.JSONDecodeError as exc:
         raise InputFileError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
                              f"{fix}") from None

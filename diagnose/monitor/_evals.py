@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from .._numbers import number, to_float
 from ..errors import RunFolderError
 
 EVALS = "evals.jsonl"
@@ -28,7 +29,7 @@ def _number(name: str, value: Any) -> float | None:
             value = float(value)  # numpy scalars
         except (TypeError, ValueError):
             raise TypeError(f"log_eval: {name} must be a number, got {type(value).__name__}") from None
-    return float(value)
+    return to_float(value)  # 10**400 from a metric function: infinity, never an OverflowError
 
 
 def eval_record(step: int, loss: Any, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -39,13 +40,35 @@ def eval_record(step: int, loss: Any, metrics: dict[str, Any]) -> dict[str, Any]
             "metrics": {str(k): _number(str(k), v) for k, v in metrics.items()}}
 
 
+def log_trainer_eval(monitor: Any, step: int, loss: Any, metrics: dict[str, Any]) -> None:
+    """An integration's evaluation, logged without ever stopping the user's training: metrics whose
+    values are not numbers are left out, and a failure to record is a warning, not an exception
+    inside trainer.evaluate()."""
+    numbers = {str(k): v for k, v in metrics.items() if number(v) is not None or _scalar_tensor(v)}
+    other = numbers.pop("loss", None)  # a metric called `loss` would be the loss= keyword twice
+    loss = other if loss is None else loss
+    if loss is not None and number(loss) is None and not _scalar_tensor(loss):
+        loss = None
+    try:
+        monitor.log_eval(int(step), loss=loss, **numbers)
+    except Exception as exc:  # noqa: BLE001 -- a diagnostic must not end the run it watches
+        import warnings
+
+        warnings.warn(f"diagnose: evaluation at step {step} not recorded ({type(exc).__name__}: {exc})",
+                      RuntimeWarning, stacklevel=2)
+
+
+def _scalar_tensor(v: Any) -> bool:
+    return hasattr(v, "detach") and getattr(v, "numel", lambda: 0)() == 1 and not v.is_complex()
+
+
 def check_eval(rec: dict[str, Any], where: str) -> None:
     """Refuse an evals.jsonl line whose fields are not what the readers use."""
     step = rec.get("step")
     if not isinstance(step, int) or isinstance(step, bool):
         raise RunFolderError(f"{where}: `step` is not an integer; {_FIX}")
     metrics = rec.get("metrics", {})
-    ok = lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))  # noqa: E731
+    ok = lambda v: v is None or number(v) is not None  # noqa: E731
     if not ok(rec.get("loss")) or not ok(rec.get("time")):
         raise RunFolderError(f"{where}: `loss` or `time` is not a number; {_FIX}")
     if not isinstance(metrics, dict) or not all(ok(v) for v in metrics.values()):

@@ -193,8 +193,10 @@ class TrainingMonitor:
             return
         self._spikes_saved += 1
 
-    def log_eval(self, step: int, loss: float | torch.Tensor | None = None, **metrics: Any) -> dict[str, Any]:
-        """Record an evaluation at `step` to evals.jsonl: {step, time, loss, metrics {name: number}}."""
+    def log_eval(self, step: int, /, loss: float | torch.Tensor | None = None, **metrics: Any) -> dict[str, Any]:
+        """Record an evaluation at `step` to evals.jsonl: {step, time, loss, metrics {name: number}}.
+
+        `step` is positional only, so that a metric may be called anything (`step`, `self`)."""
         if self._closed:
             raise RuntimeError("TrainingMonitor.log_eval() after close()")
         record = eval_record(step, loss, metrics)

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._numbers import kind, number
 from ..errors import RunFolderError
 
-_FIX = "the file was not written by diagnose.TrainingMonitor, or was edited: restore it or start a new run folder"
+FIX = _FIX = "the file was not written by diagnose.TrainingMonitor, or was edited: restore it or start a new run folder"
 _NUMBER_FIELDS = ("time", "loss", "lr", "grad_norm", "clip_coef", "step_time", "tokens", "tokens_per_s",
                   "micro_batches")
 
 
 def _is_number(value: Any) -> bool:
-    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+    return value is None or number(value) is not None
 
 
-def _kind(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string"}.get(type(value), f"a {type(value).__name__}")
+_kind = kind
 
 
 def check_info(info: Any, where: str) -> None:

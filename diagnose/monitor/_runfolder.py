@@ -39,7 +39,7 @@ from .._write import atomic_write
 from ..errors import InputFileError, RunFolderError
 from ..io._read import iter_lines, read_json, require_file
 from ._evals import EVALS, check_eval, evals_frame
-from ._records import check_alert, check_info, check_record
+from ._records import FIX as _FIX, check_alert, check_info, check_record
 from ._spikes import read_spikes
 
 SCHEMA = "diagnose.run/1"
@@ -173,6 +173,12 @@ def _parsed_lines(path: Path, skipped: list[int] | None,
             continue
         try:
             rec = _json.loads(line)
+        except _json.TooLargeError as exc:  # it parses: damage, not a torn write
+            if check is not None:
+                raise RunFolderError(f"{path}, line {number}: {exc}; {_FIX}") from None
+            if skipped is not None:
+                skipped.append(1)
+            continue
         except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
             if skipped is not None:
                 skipped.append(1)

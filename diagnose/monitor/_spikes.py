@@ -12,6 +12,7 @@ first rows are kept (every tensor whose first dimension is the batch size is cut
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,9 +21,10 @@ from typing import Any
 import torch
 
 from .. import _json
+from .._numbers import kind
 from .._write import atomic_write
 from ..errors import InputFileError, RunFolderError
-from ..io._read import read_json
+from ..io._read import read_json, require_file
 
 SPIKES = "spikes"
 SPIKE_KINDS = ("grad_spike", "loss_spike", "nonfinite")
@@ -117,35 +119,114 @@ def save_spike(run_dir: Path, step: int, kinds: list[str], batch: Any, per_examp
     return record
 
 
+MAX_SPIKE_FILE = 256 << 20  # bytes of one saved batch a reader loads (the monitor's default cap is 16 MB)
+_FIX = "the file was not written by diagnose.TrainingMonitor, or was edited: restore it or delete it"
+
+
+def check_spike(rec: Any, where: str) -> None:
+    """Raise RunFolderError unless a spike record's fields have the types the readers use."""
+    if not isinstance(rec, dict):
+        raise RunFolderError(f"{where}: holds {kind(rec)}, not an object; {_FIX}")
+    step, kinds, tensors = rec.get("step"), rec.get("kinds", []), rec.get("tensors", {})
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise RunFolderError(f"{where}: `step` is {kind(step)}, not an integer; {_FIX}")
+    if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+        raise RunFolderError(f"{where}: `kinds` is {kind(kinds)}, not a list of alert kinds; {_FIX}")
+    if not isinstance(tensors, dict) or not all(
+            isinstance(t, dict) and isinstance(t.get("shape"), list) and all(
+                isinstance(d, int) and not isinstance(d, bool) for d in t["shape"])
+            and isinstance(t.get("dtype"), str) for t in tensors.values()):
+        raise RunFolderError(f"{where}: `tensors` is not an object of {{shape: [sizes], dtype: name}}; {_FIX}")
+    for key, want, name in (("bytes", int, "an integer"), ("truncated", bool, "true/false"), ("note", str, "text")):
+        value = rec.get(key)
+        if value is not None and (not isinstance(value, want) or (want is int and isinstance(value, bool))):
+            raise RunFolderError(f"{where}: `{key}` is {kind(value)}, not {name}; {_FIX}")
+
+
+def read_spike(path: Path) -> dict[str, Any]:
+    """One spikes/step_N.json record, checked (RunFolderError naming the file and field)."""
+    try:
+        rec = read_json(path, "spike record", "delete it or restore it from the run", limit=16 << 20)
+    except InputFileError as exc:
+        raise RunFolderError(str(exc)) from None
+    check_spike(rec, str(path))
+    return rec
+
+
 def read_spikes(run_dir: str | os.PathLike, skipped: list[int] | None = None) -> list[dict[str, Any]]:
     """The spikes/*.json records of a run folder, by step ([] when none were saved). A damaged
-    record (not JSON, no integer `step`) is skipped and counted in `skipped`: a side file never
-    stops a run from being read."""
+    record (not JSON, a field of the wrong type) is skipped and counted in `skipped`: a side file
+    never stops a run from being read (`stats --step N` reads that step's record strictly)."""
     folder = Path(run_dir) / SPIKES
     if not folder.is_dir():
         return []
     out = []
-    for path in sorted(folder.glob("step_*.json")):
+    for path in sorted(folder.glob("step_*.json"))[:100_000]:
         try:
-            rec = read_json(path, "spike record", "delete it or restore it from the run", limit=16 << 20)
-        except InputFileError:
-            rec = None
-        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or isinstance(rec["step"], bool):
+            out.append(read_spike(path))
+        except RunFolderError:
             if skipped is not None:
                 skipped.append(1)
-            continue
-        out.append(rec)
     return sorted(out, key=lambda r: r["step"])
 
 
-def load_spike(run_dir: str | os.PathLike, step: int) -> dict[str, torch.Tensor]:
-    """The tensors saved for `step` (safetensors: no code runs on load)."""
-    from safetensors.torch import load_file
+def top_examples(run_dir: str | os.PathLike, step: int, top: int) -> list[dict[str, Any]]:
+    """The `top` examples of the batch saved at `step` with the highest per-example loss (NaN last,
+    ties in example order), each with its first 32 token ids when the batch has them [N, T].
+
+    Only what is shown is loaded: the loss vector whole (at most MAX_SPIKE_FILE bytes of file) and
+    `top` rows of the ids. Sorting is done on the tensor, not element by element in Python."""
+    from safetensors import safe_open
 
     path = Path(run_dir) / SPIKES / f"{spike_stem(step)}.safetensors"
-    if not path.is_file():
+    fix = "delete it, or save the batch again with TrainingMonitor(save_spikes=True)"
+    if not os.path.lexists(path):
         raise RunFolderError(f"{path} does not exist: no batch was saved at step {step}")
     try:
-        return load_file(str(path))
+        require_file(path, "spike batch")  # /dev/zero or a FIFO behind the name: said so, never opened
+    except InputFileError as exc:
+        raise RunFolderError(str(exc)) from None
+    size = os.stat(path).st_size
+    if size > MAX_SPIKE_FILE:
+        raise RunFolderError(f"{path}: is {size:,} bytes, over the {MAX_SPIKE_FILE:,} a saved batch may have; save "
+                             "smaller spike batches (TrainingMonitor(spike_bytes=...)) or delete it")
+    try:
+        with safe_open(str(path), "pt") as f:
+            names = list(f.keys())
+            if "per_example_loss" not in names:
+                return []
+            loss = f.get_tensor("per_example_loss")
+            if loss.is_complex() or not loss.is_floating_point() or loss.dim() != 1:
+                raise RunFolderError(f"{path}: `per_example_loss` is {loss.dtype} {list(loss.shape)}, not one real "
+                                     f"number per example; {fix}")
+            order = _highest(loss, top)
+            ids_name = _ids_name({n: f.get_slice(n) for n in names}, len(loss))
+            rows = {i: f.get_slice(ids_name)[i:i + 1, :32][0].tolist() for i in order} if ids_name else {}
+    except RunFolderError:
+        raise
     except Exception as exc:  # a damaged file: safetensors raises its own error types
-        raise RunFolderError(f"{path} is not a readable safetensors file ({exc}); delete it") from None
+        raise RunFolderError(f"{path} is not a readable safetensors file ({type(exc).__name__}); {fix}") from None
+    return [{"index": i, "loss": float(loss[i]), **({"input_ids": rows[i]} if i in rows else {})} for i in order]
+
+
+def _highest(loss: torch.Tensor, k: int) -> list[int]:
+    """Indices of the k largest values of loss [N], NaN counted lowest, ties by index."""
+    key = loss.float().nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)  # [N]
+    k = min(k, key.numel())
+    if k == 0:
+        return []
+    cut = float(torch.topk(key, k).values.min())
+    above = torch.nonzero(key > cut).flatten().tolist()
+    tied = torch.nonzero(key == cut).flatten()[:k - len(above)].tolist()
+    return sorted(above + tied, key=lambda i: (-float(key[i]), i))
+
+
+def _ids_name(slices: dict[str, Any], n: int) -> str | None:
+    """The tensor [N, T] that holds the examples' token ids: `input_ids` (or `*.input_ids`), else the first
+    integer one of that shape; None when there is none (a 1-D `input_ids` is shown without ids)."""
+    def fits(name: str) -> bool:
+        shape, dtype = slices[name].get_shape(), slices[name].get_dtype()
+        return len(shape) == 2 and shape[0] == n and dtype.startswith(("I", "U"))
+    named = [k for k in slices if (k == "input_ids" or k.endswith(".input_ids")) and fits(k)]
+    others = [k for k in slices if k != "labels" and k != "per_example_loss" and fits(k)]
+    return (named + others or [None])[0]

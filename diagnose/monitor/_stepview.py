@@ -4,46 +4,25 @@ alert there (spikes/step_N.*): data first (step_view -> dict, the --json output)
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
-
-import torch
 
 from .._terminal import plain
 from ..errors import RunFolderError
 from ._runfolder import Run
-from ._spikes import load_spike
+from ._spikes import SPIKES, read_spike, spike_stem, top_examples
 
 TOP = 5  # examples shown, highest per-example loss first
 _SCALARS = ("loss", "lr", "grad_norm", "clip_coef", "micro_batches", "step_time", "tokens", "tokens_per_s")
-
-
-def _ids_name(tensors: dict[str, torch.Tensor]) -> str | None:
-    """The tensor that holds the examples' token ids: `input_ids` (or `*.input_ids`), else the first integer one."""
-    names = [k for k in tensors if k == "input_ids" or k.endswith(".input_ids")]
-    names += [k for k, v in tensors.items() if not v.is_floating_point() and v.dim() == 2 and k != "labels"]
-    return names[0] if names else None
-
-
-def _examples(tensors: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
-    loss = tensors.get("per_example_loss")
-    if loss is None or loss.dim() != 1:
-        return []
-    ids_name = _ids_name(tensors)
-    ids = tensors.get(ids_name) if ids_name else None
-    order = sorted(range(len(loss)), key=lambda i: -math.inf if math.isnan(loss[i]) else -float(loss[i]))
-    out = []
-    for i in order[:TOP]:
-        row = {"index": i, "loss": float(loss[i])}
-        if ids is not None and ids.shape[0] == len(loss):
-            row["input_ids"] = ids[i].tolist()[:32]
-        out.append(row)
-    return out
 
 
 def step_view(run: Run, step: int) -> dict[str, Any]:
     """The step's scalars and alerts, and what was saved for it (spike record + top examples)."""
     rec = next((r for r in run.records if r.get("step") == step), None)
     spike = next((s for s in run.spikes if s["step"] == step), None)
+    record = run.dir / SPIKES / f"{spike_stem(step)}.json"
+    if spike is None and os.path.lexists(record):  # skipped as damaged when the run was read: say why
+        spike = read_spike(record)
     if rec is None and spike is None:
         logged = [r["step"] for r in run.records]
         saved = [s["step"] for s in run.spikes]
@@ -54,7 +33,7 @@ def step_view(run: Run, step: int) -> dict[str, Any]:
                             "alerts": [a for a in run.alerts if a.get("step") == step], "spike": spike,
                             "examples": [], "saved_steps": [s["step"] for s in run.spikes]}
     if spike is not None:
-        view["examples"] = _examples(load_spike(run.dir, step))
+        view["examples"] = top_examples(run.dir, step, TOP)
     return view
 
 

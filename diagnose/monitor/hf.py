@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from ._monitor import TrainingMonitor
 from ._signals import at_end_of_backward
+from ._evals import log_trainer_eval
 from ._spikes import join_micro_batches
 
 
@@ -168,8 +169,8 @@ class DiagnoseHFCallback(_base()):
         if self.monitor is None or not metrics:
             return
         numbers = {(k[5:] if k.startswith("eval_") else k): v for k, v in metrics.items()
-                   if k not in ("eval_loss", "epoch") and isinstance(v, (int, float)) and not isinstance(v, bool)}
-        self.monitor.log_eval(state.global_step, loss=metrics.get("eval_loss"), **numbers)
+                   if k not in ("eval_loss", "epoch")}  # any name, `eval_step` and `eval_self` too
+        log_trainer_eval(self.monitor, state.global_step, metrics.get("eval_loss"), numbers)
 
     def on_train_end(self, args, state, control, **kwargs):
         try:

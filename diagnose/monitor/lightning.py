@@ -8,6 +8,7 @@ from typing import Any, Iterable
 import torch
 
 from ._monitor import TrainingMonitor
+from ._evals import log_trainer_eval
 from ._spikes import join_micro_batches
 
 
@@ -80,7 +81,7 @@ class DiagnoseCallback(_base()):
         loss_key = next((k for k in new if k.replace("/", "_") in ("val_loss", "valid_loss", "validation_loss")),
                         next((k for k in new if k == "loss"), None))
         loss = new.pop(loss_key) if loss_key is not None else None
-        self.monitor.log_eval(trainer.global_step, loss=loss, **new)
+        log_trainer_eval(self.monitor, trainer.global_step, loss, new)
 
     def _close(self) -> None:
         if self.monitor is not None:

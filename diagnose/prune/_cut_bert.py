@@ -7,6 +7,8 @@ import torch
 from ._slice import head_index, keep_inputs, keep_outputs
 
 
+ATTRIBUTES = ("num_attention_heads", "all_head_size")  # what this cut changes (cut.ATTRIBUTES)
+
 def cut(attn, out_proj, keep: list[int], n_heads: int, head_dim: int, fill: torch.Tensor | None) -> dict:
     index = head_index(keep, head_dim)
     inner = attn.self

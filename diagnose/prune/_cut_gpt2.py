@@ -8,6 +8,8 @@ import torch
 from ._slice import head_index, keep_inputs, keep_outputs
 
 
+ATTRIBUTES = ("num_heads", "split_size")  # what this cut changes (cut.ATTRIBUTES)
+
 def cut(attn, out_proj, keep: list[int], n_heads: int, head_dim: int, fill: torch.Tensor | None) -> dict:
     width = n_heads * head_dim
     outputs = torch.cat([head_index(keep, head_dim, part * width) for part in range(3)])  # q, k, v blocks

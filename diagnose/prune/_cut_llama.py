@@ -16,6 +16,8 @@ import torch
 from ._slice import head_index, keep_inputs, keep_outputs
 
 
+ATTRIBUTES = ("num_key_value_groups",)  # what this cut changes (cut.ATTRIBUTES)
+
 def cut(attn, out_proj, keep: list[int], n_heads: int, head_dim: int, fill: torch.Tensor | None) -> dict:
     n_kv = attn.k_proj.out_features // head_dim
     n_rep = n_heads // n_kv

@@ -15,11 +15,20 @@ import torch.nn as nn
 import transformers
 
 BASE = None  # the pruned model's class name, filled in when the folder is written
+# the only module attributes a cut changes; a config naming any other (a method) is refused
+ATTRIBUTES = {"all_head_size", "in_features", "n_heads", "nf", "num_attention_heads", "num_heads",
+              "num_key_value_groups", "nx", "out_features", "split_size"}
 
 
 def shrink(model, spec):
     """Give each listed parameter its pruned shape and each listed module its pruned attributes."""
+    for owner, attributes in spec["attributes"].items():
+        for key, value in attributes.items():
+            if key not in ATTRIBUTES or type(value) is not int or value < 0:
+                raise ValueError(f"diagnose_pruned: {owner}.{key} = {value!r} is not a pruned size")
     for name, shape in spec["shapes"].items():
+        if not name.endswith((".weight", ".bias")):
+            raise ValueError(f"diagnose_pruned: {name} is not a weight or bias")
         owner, _, attr = name.rpartition(".")
         module = model.get_submodule(owner)
         old = getattr(module, attr)

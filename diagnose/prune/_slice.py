@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 
 
+ATTRIBUTES = ("in_features", "out_features", "nf", "nx")  # what a cut Linear or Conv1D changes
+
 def head_index(heads: Sequence[int], head_dim: int, offset: int = 0) -> torch.Tensor:
     """The feature indices of `heads` (each head_dim wide), shifted by offset.  # [len(heads) * D]"""
     idx = [offset + h * head_dim + d for h in heads for d in range(head_dim)]

@@ -16,13 +16,17 @@ import torch.nn as nn
 
 from ..adapters.base import AttentionSite
 from ..errors import ConfigError
-from . import _cut_bert, _cut_generic, _cut_gpt2, _cut_llama, _cut_reference
+from . import _cut_bert, _cut_generic, _cut_gpt2, _cut_llama, _cut_reference, _slice
 
 CUTTERS = {"reference": _cut_reference.cut, "hf-bert": _cut_bert.cut, "hf-gpt2": _cut_gpt2.cut,
            "hf-llama": _cut_llama.cut, "generic": _cut_generic.cut}
 # transformers reshapes head outputs with view(..., -1, head_dim), which an empty layer cannot do:
 # a Hugging Face layer keeps at least one head. The others may lose all (the bias path stays exact).
 MIN_HEADS = {"hf-bert": 1, "hf-gpt2": 1, "hf-llama": 1}
+# Every module attribute a cut may change, and so all that a pruned folder's `diagnose_pruned` may
+# set when it is loaded (_spec.py refuses any other name: a config must not reach a method).
+ATTRIBUTES = frozenset(_slice.ATTRIBUTES + _cut_bert.ATTRIBUTES + _cut_gpt2.ATTRIBUTES + _cut_llama.ATTRIBUTES
+                       + _cut_reference.ATTRIBUTES)
 
 
 @dataclass

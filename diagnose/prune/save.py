@@ -12,15 +12,16 @@
 from __future__ import annotations
 
 import copy
+import os
 import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
-from .._write import _umask
+from .._write import _fix, _reason, _umask, check_output
 from ..errors import OutputError
 from ..io import save_checkpoint
 from ..zoo.model import Transformer
@@ -31,8 +32,14 @@ _AUTO = (("ForSequenceClassification", "AutoModelForSequenceClassification"), ("
          ("ForTokenClassification", "AutoModelForTokenClassification"), ("", "AutoModel"))
 
 
-def check_folder(folder: Path) -> None:
-    """Refuse a folder that exists and is not empty (nothing is overwritten), or a file."""
+def check_folder(folder: Path, *, inputs: Iterable[Any] = (), option: str = "--out") -> None:
+    """Refuse, before any work, a folder the pruned model cannot go to: one inside an input folder
+    (the input model's own), a symbolic link, a file, a folder that is not empty (nothing is
+    overwritten), or one in a folder this process cannot write to (the shared output guard)."""
+    check_output(folder, inputs=[i for i in inputs if i is not None], option=option, folder=True)
+    if folder.is_symlink():  # built beside its path and renamed into place: a link cannot be renamed onto
+        raise OutputError(f"{folder}: {option} is a symbolic link to {os.path.realpath(folder)}; give the real "
+                          "folder path, or a new one")
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise OutputError(f"{folder}: exists and is not empty; name a new or empty folder for the pruned model")
 
@@ -41,20 +48,42 @@ def save_pruned(result, folder: Path, *, tokenizer: Any = None) -> dict[str, Any
     """Write result.model to folder; returns {"path", "form", "files"}.
 
     Everything is written into a hidden folder beside it, renamed into place at the end: a failure
-    half-way leaves nothing behind."""
+    half-way leaves nothing behind. When the folder cannot be written (read-only, disk full, a path
+    that changed since the check), the model is saved in the system's temporary folder instead and
+    the OutputError names it, so that the pruning run is not lost (as atomic_write does for files)."""
     check_folder(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{folder.name[:32]}.", dir=folder.parent))
+    except OSError as exc:
+        raise _kept(result, folder, tokenizer, exc) from None
     try:
         saved = _write(result, work, tokenizer)
         work.chmod(0o777 & ~_umask())  # mkdtemp's folder is private; the user's umask decides, as for mkdir
         if folder.exists():
             folder.rmdir()  # empty (check_folder): a folder can only be renamed onto an empty one
         work.rename(folder)
+    except OSError as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        raise _kept(result, folder, tokenizer, exc) from None
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     return {"path": str(folder), **saved}
+
+
+def _kept(result, folder: Path, tokenizer: Any, exc: OSError) -> OutputError:
+    """The error for a pruned model that could not go to `folder`, after saving it in $TMPDIR."""
+    spare = None
+    try:
+        spare = Path(tempfile.mkdtemp(prefix="diagnose-pruned-"))
+        _write(result, spare, tokenizer)
+        kept = f"; the pruned model was saved to {spare} instead"
+    except OSError:
+        if spare is not None:
+            shutil.rmtree(spare, ignore_errors=True)
+        kept = f"; it could not be saved in {tempfile.gettempdir()} either"
+    return OutputError(f"{folder}: cannot write the pruned model ({_reason(exc)}){kept}; {_fix(exc)}")
 
 
 def _write(result, folder: Path, tokenizer: Any) -> dict[str, Any]:

@@ -121,5 +121,5 @@ def test_cli_max_memory(tmp_path, monkeypatch):
     assert f"micro-batch {timing['micro_batch']}" in run.stdout
     assert "ablating heads" not in run.stderr  # not a terminal: stderr keeps to errors
     bad = CliRunner().invoke(cli, ["heads", "lm.pt", "--data", "d.pt", "--max-memory", "lots"])
-    assert bad.exit_code == 2 and "max_memory 'lots' is not a size" in bad.stderr
+    assert bad.exit_code == 2 and "--max-memory 'lots' is not a size" in bad.stderr
     assert "Traceback" not in bad.output
