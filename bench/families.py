@@ -35,7 +35,7 @@ SMALL = dict(vocab_size=V, hidden_size=32, num_attention_heads=4, num_hidden_lay
 # name -> (model type, auto class, config overrides, input kind)
 FAMILIES = {
     "GPT-2": ("gpt2", "AutoModelForCausalLM", {}, "lm"),
-    "GPT-Neo": ("gpt_neo", "AutoModelForCausalLM", {"attention_types": [[["global", "local"], 1]],
+    "GPT-Neo": ("gpt_neo", "AutoModelForCausalLM", {"attention_types": [[["global", "local"], 1]], "num_layers": 2,
                                                      "window_size": 4}, "lm"),
     "GPT-NeoX": ("gpt_neox", "AutoModelForCausalLM", {}, "lm"),
     "GPT-J": ("gptj", "AutoModelForCausalLM", {"rotary_dim": 4}, "lm"),

@@ -30,7 +30,12 @@ def _case(name):
     return q, k, v, kw
 
 
-@pytest.mark.parametrize("name", ["plain", "bool_mask", "float_mask", "causal", "scale", "gqa"])
+_GQA = pytest.param("gqa", marks=pytest.mark.skipif(not hasattr(torch.nn.attention, "sdpa_kernel") or
+                                                     tuple(map(int, torch.__version__.split(".")[:2])) < (2, 5),
+                                                     reason="SDPA's enable_gqa arrived in torch 2.5"))
+
+
+@pytest.mark.parametrize("name", ["plain", "bool_mask", "float_mask", "causal", "scale", _GQA])
 def test_probs_reproduce_sdpa(name):
     q, k, v, kw = _case(name)
     want = F.scaled_dot_product_attention(q, k, v, **kw)  # [B, H, Tq, D]
@@ -40,7 +45,12 @@ def test_probs_reproduce_sdpa(name):
     torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:3]))
 
 
-@pytest.mark.parametrize("name", ["plain", "bool_mask", "float_mask", "causal", "scale", "gqa"])
+_GQA = pytest.param("gqa", marks=pytest.mark.skipif(not hasattr(torch.nn.attention, "sdpa_kernel") or
+                                                     tuple(map(int, torch.__version__.split(".")[:2])) < (2, 5),
+                                                     reason="SDPA's enable_gqa arrived in torch 2.5"))
+
+
+@pytest.mark.parametrize("name", ["plain", "bool_mask", "float_mask", "causal", "scale", _GQA])
 def test_lazy_rows_in_chunks_are_the_whole_map(name):
     q, k, v, kw = _case(name)
     lazy = LazyProbs(q, k, kw.get("attn_mask"), kw.get("is_causal", False), kw.get("scale"))

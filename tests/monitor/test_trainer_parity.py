@@ -43,13 +43,16 @@ def test_hf_matches_trainer_log(tmp_path, accum, clip, bf16):
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
                                    callbacks=[DiagnoseHFCallback(tmp_path / "diag", echo=False)])
     trainer.train()
-    theirs = [h for h in trainer.state.log_history if "loss" in h and "grad_norm" in h]
+    # transformers 5.0 logs no grad_norm when it does not clip (max_grad_norm=0; 5.24 does): then
+    # only the loss and the steps have a reference
+    theirs = [h for h in trainer.state.log_history if "loss" in h and "train_loss" not in h]
     run = read_run(tmp_path / "diag")
     ours = run.steps
     assert ours["step"].tolist() == [h["step"] for h in theirs] == [1, 2, 3, 4]
     for (_, row), h in zip(ours.iterrows(), theirs):
         assert _close(row["loss"], h["loss"]), (row["loss"], h["loss"])
-        assert _close(row["grad_norm"], h["grad_norm"]), (row["grad_norm"], h["grad_norm"])
+        if "grad_norm" in h or clip:
+            assert _close(row["grad_norm"], h["grad_norm"]), (row["grad_norm"], h["grad_norm"])
         assert row["micro_batches"] == accum
         assert 3 * accum * 9 <= row["tokens"] <= 3 * accum * 12  # the attention mask's sum: padded rows count 9
         if clip:
