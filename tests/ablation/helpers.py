@@ -7,6 +7,7 @@ import torch.nn as nn
 
 from diagnose.objectives import call_model, logits_of, score, targets_for
 
+from .. import tolerance
 from ..hooks import hook_snapshot
 
 
@@ -54,6 +55,5 @@ def assert_untouched(model: nn.Module, before) -> None:
 
 
 def loss_tol(*losses: float) -> float:
-    """Absolute tolerance for a difference of float32 losses: rounding scales with the losses
-    subtracted (a delta of 0.009 between two losses of 5 carries their 1e-6 relative error)."""
-    return 1e-5 * max([1.0, *(abs(float(x)) for x in losses)])
+    """Absolute tolerance for a difference of float32 losses (tests/tolerance.py's, re-exported)."""
+    return tolerance.loss_tol(*losses)
