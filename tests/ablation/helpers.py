@@ -54,6 +54,7 @@ def assert_untouched(model: nn.Module, before) -> None:
         assert torch.equal(now[3][k], v), f"{k} changed"
 
 
-def loss_tol(*losses: float) -> float:
-    """Absolute tolerance for a difference of float32 losses (tests/tolerance.py's, re-exported)."""
-    return tolerance.loss_tol(*losses)
+def loss_tol(*losses: float, **size) -> float:
+    """Absolute tolerance for a difference of float32 losses from a model of `size` (depth, width):
+    tests/tolerance.py's, which takes it from the tolerance policy."""
+    return tolerance.loss_tol(*losses, **size)
