@@ -18,3 +18,53 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+def _torch_state() -> dict:
+    """Process-wide torch settings a test (or a library it drives) can change and leave behind;
+    each changes how later tests' floats round, so a suite's order would change its results."""
+    sub = torch.tensor([1e-40]) * torch.tensor([1.0])  # 0 when denormals are flushed (no getter)
+    return {
+        "threads": torch.get_num_threads(),
+        "flush_denormal": bool(sub.item() == 0.0),
+        "default_dtype": torch.get_default_dtype(),
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "grad": torch.is_grad_enabled(),
+        "autocast_cpu": torch.is_autocast_enabled("cpu"),
+        "mha_fastpath": torch.backends.mha.get_fastpath_enabled(),
+        "flash_sdp": torch.backends.cuda.flash_sdp_enabled(),
+        "math_sdp": torch.backends.cuda.math_sdp_enabled(),
+        "mem_sdp": torch.backends.cuda.mem_efficient_sdp_enabled(),
+        "mkldnn": torch.backends.mkldnn.enabled,
+        "anomaly": torch.is_anomaly_enabled(),
+    }
+
+
+def _restore(state: dict) -> None:
+    torch.set_num_threads(state["threads"])
+    torch.set_flush_denormal(state["flush_denormal"])
+    torch.set_default_dtype(state["default_dtype"])
+    torch.set_float32_matmul_precision(state["matmul_precision"])
+    torch.use_deterministic_algorithms(state["deterministic"])
+    torch.set_grad_enabled(state["grad"])
+    torch.backends.mha.set_fastpath_enabled(state["mha_fastpath"])
+    torch.backends.cuda.enable_flash_sdp(state["flash_sdp"])
+    torch.backends.cuda.enable_math_sdp(state["math_sdp"])
+    torch.backends.cuda.enable_mem_efficient_sdp(state["mem_sdp"])
+    torch.backends.mkldnn.enabled = state["mkldnn"]
+    torch.autograd.set_detect_anomaly(state["anomaly"])
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_torch_state(request):
+    """Each test starts from the same torch settings: a leak (a library's Trainer setting threads or
+    matmul precision, a test that forgot its finally) would change how every later test in the same
+    xdist worker rounds, so a suite could fail where the same test alone passes. Restored and warned."""
+    before = _torch_state()
+    yield
+    after = _torch_state()
+    if after != before:
+        changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+        _restore(before)
+        request.node.warn(pytest.PytestWarning(f"torch settings leaked and were restored: {changed}"))

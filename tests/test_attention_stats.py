@@ -12,6 +12,7 @@ import diagnose
 from diagnose import attention_stats
 from diagnose.attention_stats import HeadStats, entropy_and_max
 from diagnose.zoo import ModelConfig, Transformer
+from .tolerance import approx, assert_close, size_of
 
 T = 6
 
@@ -29,7 +30,7 @@ def test_uniform_attention():
     want = dict(entropy=math.log(T), max_weight=1 / T, first_token=1 / T, self=1 / T, prev_token=1 / T,
                 padding=0.0, mean_distance=dist)
     for k, v in want.items():
-        assert s[k] == pytest.approx([v] * 3, abs=1e-6), k
+        assert s[k] == approx([v] * 3, scale=T, width=probs.numel()), k
 
 
 def test_one_hot_previous_token():
@@ -37,7 +38,7 @@ def test_one_hot_previous_token():
     for q in range(T):
         probs[0, :, q, max(q - 1, 0)] = 1.0  # row 0 can only look at itself
     s = stats(probs)
-    assert s["entropy"] == pytest.approx([0.0, 0.0], abs=1e-7)
+    assert s["entropy"] == approx([0.0, 0.0], scale=1.0, width=probs.numel())
     assert s["max_weight"] == pytest.approx([1.0, 1.0])
     assert s["prev_token"] == pytest.approx([1.0, 1.0])  # every row that has a previous position
     assert s["self"] == pytest.approx([1 / T] * 2)
@@ -68,8 +69,8 @@ def test_causal_uniform_entropy():
     probs = torch.ones(T, T).tril()
     probs = (probs / probs.sum(-1, keepdim=True))[None, None]  # row q uniform over q + 1 keys
     s = stats(probs)
-    assert s["entropy"] == pytest.approx([sum(math.log(q + 1) for q in range(T)) / T], abs=1e-6)
-    assert s["mean_distance"] == pytest.approx([sum(q / 2 for q in range(T)) / T], abs=1e-6)
+    assert s["entropy"] == approx([sum(math.log(q + 1) for q in range(T)) / T], scale=T, width=probs.numel())
+    assert s["mean_distance"] == approx([sum(q / 2 for q in range(T)) / T], scale=T, width=probs.numel())
 
 
 def test_padding_mass_and_padded_rows_excluded():
@@ -81,10 +82,11 @@ def test_padding_mass_and_padded_rows_excluded():
     s = stats(probs, mask)
     n_rows = T + 4
     assert s["padding"] == pytest.approx([4 * (2 / T) / n_rows])
-    assert s["entropy"] == pytest.approx([math.log(T)], abs=1e-6)
+    assert s["entropy"] == approx([math.log(T)], scale=T, width=probs.numel())
     assert s["max_weight"] == pytest.approx([1 / T])
     e, m = entropy_and_max(probs, mask)
-    assert e.tolist() == pytest.approx(s["entropy"], abs=1e-6) and m.tolist() == pytest.approx(s["max_weight"])
+    assert e.tolist() == approx(s["entropy"], scale=T, width=probs.numel())
+    assert m.tolist() == approx(s["max_weight"], scale=1.0, width=probs.numel())
 
 
 def test_streaming_and_chunking_agree(monkeypatch):
@@ -98,8 +100,8 @@ def test_streaming_and_chunking_agree(monkeypatch):
     monkeypatch.setattr(attention_stats, "_CHUNK", 2 * T * T)  # one example per reduction step
     chunked = stats(probs, mask)
     for k in whole:
-        assert acc.result()[k] == pytest.approx(whole[k], abs=1e-6)
-        assert chunked[k] == pytest.approx(whole[k], abs=1e-6)
+        assert acc.result()[k] == approx(whole[k], scale=T, width=probs.numel())  # two summation orders
+        assert chunked[k] == approx(whole[k], scale=T, width=probs.numel())
 
 
 def test_entropy_and_max_stays_on_device():
@@ -107,8 +109,8 @@ def test_entropy_and_max_stays_on_device():
     e, m = entropy_and_max(probs)
     assert isinstance(e, torch.Tensor) and e.shape == (3,) and m.shape == (3,)
     want = (-(probs * probs.log()).sum(-1)).mean((0, 2))
-    assert torch.allclose(e, want, atol=1e-6)
-    assert torch.allclose(m, probs.amax(-1).mean((0, 2)))
+    assert_close(e, want, scale=4, width=probs.numel())
+    assert_close(m, probs.amax(-1).mean((0, 2)), scale=1.0, width=probs.numel())
 
 
 def test_attention_summary_matches_capture():
@@ -120,11 +122,12 @@ def test_attention_summary_matches_capture():
     data = diagnose.DataSet(input_ids=ids, attention_mask=mask)
     summary = diagnose.attention_summary(model, data, keep=3, batch_size=2)
     cap = diagnose.capture(model, {"input_ids": ids, "attention_mask": mask})
+    size = size_of(model)
     assert summary.n_examples == 5
     for i, maps in enumerate(cap.attention):
         for k, v in stats(maps, mask).items():
-            assert summary.stats[i][k] == pytest.approx(v, abs=1e-6), k
-        assert torch.allclose(summary.examples[i], maps[:3], atol=1e-6)
+            assert summary.stats[i][k] == approx(v, scale=8, width=maps.numel()), k
+        assert_close(summary.examples[i], maps[:3], **size)
     assert set(summary.head(1, 2)) == set(attention_stats.STATS)
     doc = json.loads(json.dumps(summary.to_json(maps=True)))
     assert doc["schema"] == "diagnose.attention/1" and len(doc["sites"][0]["maps"]) == 3
@@ -132,5 +135,5 @@ def test_attention_summary_matches_capture():
     for micro in (0, 1):  # whole batches, then one example per forward: same statistics
         again = diagnose.attention_summary(model, pairs, keep=0, micro_batch=micro)
         for k in attention_stats.STATS:
-            assert again.stats[1][k] == pytest.approx(summary.stats[1][k], abs=1e-6)
+            assert again.stats[1][k] == approx(summary.stats[1][k], scale=8, depth=size["depth"], width=5 * 8 * 8)
         assert again.examples[0].numel() == 0 and again.n_examples == 5

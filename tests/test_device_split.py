@@ -17,6 +17,7 @@ import diagnose
 from diagnose.ablation import ablate_heads
 
 from .long_model import LongLM, dispatch
+from .tolerance import approx, assert_close, loss_tol, size_of
 
 SPLITS = [["cpu", "cpu"]] + ([["cuda", "cpu"], ["cpu", "cuda"]] if torch.cuda.is_available() else [])
 
@@ -30,24 +31,25 @@ def make() -> LongLM:
 def test_split_model_gives_the_single_device_results(devices):
     ids = torch.randint(0, 32, (4, 12), generator=torch.Generator().manual_seed(1))  # [B, T]
     one, split = make(), dispatch(make(), devices)
+    size = size_of(one)
     assert next(split.parameters()).device.type == devices[0]
     first = ids.to(devices[0])  # the embedding's device, as ablate_heads' batches go
 
     want, got = diagnose.capture(one, ids), diagnose.capture(split, first)
     for a, b, dev in zip(got.attention, want.attention, devices):
         assert a.device.type == dev  # each map where its layer ran, not gathered on one device
-        torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5)
+        assert_close(a.cpu(), b, **size)
     for name, st in got.activations.items():
-        assert st == pytest.approx(want.activations[name], rel=1e-4, abs=1e-6), name
+        assert st == approx(want.activations[name], **size), name
 
     s_one = diagnose.attention_summary(one, [ids], keep=1)
     s_split = diagnose.attention_summary(split, [first], keep=1)
     assert all(e.device.type == "cpu" for e in s_split.examples)
     for a, b in zip(s_split.stats, s_one.stats):
         for k in a:
-            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
+            assert a[k] == approx(b[k], **size), k
 
     r_one = ablate_heads(one, {"input_ids": ids}, task="lm", progress=False, attention=False)
     r_split = ablate_heads(split, {"input_ids": ids}, task="lm", progress=False, attention=False)
     for a, b in zip(r_split.heads, r_one.heads):
-        assert a.delta_loss == pytest.approx(b.delta_loss, abs=1e-4 * max(1.0, r_one.baseline["loss"]))
+        assert a.delta_loss == pytest.approx(b.delta_loss, abs=loss_tol(r_one.baseline["loss"], **size))

@@ -20,6 +20,7 @@ from diagnose.adapters._probs import LazyProbs
 from diagnose.attention_stats import STATS, HeadStats
 
 from .long_model import LongLM, twin
+from .tolerance import approx, assert_close, magnitude, size_of
 
 
 def reference(probs: torch.Tensor) -> dict[str, list[float]]:
@@ -53,11 +54,12 @@ def test_chunked_statistics_match_the_whole_maps_at_2048():
     for layer, m in enumerate(maps):
         want = reference(m)
         for k in STATS:
-            assert got.stats[layer][k] == pytest.approx(want[k], rel=1e-5, abs=1e-5), (layer, k)
+            assert got.stats[layer][k] == approx(want[k], scale=max(1.0, magnitude(want[k])), depth=layer + 1,
+                                                 width=m[0].numel()), (layer, k)
     eager = diagnose.attention_summary(twin(model), [ids], keep=0)  # the model's own maps, read by chunks
     for a, b in zip(eager.stats, got.stats):
         for k in STATS:
-            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-5), k
+            assert a[k] == approx(b[k], scale=max(1.0, magnitude(b[k])), width=maps[0][0].numel()), k
 
 
 def test_many_small_chunks_equal_one_chunk(monkeypatch):
@@ -74,7 +76,7 @@ def test_many_small_chunks_equal_one_chunk(monkeypatch):
     chunked.update(probs, mask)
     a, b = whole.result(), chunked.result()
     for k in STATS:
-        assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-7), k
+        assert a[k] == approx(b[k], scale=max(1.0, magnitude(b[k])), width=probs.numel()), k
 
 
 def test_mha_rows_by_chunks_match_its_own_weights(monkeypatch):
@@ -108,7 +110,8 @@ def test_mha_rows_by_chunks_match_its_own_weights(monkeypatch):
         want = HeadStats(4)
         want.update(w, mask)
         for k in STATS:
-            assert a.result()[k] == pytest.approx(want.result()[k], rel=1e-5, abs=1e-6), k
+            assert a.result()[k] == approx(want.result()[k], scale=max(1.0, magnitude(want.result()[k])), depth=2,
+                                           width=w.numel()), k
 
 
 def test_kept_maps_are_windowed():
@@ -119,7 +122,7 @@ def test_kept_maps_are_windowed():
     assert s.window == 16
     assert [tuple(e.shape) for e in s.examples] == [(1, 4, 16, 16)] * 2
     for kept, m in zip(s.examples, full):
-        torch.testing.assert_close(kept, m[:, :, :16, :16], rtol=1e-4, atol=1e-6)
+        assert_close(kept, m[:, :, :16, :16], **size_of(model), scale=1.0)
     assert s.to_json(maps=True)["maps_window"] == 16
     assert diagnose.attention_summary(model, [ids], keep=1).window is None  # 40 < 512: whole maps
 

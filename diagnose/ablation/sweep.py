@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from .._tolerance import close, model_size
 from ..adapters.base import AttentionSite
 from ..errors import DiagnoseError
 from ..objectives import IGNORE, call_model, logits_of, require_finite, score, targets_for
@@ -184,7 +185,7 @@ class Sweep:
         B = clean.batch
         recorded = {i: take_rows(clean.recorded[i], 0, 1, B) for i in blocks}
         logits = self._forward(clean, take_rows(clean.inputs, 0, 1, B), recorded, 1, s, [None, None], blocks)
-        return all(_same(logits[k], clean.logits[:1]) for k in range(2))
+        return all(_same(logits[k], clean.logits[:1], *model_size(self.sites)) for k in range(2))
 
     def _forward(self, clean: Clean, inputs: Any, recorded: dict[int, Any] | None, B: int, s: int,
                  targets: list[int | None], blocks: list[int]) -> torch.Tensor:
@@ -222,12 +223,11 @@ def _kl_sums(clean: Clean, logits: torch.Tensor) -> torch.Tensor:
     return (p * (clean.logp[None] - logq)).sum((1, 2))
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal up to the rounding a different batch size may cause."""
-    if a.shape != b.shape:
-        return False
-    scale = float(b.abs().max()) if b.numel() else 0.0
-    return bool(torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5 * max(1.0, scale)))
+def _same(a: torch.Tensor, b: torch.Tensor, depth: int, width: int) -> bool:
+    """Equal up to the rounding a different batch size may cause (the tolerance policy of
+    diagnose/_tolerance.py, for the model's depth and width; half precision by its own eps)."""
+    dtype = b.dtype if b.dtype in (torch.float16, torch.bfloat16, torch.float64) else torch.float32
+    return close(a.float(), b.float(), depth=depth, width=width, dtype=dtype)[0]
 
 
 def _tensors(objs) -> list[torch.Tensor]:

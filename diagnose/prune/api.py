@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
+from .._tolerance import model_size
 from ..ablation.batches import as_batches
 from ..ablation.gate import METHODS, gated
 from ..ablation.sweep import Sweep
@@ -74,7 +75,7 @@ def prune_heads(model: nn.Module, data: Any, *, max_drop: float | None = None, m
             forwards = measure.forwards
             measure = Measure(model, gates, task)
             try:
-                checked = verify.compare(measure, closed, pruned.model, batches)
+                checked = verify.compare(measure, closed, pruned.model, batches, *model_size(sites))
             except (RuntimeError, ValueError) as exc:
                 raise ConfigError(f"{type(model).__name__}: the pruned copy does not run ({type(exc).__name__}: "
                                   f"{str(exc).splitlines()[0] if str(exc) else ''}); its attention must size its "

@@ -11,15 +11,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from .._tolerance import output_scale, tolerance
 from ..objectives import call_model, logits_of, score, targets_for
 from ._measure import Measure
 
-TOLERANCE = 1e-5  # pruned vs gated outputs, relative to the outputs' largest magnitude (at least 1)
-
 
 def compare(measure: Measure, closed: list[torch.Tensor], pruned: nn.Module,
-            batches: Sequence[tuple[Any, Any]]) -> dict[str, Any]:
-    """The largest |pruned - gated original| over every output on the data."""
+            batches: Sequence[tuple[Any, Any]], depth: int = 1, width: int = 1) -> dict[str, Any]:
+    """The largest |pruned - gated original| over every output on the data, judged by the tolerance
+    policy (diagnose/_tolerance.py) for the model's depth (attention layers) and width (d_model):
+    the pruned matmuls are narrower, so they sum in another order and round differently."""
     worst, scale = 0.0, 1.0
     device = next((p.device for p in measure.model.parameters()), torch.device("cpu"))
     with torch.no_grad():
@@ -31,9 +32,9 @@ def compare(measure: Measure, closed: list[torch.Tensor], pruned: nn.Module,
                 measure.open_all()
             cut = logits_of(call_model(pruned, inputs)).float()
             worst = max(worst, float((cut - gated).abs().max()) if cut.numel() else 0.0)
-            scale = max(scale, float(gated.abs().max()) if gated.numel() else 0.0)
-    return {"max_abs_diff": worst, "output_scale": scale, "tolerance": TOLERANCE * scale,
-            "passed": worst <= TOLERANCE * scale}
+            scale = max(scale, output_scale(gated))
+    tol = tolerance(scale, depth=depth, width=width)
+    return {"max_abs_diff": worst, "output_scale": scale, "tolerance": tol, "passed": worst <= tol}
 
 
 def evaluate(model: nn.Module, batches: Sequence[tuple[Any, Any]], task: str) -> dict[str, Any]:

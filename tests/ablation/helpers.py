@@ -7,6 +7,7 @@ import torch.nn as nn
 
 from diagnose.objectives import call_model, logits_of, score, targets_for
 
+from .. import tolerance
 from ..hooks import hook_snapshot
 
 
@@ -53,7 +54,7 @@ def assert_untouched(model: nn.Module, before) -> None:
         assert torch.equal(now[3][k], v), f"{k} changed"
 
 
-def loss_tol(*losses: float) -> float:
-    """Absolute tolerance for a difference of float32 losses: rounding scales with the losses
-    subtracted (a delta of 0.009 between two losses of 5 carries their 1e-6 relative error)."""
-    return 1e-5 * max([1.0, *(abs(float(x)) for x in losses)])
+def loss_tol(*losses: float, **size) -> float:
+    """Absolute tolerance for a difference of float32 losses from a model of `size` (depth, width):
+    tests/tolerance.py's, which takes it from the tolerance policy."""
+    return tolerance.loss_tol(*losses, **size)

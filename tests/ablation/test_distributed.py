@@ -1,5 +1,5 @@
 """Sweeps sharded over torch.distributed ranks (gloo on the CPU) give what one process gives:
-the same per-head effects (within 1e-6), p-values, intervals and flags; a failure on one rank
+the same per-head effects (within the tolerance policy), p-values, intervals and flags; a failure on one rank
 stops every rank instead of leaving the others waiting; under torchrun only rank 0 prints and
 writes."""
 
@@ -19,8 +19,10 @@ from diagnose._distributed import Ranks
 from diagnose.ablation import ablate_heads
 
 from . import ranks as workers
+from ..tolerance import F64, approx, size_of
 
 ROOT = Path(__file__).resolve().parents[2]
+SIZE = size_of(workers.model())  # the workers' model: their float32 forwards round like it
 TIMEOUT = 240  # seconds for a whole group (imports included) on a busy machine; a hang fails, not waits
 
 
@@ -35,7 +37,7 @@ def _same(one: dict, many: dict) -> None:
         # batch) round differently in the last bits; tests and decisions must not move at all
         for k in ("accuracy", "delta_accuracy", "loss", "delta_loss", "kl", "grad_importance", "grad_importance_raw",
                   "estimated_delta_loss", "second_order_delta_loss", "delta_accuracy_ci", "delta_loss_ci"):
-            _close(a[k], b[k], k, tol=1e-6)
+            _close(a[k], b[k], k, tol=SIZE)
         for k in ("p_value", "p_value_adjusted", "p_value_loss", "p_value_loss_adjusted", "role", "negligible"):
             _close(a[k], b[k], k)
         _close(a["attention"], b["attention"], "attention")
@@ -47,8 +49,9 @@ def _same(one: dict, many: dict) -> None:
     assert many["examples"] == one["examples"]
 
 
-def _close(a, b, path="", tol=1e-9) -> None:
-    """Nested JSON equal, floats within tol relative to their magnitude (at least 1)."""
+def _close(a, b, path="", tol=None) -> None:
+    """Nested JSON equal, floats within the policy's tolerance relative to their magnitude (at least 1):
+    float64 statistics by default, float32 forwards of the workers' model (`tol=SIZE`)."""
     if isinstance(a, dict):
         assert isinstance(b, dict) and a.keys() == b.keys(), path
         for k in a:
@@ -58,7 +61,8 @@ def _close(a, b, path="", tol=1e-9) -> None:
         for i, (x, y) in enumerate(zip(a, b)):
             _close(x, y, f"{path}[{i}]", tol)
     elif isinstance(a, float) and not isinstance(b, bool):
-        assert isinstance(b, float) and abs(a - b) <= tol * max(1.0, abs(a)), (path, a, b)
+        size = tol or {"dtype": F64}
+        assert isinstance(b, float) and a == approx(b, scale=max(1.0, abs(a)), **size), (path, a, b)
     else:
         assert a == b, path
 

@@ -11,6 +11,8 @@ from scipy.stats import binomtest, wilcoxon
 from diagnose.ablation.significance import (adjust, bh, bootstrap_ci, holm, min_detectable_examples, sign_flip_test,
                                            sign_test, signed_ranks)
 
+from ..tolerance import F64, approx
+
 
 def mcnemar_exact(b: int, c: int) -> float:
     """Exact McNemar by hand: two-sided binomial on the b + c discordant pairs."""
@@ -29,14 +31,14 @@ def test_binary_correctness_gives_exact_mcnemar():
     for m in range(5):
         b = int(((clean[:, m] == 1) & (ablated[:, m] == 0)).sum())
         c = int(((clean[:, m] == 0) & (ablated[:, m] == 1)).sum())
-        assert p[m] == pytest.approx(mcnemar_exact(b, c), rel=1e-9)
+        assert p[m] == approx(mcnemar_exact(b, c), width=len(clean), dtype=F64)
     assert p[0] < 1e-6 and p[2] == 1.0
 
 
 def test_sign_test_on_fractional_differences_matches_binomtest():
     diff = np.array([0.5, -0.25, 0.1, 0.0, 0.3, 0.2, 0.0, 0.7])[:, None]  # per-example accuracy changes
     want = binomtest(5, 6, 0.5).pvalue
-    assert sign_test(diff)[0] == pytest.approx(want, rel=1e-9)
+    assert sign_test(diff)[0] == approx(want, width=len(diff), dtype=F64)
 
 
 def test_holm_step_down():

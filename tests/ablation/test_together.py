@@ -12,6 +12,7 @@ from diagnose.errors import ConfigError
 from diagnose.zoo import ModelConfig, Transformer, order
 
 from .helpers import assert_untouched, evaluate, loss_tol, snapshot, with_head_weights_zeroed
+from ..tolerance import F64, approx, assert_differ, size_of
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +42,10 @@ def test_group_equals_weight_zeroing(model_and_data, closed):
     got = ablate_together(model, data, closed, task="classification", batch_size=32)
     acc, loss = _zeroed(model, data, closed)
     clean_acc, clean_loss = evaluate(model, as_batches(data, 32), "classification")
-    assert got.accuracy == pytest.approx(acc, abs=1e-9) and got.loss == pytest.approx(loss, rel=1e-5)
-    assert got.baseline_accuracy == pytest.approx(clean_acc) and got.baseline_loss == pytest.approx(clean_loss, rel=1e-5)
-    assert got.delta_loss != pytest.approx(0.0, abs=1e-4)  # the heads do move this model
+    assert got.accuracy == approx(acc, scale=1.0, dtype=F64) and got.loss == approx(loss, **size_of(model))
+    assert got.baseline_accuracy == approx(clean_acc, scale=1.0, dtype=F64)
+    assert got.baseline_loss == approx(clean_loss, **size_of(model))
+    assert_differ(got.delta_loss, 0.0, scale=max(1.0, got.baseline_loss), **size_of(model))  # the heads move it
     assert got.heads == sorted(closed) and got.to_json()["delta_loss"] == pytest.approx(got.delta_loss)
     assert_untouched(model, before)
 
@@ -53,8 +55,8 @@ def test_one_head_matches_the_sweep(model_and_data):
     sweep = ablate_heads(model, data, task="classification", progress=False, attention=False, batch_size=32)
     for h in sweep.heads[:3]:
         one = ablate_together(model, data, [(h.layer, h.head)], task="classification", batch_size=32)
-        assert one.delta_loss == pytest.approx(h.delta_loss, abs=loss_tol(one.loss, one.baseline_loss))
-        assert one.delta_accuracy == pytest.approx(h.delta_accuracy, abs=1e-9)
+        assert one.delta_loss == pytest.approx(h.delta_loss, abs=loss_tol(one.loss, one.baseline_loss, **size_of(model)))
+        assert one.delta_accuracy == approx(h.delta_accuracy, scale=1.0, dtype=F64)
 
 
 def test_mean_ablation_of_nothing_and_bad_heads(model_and_data):
@@ -63,7 +65,7 @@ def test_mean_ablation_of_nothing_and_bad_heads(model_and_data):
     assert none.delta_loss == 0.0 and none.delta_accuracy == 0.0
     mean = ablate_together(model, data, [(0, 2)], task="classification", method="mean")
     zero = ablate_together(model, data, [(0, 2)], task="classification", method="zero")
-    assert mean.loss != pytest.approx(zero.loss, rel=1e-6)  # the mean is a different replacement
+    assert_differ(mean.loss, zero.loss, **size_of(model))  # the mean is a different replacement
     with pytest.raises(ConfigError, match="no head 4 in layer 0"):
         ablate_together(model, data, [(0, 4)], task="classification")
     with pytest.raises(ConfigError, match="no head 0 in layer 7"):

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from diagnose.adapters._intercept import AttentionMode, sdpa_probs
 from diagnose.adapters._probs import LazyProbs, materialise, query_chunks
+from ..tolerance import assert_close, magnitude
 
 
 def _case(name):
@@ -41,8 +42,8 @@ def test_probs_reproduce_sdpa(name):
     want = F.scaled_dot_product_attention(q, k, v, **kw)  # [B, H, Tq, D]
     probs = sdpa_probs(q, k, kw.get("attn_mask"), kw.get("is_causal", False), kw.get("scale"))
     vv = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    assert torch.allclose(probs @ vv, want, atol=1e-5)
-    torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:3]))
+    assert_close(probs @ vv, want, scale=magnitude(vv), width=probs.shape[-1] * q.shape[-1])
+    assert_close(probs.sum(-1), torch.ones(probs.shape[:3]), width=probs.shape[-1])
 
 
 _GQA = pytest.param("gqa", marks=pytest.mark.skipif(not hasattr(torch.nn.attention, "sdpa_kernel") or
@@ -62,7 +63,7 @@ def test_lazy_rows_in_chunks_are_the_whole_map(name):
     if name == "causal":  # keys no row of a chunk can see are left out
         assert [c.shape[-1] for _, c in chunks] == [min(s + 2, lazy.shape[-2], Tk) for s, _ in chunks]
     padded = [F.pad(c, (0, Tk - c.shape[-1])) for _, c in chunks]  # the keys left out weigh 0
-    torch.testing.assert_close(torch.cat(padded, -2), whole, rtol=0, atol=1e-6)
+    assert_close(torch.cat(padded, -2), whole, width=whole.shape[-1])
 
 
 def test_mode_sees_positional_and_keyword_sdpa_and_leaves_output_alone():
@@ -74,4 +75,4 @@ def test_mode_sees_positional_and_keyword_sdpa_and_leaves_output_alone():
         torch.softmax(torch.randn(4, 5), dim=-1)  # not 4-D: not attention
     assert [s[0] for s in seen] == ["sdpa"]
     assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
-    assert torch.allclose(materialise(seen[0][1]) @ v, out, atol=1e-5)
+    assert_close(materialise(seen[0][1]) @ v, out, scale=magnitude(v), width=v.shape[-2] * v.shape[-1])

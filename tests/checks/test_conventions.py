@@ -14,6 +14,7 @@ import torch
 from diagnose import check_model
 
 from ..conventions import EXPLICIT, SCALES, SDPA, conv_lm
+from ..tolerance import approx
 
 ALL = ["causal", "padding", "scaling", "positions"]
 # bug -> the checks that must flag it (a 0 fill breaks the causal and the padding mask alike)
@@ -58,7 +59,7 @@ def test_every_bug_is_found_by_its_check_only(mask, bug):
     assert sorted({f.check for f in result.problems}) == FINDS[bug], [(f.check, f.title) for f in result]
     if bug == "unscaled":  # measured, not guessed: exactly sqrt(d_k) too large (d 32, 2 heads: D = 16)
         (f,) = result.problems
-        assert f.evidence["scale_times_sqrt_dk_per_layer"] == pytest.approx([4.0, 4.0], rel=1e-3)
+        assert f.evidence["scale_times_sqrt_dk_per_layer"] == approx([4.0, 4.0], width=16)
     assert not [s for s in result.skipped if s["check"] in FINDS[bug]]
 
 
@@ -68,7 +69,7 @@ def test_finite_fill_measures_the_scale_instead_of_skipping(fill):
     good = check_model(conv_lm(fill, "div"), checks=["scaling"])
     assert good.passed == ["scaling"] and not good.skipped
     (f,) = check_model(conv_lm(fill, "div", "unscaled"), checks=["scaling"])
-    assert f.evidence["scale_times_sqrt_dk_per_layer"][0] == pytest.approx(math.sqrt(16), rel=1e-3)
+    assert f.evidence["scale_times_sqrt_dk_per_layer"][0] == approx(math.sqrt(16), width=16)
 
 
 def test_in_place_division_is_not_mistaken_for_no_scaling():

@@ -9,6 +9,7 @@ from diagnose.checks import check_model
 from diagnose.zoo import ModelConfig, Transformer
 
 from ..nano import NanoGPT
+from ..tolerance import assert_close, size_of
 
 
 def _positions(model):
@@ -30,7 +31,7 @@ def test_classifier_without_positions_is_invariant(pooling):
     ids = torch.randint(1, 32, (2, 10))  # independent: swapping positions 3 and 7 changes nothing
     swapped = ids[:, [0, 1, 2, 7, 4, 5, 6, 3, 8, 9]]
     with torch.no_grad():
-        assert torch.allclose(model.eval()(ids), model(swapped), atol=1e-6)
+        assert_close(model.eval()(ids), model(swapped), **size_of(model))
 
 
 def test_encoder_without_positions_is_equivariant():

@@ -11,6 +11,7 @@ from diagnose.checks import check_model
 from diagnose.zoo import ModelConfig, Transformer
 
 from ..nano import NanoGPT
+from ..tolerance import approx
 
 
 def _scaling(model, data=None):
@@ -30,7 +31,7 @@ def test_reference_without_scale_is_found(d_model, n_heads):
     (f,) = _scaling(model)
     D = d_model // n_heads
     assert f.severity == "warning" and "not divided by sqrt(d_k)" in f.title
-    assert f.evidence["scale_times_sqrt_dk_per_layer"] == pytest.approx([math.sqrt(D)] * 2, rel=1e-4)
+    assert f.evidence["scale_times_sqrt_dk_per_layer"] == approx([math.sqrt(D)] * 2, width=D)
     assert f.evidence["layers"] == [0, 1]
 
 
@@ -45,7 +46,7 @@ def test_logit_std_matches_scores_computed_by_hand():
         q, k = (t.view(8, 16, 4, 16).transpose(1, 2) for t in (q, k))  # [B, H, T, D]
         scores = q @ k.transpose(-2, -1)  # [B, H, T, T], unscaled as configured
         stds = [scores[b, h, t, : t + 1].std() for b in range(8) for h in range(4) for t in range(1, 16)]
-    assert f.evidence["logit_std_per_layer"][0] == pytest.approx(float(torch.stack(stds).median()), rel=1e-3)
+    assert f.evidence["logit_std_per_layer"][0] == approx(float(torch.stack(stds).median()), width=16 * 16)
 
 
 @pytest.mark.parametrize("scale", ["sqrt", "folded", "sdpa"])

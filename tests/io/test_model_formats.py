@@ -14,6 +14,8 @@ import diagnose
 from diagnose.errors import ConfigError, InputFileError, UnsafePickleError
 from diagnose.zoo import ModelConfig, Transformer
 
+from ..tolerance import EXACT, assert_close, size_of
+
 
 def _ids(vocab: int, B: int = 3, T: int = 7) -> torch.Tensor:
     return torch.randint(4, vocab, (B, T))  # [B, T]
@@ -31,7 +33,7 @@ def test_checkpoint_round_trip_in_eval_mode(tmp_path):
     ids, mask = _ids(16), torch.ones(3, 7, dtype=torch.long)
     mask[0, 5:] = 0
     model.eval()
-    torch.testing.assert_close(loaded(ids, mask), model(ids, mask), rtol=0, atol=0)
+    torch.testing.assert_close(loaded(ids, mask), model(ids, mask), **EXACT)
 
 
 def test_save_checkpoint_refuses_other_modules(tmp_path):
@@ -52,7 +54,7 @@ def test_hf_causal_lm_folder_with_tokenizer(gpt2_folder):
     assert tok.convert_tokens_to_ids(["the", "cat"]) == [4, 5] and tok.pad_token == "[PAD]"
     ids = _ids(model.config.vocab_size)
     with torch.no_grad():
-        torch.testing.assert_close(model(ids).logits, original(ids).logits, rtol=0, atol=0)
+        torch.testing.assert_close(model(ids).logits, original(ids).logits, **EXACT)
 
 
 def test_hf_attn_implementation_is_passed_through(gpt2_folder):
@@ -63,7 +65,7 @@ def test_hf_attn_implementation_is_passed_through(gpt2_folder):
     assert eager.config._attn_implementation == "eager"
     ids = _ids(default.config.vocab_size)
     with torch.no_grad():
-        torch.testing.assert_close(eager(ids).logits, original(ids).logits, rtol=1e-5, atol=1e-5)
+        assert_close(eager(ids).logits, original(ids).logits, **size_of(original))  # eager vs sdpa: other sums
 
 
 def test_hf_unknown_attn_implementation_is_a_config_error(gpt2_folder):
@@ -81,7 +83,7 @@ def test_hf_sequence_classifier_folder(bert_folder):
     mask[1, 4:] = 0
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits,
-                                   original(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=0)
+                                   original(input_ids=ids, attention_mask=mask).logits, **EXACT)
 
 
 def test_hf_folder_without_tokenizer_and_without_architectures(tmp_path):
@@ -97,7 +99,7 @@ def test_hf_folder_without_tokenizer_and_without_architectures(tmp_path):
     assert type(model).__name__ == "BertModel" and model.diagnose_tokenizer is None
     ids = _ids(20)
     with torch.no_grad():
-        torch.testing.assert_close(model(ids).last_hidden_state, original(ids).last_hidden_state, rtol=0, atol=0)
+        torch.testing.assert_close(model(ids).last_hidden_state, original(ids).last_hidden_state, **EXACT)
 
 
 def test_hf_folder_missing_weights_for_its_class_is_refused(tmp_path):
@@ -188,7 +190,7 @@ def test_factory_with_safetensors_and_file_path(tmp_path, factory_module):
     ref = Tiny()
     ref.load_state_dict(state)
     ids = torch.randint(0, 10, (2, 5))  # [B, T]
-    torch.testing.assert_close(model(ids), ref(ids), rtol=0, atol=0)
+    torch.testing.assert_close(model(ids), ref(ids), **EXACT)
 
 
 @pytest.mark.parametrize("spec_fmt,exc,pattern", [
@@ -224,7 +226,7 @@ def test_pickled_module_needs_trust(tmp_path):
     model = diagnose.load_model(tmp_path / "full.pt", trust_pickle=True)
     assert model.diagnose_format == "pickled module" and not model.training
     ids = torch.randint(0, 10, (2, 5))  # [B, T]
-    torch.testing.assert_close(model(ids), original(ids), rtol=0, atol=0)
+    torch.testing.assert_close(model(ids), original(ids), **EXACT)
 
 
 class _Touch:

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import torch
 
+from diagnose._tolerance import model_size
 from diagnose.objectives import call_model, logits_of, score, targets_for
+
+from .. import tolerance
 
 
 def zeroed(model, sites, removed):
@@ -42,10 +45,16 @@ def evaluate(model, batches, task: str) -> tuple[float, float]:
     return correct / count, loss / count
 
 
-def assert_close(a: torch.Tensor, b: torch.Tensor) -> None:
-    """Equal within 1e-5 of the outputs' magnitude (float32 rounding of a differently shaped matmul)."""
-    tol = 1e-5 * max(1.0, float(b.abs().max()))
-    assert a.shape == b.shape and float((a - b).abs().max()) <= tol, float((a - b).abs().max())
+def assert_close(a: torch.Tensor, b: torch.Tensor, sites) -> None:
+    """Equal within the tolerance policy for the model's depth and width (float32 rounding of a
+    differently shaped matmul): the same judgement `diagnose prune` makes before it saves."""
+    tolerance.assert_close(a, b, **size(sites))
+
+
+def size(sites) -> dict[str, int]:
+    """The policy's depth and width of the model the sites were found in."""
+    depth, width = model_size(sites)
+    return {"depth": depth, "width": width}
 
 
 def digest(path: Path) -> str:

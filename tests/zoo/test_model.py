@@ -9,6 +9,7 @@ import torch
 
 from diagnose.errors import ConfigError
 from diagnose.zoo import ModelConfig, Transformer
+from ..tolerance import assert_close, assert_differ, changed, size_of
 
 
 def _scores_std(cfg: ModelConfig, x: torch.Tensor) -> float:
@@ -49,7 +50,7 @@ def test_encoder_without_positions_is_permutation_equivariant(norm):
     x = torch.randint(0, 20, (3, 12))
     perm = torch.randperm(12)
     with torch.no_grad():
-        assert torch.allclose(model(x)[:, perm], model(x[:, perm]), atol=1e-5)
+        assert_close(model(x)[:, perm], model(x[:, perm]), **size_of(model))
 
 
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rotary"])
@@ -59,7 +60,7 @@ def test_positions_break_permutation_equivariance(positions):
     x = torch.randint(0, 20, (3, 12))
     perm = torch.randperm(12)
     with torch.no_grad():
-        assert not torch.allclose(model(x)[:, perm], model(x[:, perm]), atol=1e-4)
+        assert_differ(model(x)[:, perm], model(x[:, perm]), **size_of(model))
 
 
 def test_causal_lm_does_not_see_the_future():
@@ -69,8 +70,8 @@ def test_causal_lm_does_not_see_the_future():
     y[:, 6:] = (y[:, 6:] + 1) % 20
     with torch.no_grad():
         a, b = model(x), model(y)
-    assert torch.allclose(a[:, :6], b[:, :6], atol=1e-6)
-    assert not torch.allclose(a[:, 6:], b[:, 6:], atol=1e-4)
+    assert_close(a[:, :6], b[:, :6], **size_of(model))
+    assert_differ(a[:, 6:], b[:, 6:], **size_of(model))
 
 
 @pytest.mark.parametrize("fill,leaks", [("large", False), ("-inf", False), ("zero", True)])
@@ -83,8 +84,7 @@ def test_mask_fill_zero_leaks_padding(fill, leaks):
     y = x.clone()
     y[:, 6:] = (y[:, 6:] + 3) % 20  # change only the padding's content
     with torch.no_grad():
-        changed = not torch.allclose(model(x, mask), model(y, mask), atol=1e-5)
-    assert changed == leaks
+        assert changed(model(x, mask), model(y, mask), **size_of(model)) == leaks
 
 
 def test_residual_off_and_post_ln_build_and_run():
