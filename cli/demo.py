@@ -8,15 +8,17 @@ import click
 @click.command()
 @click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(),
               help="Folder to write the demo models, data, runs and report into.")
-@click.option("--quick", is_flag=True, help="Train the lesson pairs far fewer steps (a smoke test: their numbers mean little; the three main models are shipped trained).")
+@click.option("--quick", is_flag=True, help="Train the lesson pairs far fewer steps (a smoke test: their numbers "
+              "mean little; the three main models are shipped trained).")
 @click.option("--no-lessons", is_flag=True, help="Skip the lesson pairs (only the three main models).")
 def demo(out_dir: str, quick: bool, no_lessons: bool) -> None:
-    """Train small models on synthetic tasks, analyse them, and write one report.
+    """Analyse small models trained on synthetic tasks, train the lessons, write one report.
 
-    Trains the reference Transformer on three synthetic tasks with known mechanisms
-    (induction, order, padding) and the lesson pairs that differ in one switch (warmup,
-    Pre/Post-LN, 1/sqrt(d_k), positions, residuals, mask fill value); ablates every head,
-    checks the wiring, and writes DIR/report.html.
+    Loads the reference Transformer trained on three synthetic tasks with known mechanisms
+    (induction, order, padding; shipped with diagnose and hash-checked, so every machine
+    ablates the same weights), ablates every head and checks the wiring; trains the lesson
+    pairs that differ in one switch (warmup, Pre/Post-LN, 1/sqrt(d_k), positions, residuals,
+    mask fill value); and writes DIR/report.html.
 
     Example: diagnose demo --out demo-out
     """

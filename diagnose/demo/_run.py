@@ -72,7 +72,8 @@ def _write_json(obj: dict, path: Path) -> Path:
 
 def run_demo(out_dir: str | Path = "demo-out", *, quick: bool = False, lessons: bool = True,
              report: bool = True, log: Callable[[str], None] = print) -> DemoResult:
-    """Train, analyse and report on the demo models under out_dir; returns where everything is.
+    """Analyse the shipped demo models, train the lesson pairs, report, under out_dir; returns where
+    everything is.
 
     Runs on one CPU thread, so that a rerun gives the same numbers whatever the number of cores.
     """
