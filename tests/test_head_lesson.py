@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 
 from diagnose import ablate_heads, ablate_together
 from diagnose.ablation.result import HeadsResult
