@@ -141,6 +141,12 @@ def test_grad_importance_matches_finite_differences(model, data):
         return (ce * valid).sum(1) / valid.sum(1)  # [N] mean loss per example
 
     eps = 1e-5
+    # A central difference is not a second ordering of the same sum, so its margin is its own:
+    # truncation, about eps^2 |f'''| / 6, held by the rel=1e-4 below, far above it and
+    # far below a wrong gate (an error of order 1); and the rounding of the two float64 losses
+    # divided by 2 eps, the policy's float64 tolerance at the losses' scale / eps (the abs= floor
+    # for a head whose derivative is near 0).
+    fd_rounding = tol(float(per_example(1.0, 0, 0).abs().max()) / eps, dtype=F64)
     raw = np.zeros((2, H))
     units = (targets != -100).sum(1).double()  # [N] scored units per example
     for l in range(2):
@@ -151,7 +157,7 @@ def test_grad_importance_matches_finite_differences(model, data):
             # second order: (-sum_b dS_b + sum_b dS_b ** 2 / units_b / 2) / units, S_b = g_b * units_b summed loss
             d_sum = g * units
             want = float((-d_sum + 0.5 * d_sum ** 2 / units).sum() / units.sum())
-            assert result.head(l, h).second_order_delta_loss == pytest.approx(want, rel=1e-4, abs=1e-9)
+            assert result.head(l, h).second_order_delta_loss == pytest.approx(want, rel=1e-4, abs=fd_rounding)
         norm = raw[l] / np.linalg.norm(raw[l])
         for h in range(H):
             assert result.head(l, h).grad_importance == pytest.approx(norm[h], rel=1e-4)

@@ -11,6 +11,7 @@ import diagnose
 from diagnose.ablation import ablate_heads
 
 from ..hooks import hook_snapshot
+from ..tolerance import assert_close, assert_differ, assert_exact, size_of
 from .conftest import output_of, zero_head
 
 transformers = pytest.importorskip("transformers")
@@ -51,9 +52,10 @@ def test_one_site_and_one_map_per_application(impl):
     with torch.no_grad():
         own = _albert("eager")(_ids(), output_attentions=True).attentions  # the eager model's own maps
     assert len(cap.attention) == L
+    size = size_of(model)  # maps (probabilities, scale 1) up to L layers deep, d_model wide
     for got, want in zip(cap.attention, own):
-        torch.testing.assert_close(got, want.float(), atol=1e-6, rtol=1e-5)
-    assert not torch.allclose(cap.attention[0], cap.attention[1])  # depths differ: not one map repeated
+        assert_close(got, want.float(), scale=1.0, **size)  # recomputed from q, k (and sdpa) vs eager's own
+    assert_differ(cap.attention[0], cap.attention[1], scale=1.0, **size)  # depths differ: not one map repeated
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
@@ -62,13 +64,18 @@ def test_each_application_has_its_own_gate(impl):
     before = hook_snapshot(model)
     sites = diagnose.find_heads(model)
     unshared = _unshared(model)
+    size = size_of(model)
     with torch.no_grad():
         base = output_of(model, ids)
-        torch.testing.assert_close(output_of(unshared, ids), base)  # the unshared copy computes the same
+        copy = output_of(unshared, ids)  # the unshared copy computes the same
+        if impl == "eager":
+            assert_exact(copy, base)  # copies of the same weights, the same operations
+        else:
+            assert_close(copy, base, **size)  # the copy is eager: other sums than sdpa
         for site in sites:
             k = site.application[0]
             with site.adapter.intervene(site, lambda x: x):
-                torch.testing.assert_close(output_of(model, ids), base)
+                assert_exact(output_of(model, ids), base)  # an identity gate passes the heads through
             with site.adapter.intervene(site, zero_head(1)):
                 gated = output_of(model, ids)
             dense = unshared.albert.encoder.albert_layer_groups[k].albert_layers[0].attention.dense
@@ -76,8 +83,8 @@ def test_each_application_has_its_own_gate(impl):
             dense.weight[:, D:2 * D] = 0  # head 1's input columns, at depth k only
             expected = output_of(unshared, ids)
             dense.weight.copy_(saved)
-            torch.testing.assert_close(gated, expected, atol=1e-5, rtol=1e-5)
-            assert (gated - base).abs().max() > 1e-5
+            assert_close(gated, expected, **size)  # gated heads vs zeroed weights: other sums
+            assert_differ(gated, base, **size)
     assert hook_snapshot(model) == before
 
 
@@ -113,4 +120,4 @@ def test_a_hand_written_block_applied_twice_is_two_sites():
         x = model.wte(ids) + model.wpe(torch.arange(8))
         x = model.h[0](x, None)
         want = model.h[0].attn.scores(model.h[0].ln_1(x))
-    torch.testing.assert_close(cap.attention[1], want)
+    assert_exact(cap.attention[1], want)  # the same modules on the same input, in the same order

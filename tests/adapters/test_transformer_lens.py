@@ -10,6 +10,7 @@ import torch
 import diagnose
 
 from ..hooks import hook_snapshot
+from ..tolerance import assert_exact
 from ..wordlevel import make_tokenizer
 
 pytest.importorskip("transformer_lens")
@@ -50,8 +51,8 @@ def test_sites_and_maps_equal_hook_pattern(bridge):
     assert hook_snapshot(bridge) == before
     for i, got in enumerate(cap.attention):
         want = cache[f"blocks.{i}.attn.hook_pattern"]  # [B, H, T, T]
-        assert got.shape == want.shape and (got - want).abs().max() <= 1e-5
-    assert (cap.output - plain).abs().max() <= 1e-6
+        assert_exact(got, want)  # the same forward's softmax, read at another hook
+    assert_exact(cap.output, plain)  # watching changes nothing
     assert list(cap.activations) == ["blocks.0", "blocks.1"]
 
 
