@@ -98,6 +98,20 @@ def test_two_ranks_give_the_json_of_one_process(tmp_path):
     assert "out of memory on this rank" in errors[0]
 
 
+def _group(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    """subprocess.run in a session of its own: on a timeout the whole group goes (torchrun's workers
+    too, which killing the launcher alone leaves running), and the test fails."""
+    with subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          **kw) as proc:
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.communicate()
+            pytest.fail(f"{' '.join(cmd[:6])} ... did not finish in {TIMEOUT} s; its process group was killed")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 @pytest.mark.slow
 def test_torchrun_cli_writes_the_json_of_one_process_from_rank_0(tmp_path):
     torch.manual_seed(0)
@@ -110,20 +124,17 @@ def test_torchrun_cli_writes_the_json_of_one_process_from_rank_0(tmp_path):
     torch.save({"input_ids": ids, "attention_mask": mask}, tmp_path / "data.pt")
     args = ["heads", "lm.pt", "--data", "data.pt", "--batch-size", "4", "--together", "L0.H0,L1.H1"]
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    one = subprocess.run([sys.executable, "-m", "diagnose", *args, "--json", "one.json"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=TIMEOUT)
+    one = _group([sys.executable, "-m", "diagnose", *args, "--json", "one.json"], cwd=tmp_path, env=env)
     assert one.returncode == 0, one.stderr
-    many = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "diagnose", *args, "--json", "two.json"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    many = _group([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                   "-m", "diagnose", *args, "--json", "two.json"], cwd=tmp_path, env=env)
     assert many.returncode == 0, many.stderr
     a, b = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
     _same(a, b)
     assert b["timing"]["ranks"] == 2
     assert many.stdout.count("heads tested change the loss significantly") == 1  # rank 1 is quiet
-    bad = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "diagnose", "heads", "lm.pt", "--data", "missing.pt"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=TIMEOUT)
+    bad = _group([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                  "-m", "diagnose", "heads", "lm.pt", "--data", "missing.pt"], cwd=tmp_path, env=env)
     assert bad.returncode != 0 and bad.stderr.count("error: ") == 1 and "missing.pt" in bad.stderr, bad.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.pt", "lm.pt", "one.json", "two.json"]
 
