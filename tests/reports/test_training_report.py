@@ -19,6 +19,7 @@ from diagnose.reports._sources import load_sources
 from diagnose.reports._summary import loss_sentence, training_verdict
 from diagnose.reports._view import build_report
 from diagnose.reports._view_training import column_edges, loss_summary, training_view
+from ..tolerance import approx
 
 
 @pytest.fixture
@@ -63,7 +64,7 @@ def test_entropy_columns_start_where_the_samples_were_taken_on_an_absolute_scale
     e = v.entropy
     assert list(e.steps) == [0, 50, 100]  # not bin centres: nothing drawn before step 0
     assert list(column_edges(e.steps, v.last_step)) == [0, 50, 100, 119]
-    assert e.uniform == pytest.approx(math.log(16))
+    assert e.uniform == approx(math.log(16))
     assert list(column_edges(np.array([0.0, 10.0]), 10)) == [0, 10, 20]  # sampled at the last step: one interval
 
 
@@ -79,10 +80,10 @@ def test_evals_throughput_clipping_and_spikes(tmp_path):
     run = rf.write_run(tmp_path / "r", steps=100, clip=1.1, throughput=True, evals_every=25, spike_steps=[60, 30])
     v = _view(run)
     assert list(v.evals.steps) == [0, 25, 50, 75] and list(v.evals.metrics) == ["accuracy"]
-    assert v.evals.loss[1] == pytest.approx(2.5 * math.exp(-0.5) + 0.1)
+    assert v.evals.loss[1] == approx(2.5 * math.exp(-0.5) + 0.1)
     grad = [json.loads(line)["grad_norm"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert v.clipping.clip == 1.1 and v.clipping.share == pytest.approx(np.mean(np.array(grad) > 1.1))
-    assert v.tokens_per_s_median == pytest.approx(np.median([40960.0] * 50 + [20480.0] * 50))
+    assert v.clipping.clip == 1.1 and v.clipping.share == approx(np.mean(np.array(grad) > 1.1))
+    assert v.tokens_per_s_median == approx(np.median([40960.0] * 50 + [20480.0] * 50))
     assert [s.step for s in v.spikes] == [30, 60]
     assert v.spikes[0].tensors[0] == ("input_ids", "8×16", "int64") and v.spikes[0].bytes == 2080
     also = dict(training_verdict(v).lines)["Also logged"]
