@@ -39,11 +39,11 @@ def test_one_hot_previous_token():
         probs[0, :, q, max(q - 1, 0)] = 1.0  # row 0 can only look at itself
     s = stats(probs)
     assert s["entropy"] == approx([0.0, 0.0], scale=1.0, width=probs.numel())
-    assert s["max_weight"] == pytest.approx([1.0, 1.0])
-    assert s["prev_token"] == pytest.approx([1.0, 1.0])  # every row that has a previous position
-    assert s["self"] == pytest.approx([1 / T] * 2)
-    assert s["first_token"] == pytest.approx([2 / T] * 2)
-    assert s["mean_distance"] == pytest.approx([(T - 1) / T] * 2)
+    assert s["max_weight"] == approx([1.0, 1.0], scale=1.0, width=probs.numel())
+    assert s["prev_token"] == approx([1.0, 1.0], scale=1.0, width=probs.numel())  # every row that has a previous position
+    assert s["self"] == approx([1 / T] * 2, scale=1.0, width=probs.numel())
+    assert s["first_token"] == approx([2 / T] * 2, scale=1.0, width=probs.numel())
+    assert s["mean_distance"] == approx([(T - 1) / T] * 2, scale=T, width=probs.numel())
 
 
 def test_next_last_and_local():
@@ -57,12 +57,12 @@ def test_next_last_and_local():
     probs[1, 1, :, 3] = 1.0
     s = stats(probs, mask)
     # next_token over the real rows that have a next position: T - 1 in example 0, all 4 in example 1
-    assert s["next_token"][0] == pytest.approx(1.0)
-    assert s["last_token"][1] == pytest.approx(1.0)
+    assert s["next_token"][0] == approx(1.0, scale=1.0, width=probs.numel())
+    assert s["last_token"][1] == approx(1.0, scale=1.0, width=probs.numel())
     # head 0 lands on the last real key from rows T-2, T-1 of example 0 and row 2 of example 1
-    assert s["last_token"][0] == pytest.approx(3 / (T + 4))
-    assert s["local"][0] == pytest.approx((T - 1 + 4) / (T + 4))  # one step away, except example 0's last row
-    assert s["local"][1] == pytest.approx((2 + 2) / (T + 4))  # rows T-3, T-2 of ex. 0; rows 1, 2 of ex. 1
+    assert s["last_token"][0] == approx(3 / (T + 4), scale=1.0, width=probs.numel())
+    assert s["local"][0] == approx((T - 1 + 4) / (T + 4), scale=1.0, width=probs.numel())  # one step away, except example 0's last row
+    assert s["local"][1] == approx((2 + 2) / (T + 4), scale=1.0, width=probs.numel())  # rows T-3, T-2 of ex. 0; rows 1, 2 of ex. 1
 
 
 def test_causal_uniform_entropy():
@@ -81,9 +81,9 @@ def test_padding_mass_and_padded_rows_excluded():
     probs[1, :, 4:, 0] = 1.0  # padded query rows: one-hot, must not count
     s = stats(probs, mask)
     n_rows = T + 4
-    assert s["padding"] == pytest.approx([4 * (2 / T) / n_rows])
+    assert s["padding"] == approx([4 * (2 / T) / n_rows], scale=1.0, width=probs.numel())
     assert s["entropy"] == approx([math.log(T)], scale=T, width=probs.numel())
-    assert s["max_weight"] == pytest.approx([1 / T])
+    assert s["max_weight"] == approx([1 / T], scale=1.0, width=probs.numel())
     e, m = entropy_and_max(probs, mask)
     assert e.tolist() == approx(s["entropy"], scale=T, width=probs.numel())
     assert m.tolist() == approx(s["max_weight"], scale=1.0, width=probs.numel())

@@ -25,8 +25,10 @@ def test_every_demo_model_ships_with_its_recipe_hashes_and_run(tmp_path: Path):
         t = shipped_variant(v, tmp_path / "runs", {})
         entry = made["models"][v.name]
         assert entry["recipe"] == _shipped.recipe(v)
-        # measured here against measured where it was made: inference rounding only, far inside 1e-3
-        assert abs(t.accuracy - entry["eval_accuracy"]) < 1e-3 and t.accuracy > 0.95, v.name
+        # measured here against measured where it was made: inference rounding may at most flip a unit that
+        # sits on the decision boundary, so allow two flips of the scored units (not a float tolerance)
+        units = int((t.eval_data.labels != -100).sum())
+        assert abs(t.accuracy - entry["eval_accuracy"]) <= 2 / units and t.accuracy > 0.95, v.name
         run = read_run(t.run_dir)
         assert len(run.steps) == v.train.steps and run.steps["step"].iloc[-1] == v.train.steps - 1
 

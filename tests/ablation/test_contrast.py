@@ -9,6 +9,7 @@ from scipy.stats import spearmanr
 from diagnose.ablation.contrast import (backup_test, correlations, default_band, flags, look_alikes, negligible,
                                        redundant_flag, spearman)
 from diagnose.ablation.result import ATTENTION_STATS, HeadEffect
+from ..tolerance import F64, approx
 
 
 def head(layer, h, *, dacc, dloss, p, att, grad=0.5):
@@ -22,7 +23,7 @@ def test_spearman_matches_scipy_and_skips_missing():
     x, y = [1.0, 2.0, 3.0, 4.0, None, 6.0], [2.0, 1.0, 4.0, 3.0, 9.0, 5.0]
     rho, p = spearmanr([1, 2, 3, 4, 6], [2, 1, 4, 3, 5])
     got = spearman(x, y)
-    assert got == {"rho": pytest.approx(rho), "p_value": pytest.approx(p), "n": 5}
+    assert got == {"rho": approx(rho, dtype=F64, width=5), "p_value": approx(p, dtype=F64, width=5), "n": 5}
     assert spearman([1, 1, 1, 1], [1, 2, 3, 4])["rho"] is None  # constant: undefined, not NaN
 
 
@@ -32,7 +33,7 @@ def test_correlations_cover_every_statistic():
              enumerate(rng.random(6))]
     out = correlations(heads)
     assert out["effect"] == "delta_loss"
-    assert out["entropy"]["rho"] == pytest.approx(-1.0)
+    assert out["entropy"]["rho"] == approx(-1.0, dtype=F64, width=5)
     assert set(ATTENTION_STATS) | {"grad_importance"} <= set(out)
 
 

@@ -44,7 +44,7 @@ def test_sign_test_on_fractional_differences_matches_binomtest():
 def test_holm_step_down():
     p = np.array([0.01, 0.04, 0.03, 0.005])
     # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 -> 0.02, 0.03, 0.06, 0.06 (monotone)
-    assert holm(p).tolist() == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm(p).tolist() == approx([0.03, 0.06, 0.06, 0.02], dtype=F64, width=4)
     assert holm(np.array([0.9, 0.8])).tolist() == [1.0, 1.0]
 
 
@@ -75,13 +75,13 @@ def test_sign_flip_on_signed_ranks_is_wilcoxon():
     assert np.array_equal(p, sign_flip_test(signed_ranks(d), n_flips=40000, seed=1))  # seeded
     assert sign_flip_test(np.zeros((10, 1)))[0] == 1.0
     # one example per flip cannot beat 1 / (n_flips + 1): the smallest p is bounded by the flips
-    assert sign_flip_test(np.ones((30, 1)), n_flips=999)[0] == pytest.approx(1 / 1000)
+    assert sign_flip_test(np.ones((30, 1)), n_flips=999)[0] == approx(1 / 1000, dtype=F64)
 
 
 def test_benjamini_hochberg_by_hand():
     p = np.array([0.01, 0.04, 0.03, 0.005])
     # sorted 0.005, 0.01, 0.03, 0.04 -> * 4/1, 4/2, 4/3, 4/4 = 0.02, 0.02, 0.04, 0.04 (monotone from the top)
-    assert bh(p).tolist() == pytest.approx([0.02, 0.04, 0.04, 0.02])
+    assert bh(p).tolist() == approx([0.02, 0.04, 0.04, 0.02], dtype=F64, width=4)
     assert adjust(p, "bh").tolist() == bh(p).tolist() and adjust(p, "holm").tolist() == holm(p).tolist()
     assert (bh(p) <= holm(p)).all()  # BH never rejects fewer
 

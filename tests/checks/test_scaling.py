@@ -56,9 +56,9 @@ def test_hand_written_correct_variants_pass(scale):
 
 def test_hand_written_unscaled_is_found_and_inverse_d_is_information():
     (f,) = _scaling(NanoGPT(scale="none"))  # d 32, 4 heads: D = 8
-    assert f.severity == "warning" and f.evidence["scale_times_sqrt_dk_per_layer"][0] == pytest.approx(math.sqrt(8))
+    assert f.severity == "warning" and f.evidence["scale_times_sqrt_dk_per_layer"][0] == approx(math.sqrt(8))
     (g,) = _scaling(NanoGPT(scale="inverse_d"))
-    assert g.severity == "info" and g.evidence["scale_times_sqrt_dk_per_layer"][0] == pytest.approx(1 / math.sqrt(8))
+    assert g.severity == "info" and g.evidence["scale_times_sqrt_dk_per_layer"][0] == approx(1 / math.sqrt(8), scale=1.0)
 
 
 def test_saturated_attention_is_information_only():

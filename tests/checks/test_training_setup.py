@@ -10,6 +10,7 @@ from diagnose.checks import check_training_setup
 from diagnose.zoo import ModelConfig, TrainConfig, Transformer, make_optimizer
 
 from ..nano import NanoGPT
+from ..tolerance import F64, approx
 
 
 def _checks(result):
@@ -36,7 +37,7 @@ def test_no_warmup_and_beta2_0999_are_found():
     beta = next(f for f in result if f.check == "adam_beta2")
     assert beta.evidence["beta2"] == 0.999 and "0.98" in beta.fix and "0.95" in beta.fix
     warm = next(f for f in result if f.check == "warmup")
-    assert warm.evidence["lr_first_step"] == pytest.approx(3e-3)
+    assert warm.evidence["lr_first_step"] == approx(3e-3, dtype=F64)
 
 
 def test_init_std_and_residual_scaling():

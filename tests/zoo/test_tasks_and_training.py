@@ -6,6 +6,7 @@ import torch
 
 from diagnose.zoo import ModelConfig, TrainConfig, Transformer, induction, order, padded_majority, train
 from diagnose.zoo.train import lr_factor
+from ..tolerance import F64, approx
 
 
 def test_tasks_are_deterministic_from_seed():
@@ -52,7 +53,7 @@ def test_padding_task_labels_count_only_real_tokens():
 def test_warmup_schedule():
     cfg = TrainConfig(steps=100, warmup=10, min_lr_ratio=0.1)
     assert lr_factor(0, cfg) == 0.1 and lr_factor(9, cfg) == 1.0
-    assert abs(lr_factor(99, cfg) - (1 - 0.9 * 89 / 90)) < 1e-9
+    assert lr_factor(99, cfg) == approx(1 - 0.9 * 89 / 90, dtype=F64)
     assert lr_factor(0, TrainConfig(warmup=0)) == 1.0
 
 
