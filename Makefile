@@ -47,10 +47,11 @@ demo-paths: $(STAMP)
 # pyproject's lower bounds (python 3.10, torch, numpy, transformers: .ci/lowest.txt; TransformerLens
 # needs torch 2.6 and transformers 5.9, so its tests skip there), and the newest torch and
 # transformers the package index serves. Each row prints the versions it ran.
-LOWEST_PYTHON ?= python3.10
+LOWEST_PYTHON ?= $(shell bash .ci/find-python 3.10)
 VERSIONS := import sys, torch, numpy, transformers; print("== versions:", "python", sys.version.split()[0], "torch", torch.__version__, "numpy", numpy.__version__, "transformers", transformers.__version__)
 versions: versions-lowest versions-newest
 versions-lowest:
+	@test -n "$(LOWEST_PYTHON)" || { echo "error: no Python 3.10 for the lowest row (set LOWEST_PYTHON=...)" >&2; exit 1; }
 	$(MAKE) test VENV=.venv-lowest PYTHON=$(LOWEST_PYTHON) TORCH_SPEC=torch==2.4.0 CONSTRAINTS=.ci/lowest.txt \
 		EXTRAS=transformers,lightning,tensorboard,test
 	.venv-lowest/bin/python -c '$(VERSIONS)'
