@@ -52,20 +52,34 @@ def prune(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     \b
     Example: diagnose prune model/ --data dev.jsonl --eval test.jsonl --max-drop 1 --out pruned/ --json prune.json
     """
-    from diagnose._terminal import plain
-    from diagnose.errors import ConfigError
-
     for name, value in (("--max-drop", max_drop), ("--max-loss", max_loss)):
         if value is not None and not value >= 0:
+            from diagnose.errors import ConfigError
+
             raise ConfigError(f"{name} {value}: must be 0 or more (how much the model may lose)")
     inputs = [model, data, eval_path]
     # every output, --out included, is checked before any work: a bad path costs nothing
     check_outputs({"--out": out_dir, "--json": json_path, "--html": html_path}, inputs=inputs, folders=("--out",))
+    net, ds, held, task = _load(model, factory, trust_pickle, attn_implementation, data, eval_path, max_length,
+                                task, out_dir, inputs)
+    _check_budget(task, max_drop, max_loss)
+    from diagnose.prune import prune_heads
+
+    def step(s, choice) -> None:
+        click.echo(f"removed L{s.layer}.H{s.head} ({s.n_removed} of {sum(choice.n_heads)}): accuracy "
+                   f"{s.accuracy:.2%}, loss {s.loss:.4f}", err=True)
+
+    result = prune_heads(net, ds, max_drop=max_drop, max_loss=max_loss, task=task, method=method, eval_data=held,
+                         candidates=candidates, limit=limit, batch_size=batch_size, on_step=step)
+    _write(result, out_dir, json_path, html_path)
+
+
+def _load(model, factory, trust_pickle, attn_implementation, data, eval_path, max_length, task, out_dir, inputs):
+    """The model, the data, the held-out data and the task, each tried once before any round."""
     from pathlib import Path
 
     from diagnose.io import load_data_for, load_model, trial_forward
     from diagnose.objectives import default_task
-    from diagnose.prune import prune_heads
     from diagnose.prune.save import check_folder
 
     if out_dir:
@@ -78,14 +92,12 @@ def prune(model: str, factory: str | None, trust_pickle: bool, attn_implementati
         trial_forward(net, held)  # token ids and labels of the held-out file too, before any round
     task = task or default_task(net, ds)
     _check_labels(task, ((data, ds), (eval_path, held)))
-    _check_budget(task, max_drop, max_loss)
+    return net, ds, held, task
 
-    def step(s, choice) -> None:
-        click.echo(f"removed L{s.layer}.H{s.head} ({s.n_removed} of {sum(choice.n_heads)}): accuracy "
-                   f"{s.accuracy:.2%}, loss {s.loss:.4f}", err=True)
 
-    result = prune_heads(net, ds, max_drop=max_drop, max_loss=max_loss, task=task, method=method, eval_data=held,
-                         candidates=candidates, limit=limit, batch_size=batch_size, on_step=step)
+def _write(result, out_dir: str | None, json_path: str | None, html_path: str | None) -> None:
+    """The pruned model, the JSON and the report; a failed model save is raised after the figures are written."""
+    from diagnose._terminal import plain
     from diagnose.errors import OutputError
 
     failed = None

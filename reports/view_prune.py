@@ -32,89 +32,119 @@ _OBJECTS = {"budget": ("max_drop", "max_loss"), "verify": ("max_abs_diff", "tole
 _COUNTS = {"size": ("parameters_before", "parameters_after", "batch", "threads")}
 
 
-def check_prune(data: dict[str, Any], where: str) -> dict[str, Any]:
-    """The document with every field the section reads checked and its numbers made floats (None
-    where diagnose wrote null for a NaN); InputFileError naming the field otherwise."""
-    def bad(field: str, value: Any, want: str) -> InputFileError:
-        return InputFileError(f"{where}: `{field}` is {kind(value)}, not {want}; {_FIX}")
+class _Fields:
+    """The field checks of one document: each returns the value made plain, or raises InputFileError
+    naming the field and the fix."""
 
-    def num(value: Any, field: str) -> float | None:  # the one conversion: a float, or None for null
+    def __init__(self, where: str):
+        self.where = where
+
+    def bad(self, field: str, value: Any, want: str) -> InputFileError:
+        return InputFileError(f"{self.where}: `{field}` is {kind(value)}, not {want}; {_FIX}")
+
+    def num(self, value: Any, field: str) -> float | None:  # the one conversion: a float, or None for null
         if value is None:
             return None
         if number(value) is None:
-            raise bad(field, value, "a number")
+            raise self.bad(field, value, "a number")
         return number(value)
 
-    def count(value: Any, field: str, optional: bool = True) -> int | None:
+    def count(self, value: Any, field: str, optional: bool = True) -> int | None:
         if value is None and optional:
             return None
         if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value):
-            raise bad(field, value, "a count (an integer, 0 or more)")
+            raise self.bad(field, value, "a count (an integer, 0 or more)")
         return value
 
-    def obj(value: Any, field: str) -> dict[str, Any]:
+    def obj(self, value: Any, field: str) -> dict[str, Any]:
         if value is None:
             return {}
         if not isinstance(value, dict):
-            raise bad(field, value, "an object")
+            raise self.bad(field, value, "an object")
         return value
 
-    def rows(value: Any, field: str) -> list[Any]:
+    def rows(self, value: Any, field: str) -> list[Any]:
         if not isinstance(value, list) or len(value) > MAX_ROWS:
-            raise bad(field, value, f"a list (of at most {MAX_ROWS:,})")
+            raise self.bad(field, value, f"a list (of at most {MAX_ROWS:,})")
         return value
 
+    def scores(self, row: dict[str, Any], field: str) -> dict[str, float]:
+        """accuracy and loss of a curve point or removal, NaN where diagnose wrote null."""
+        return {k: _nan(self.num(row.get(k), f"{field}.{k}")) for k in ("accuracy", "loss")}
+
+
+def check_prune(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """The document with every field the section reads checked and its numbers made floats (None
+    where diagnose wrote null for a NaN); InputFileError naming the field otherwise."""
+    f = _Fields(where)
     out = dict(data)
-    model = obj(data.get("model"), "model")
-    n_heads = [count(x, f"model.n_heads[{i}]", False) for i, x in enumerate(rows(model.get("n_heads"), "model.n_heads"))]
-    left = [count(x, f"heads_left[{i}]", False) for i, x in enumerate(rows(data.get("heads_left"), "heads_left"))]
+    _check_heads(f, data, out)
+    _check_curve(f, data, out)
+    _check_figures(f, data, out)
+    return out
+
+
+def _check_heads(f: _Fields, data: dict[str, Any], out: dict[str, Any]) -> None:
+    model = f.obj(data.get("model"), "model")
+    n_heads = [f.count(x, f"model.n_heads[{i}]", False) for i, x in enumerate(f.rows(model.get("n_heads"),
+                                                                                    "model.n_heads"))]
+    left = [f.count(x, f"heads_left[{i}]", False) for i, x in enumerate(f.rows(data.get("heads_left"), "heads_left"))]
     if len(left) != len(n_heads) or any(a > b for a, b in zip(left, n_heads)):
-        raise InputFileError(f"{where}: `heads_left` must give, for each layer of `model.n_heads`, at most its heads; "
-                             f"{_FIX}")
+        raise InputFileError(f"{f.where}: `heads_left` must give, for each layer of `model.n_heads`, at most its "
+                             f"heads; {_FIX}")
     out["model"] = {**model, "n_heads": n_heads}
     out["heads_left"] = left
-    curve = rows(data.get("curve"), "curve")
+
+
+def _check_curve(f: _Fields, data: dict[str, Any], out: dict[str, Any]) -> None:
+    """The curve and the removal order."""
+    curve = f.rows(data.get("curve"), "curve")
     if not curve:
-        raise InputFileError(f"{where}: `curve` is empty; a {PRUNE_SCHEMA} curve starts with the unpruned model; {_FIX}")
+        raise InputFileError(f"{f.where}: `curve` is empty; a {PRUNE_SCHEMA} curve starts with the unpruned model; "
+                             f"{_FIX}")
     out["curve"] = []
     for i, p in enumerate(curve):
-        p = obj(p, f"curve[{i}]")
-        x = num(p.get("fraction_removed"), f"curve[{i}].fraction_removed")
+        p = f.obj(p, f"curve[{i}]")
+        x = f.num(p.get("fraction_removed"), f"curve[{i}].fraction_removed")
         if x is None or not math.isfinite(x):
-            raise bad(f"curve[{i}].fraction_removed", p.get("fraction_removed"), "a finite number")
-        out["curve"].append({**p, "fraction_removed": x, "n_removed": count(p.get("n_removed"), f"curve[{i}].n_removed"),
-                             **{k: _nan(num(p.get(k), f"curve[{i}].{k}")) for k in ("accuracy", "loss")}})
+            raise f.bad(f"curve[{i}].fraction_removed", p.get("fraction_removed"), "a finite number")
+        out["curve"].append({**p, "fraction_removed": x, "n_removed": f.count(p.get("n_removed"),
+                                                                              f"curve[{i}].n_removed"),
+                             **f.scores(p, f"curve[{i}]")})
     out["order"] = []
-    for i, o in enumerate(rows(data.get("order"), "order")):
-        o = obj(o, f"order[{i}]")
-        out["order"].append({**o, "layer": count(o.get("layer"), f"order[{i}].layer", False),
-                             "head": count(o.get("head"), f"order[{i}].head", False),
-                             **{k: _nan(num(o.get(k), f"order[{i}].{k}")) for k in ("accuracy", "loss")}})
-    out["n_removed"] = count(data.get("n_removed"), "n_removed")
-    out["fraction_removed"] = num(data.get("fraction_removed"), "fraction_removed")
+    for i, o in enumerate(f.rows(data.get("order"), "order")):
+        o = f.obj(o, f"order[{i}]")
+        out["order"].append({**o, "layer": f.count(o.get("layer"), f"order[{i}].layer", False),
+                             "head": f.count(o.get("head"), f"order[{i}].head", False), **f.scores(o, f"order[{i}]")})
+
+
+def _check_figures(f: _Fields, data: dict[str, Any], out: dict[str, Any]) -> None:
+    """The totals, budget, verification, size, before/after figures, stop and notes."""
+    out["n_removed"] = f.count(data.get("n_removed"), "n_removed")
+    out["fraction_removed"] = f.num(data.get("fraction_removed"), "fraction_removed")
     for key, fields in _OBJECTS.items():
-        o = obj(data.get(key), key)
-        out[key] = {**o, **{k: num(o.get(k), f"{key}.{k}") for k in fields if k in o}}
+        o = f.obj(data.get(key), key)
+        out[key] = {**o, **{k: f.num(o.get(k), f"{key}.{k}") for k in fields if k in o}}
     for k in _COUNTS["size"]:
         if k in out["size"]:
-            out["size"][k] = count(out["size"][k], f"size.{k}")
+            out["size"][k] = f.count(out["size"][k], f"size.{k}")
     for key in ("data", "eval"):
-        part = obj(data.get(key), key)
-        clean = {**part, "noise": num(part.get("noise"), f"{key}.noise")}
+        part = f.obj(data.get(key), key)
+        clean = {**part, "noise": f.num(part.get("noise"), f"{key}.noise")}
         for side in ("before", "after"):
-            half = obj(part.get(side), f"{key}.{side}")
-            clean[side] = {k: num(half.get(k), f"{key}.{side}.{k}") for k in ("accuracy", "loss")}
+            half = f.obj(part.get(side), f"{key}.{side}")
+            clean[side] = {k: f.num(half.get(k), f"{key}.{side}.{k}") for k in ("accuracy", "loss")}
         out[key] = clean if part else None
-    stop = obj(data.get("stop"), "stop")
+    stop = f.obj(data.get("stop"), "stop")
     if stop.get("reason") is not None and not isinstance(stop["reason"], str):
-        raise bad("stop.reason", stop["reason"], "text")
-    nxt = obj(stop.get("next"), "stop.next")
-    out["stop"] = {**stop, "next": {k: num(nxt.get(k), f"stop.next.{k}") for k in ("accuracy", "loss")} if nxt else None}
+        raise f.bad("stop.reason", stop["reason"], "text")
+    nxt = f.obj(stop.get("next"), "stop.next")
+    out["stop"] = {**stop, "next": {k: f.num(nxt.get(k), f"stop.next.{k}") for k in ("accuracy", "loss")}
+                   if nxt else None}
     notes = data.get("notes") or []
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
-        raise bad("notes", notes, "a list of text")
+        raise f.bad("notes", notes, "a list of text")
     out["notes"] = notes
-    return out
 
 
 def _nan(x: float | None) -> float:
