@@ -16,7 +16,6 @@ path, max |diff| / (eps * output_scale * depth * sqrt(width)): the spread in the
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import subprocess
 import sys
@@ -58,18 +57,12 @@ def _families():
 
 
 def _zeroed(model, sites, removed):
-    """The model with the removed heads' slices of the output projection zeroed (no gate, no cut)."""
-    import torch
-    twin = copy.deepcopy(model)
-    names = {id(m): n for n, m in model.named_modules()}
-    mods = dict(twin.named_modules())
-    for layer, head in removed:
-        site = sites[layer]
-        proj = mods[names[id(site.out_proj)]]
-        with torch.no_grad():
-            dim = 0 if type(proj).__name__ == "Conv1D" else 1  # GPT-2 stores weight [in, out]
-            proj.weight.narrow(dim, head * site.head_dim, site.head_dim).zero_()
-    return twin
+    """The model with the removed heads' slices of the output projection zeroed: the prune tests' own
+    reference (tests/prune/helpers.py), so bench and tests compare against one hand-made model."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.prune.helpers import zeroed
+
+    return zeroed(model, sites, removed)
 
 
 def measure(out: Path) -> None:
