@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from diagnose.adapters._intercept import AttentionMode, sdpa_probs
 from diagnose.adapters._probs import LazyProbs, materialise, query_chunks
 from ..tolerance import assert_close, magnitude
+from ..versions import torch_before
 
 
 def _case(name):
@@ -31,8 +32,7 @@ def _case(name):
     return q, k, v, kw
 
 
-_GQA = pytest.param("gqa", marks=pytest.mark.skipif(not hasattr(torch.nn.attention, "sdpa_kernel") or
-                                                     tuple(map(int, torch.__version__.split(".")[:2])) < (2, 5),
+_GQA = pytest.param("gqa", marks=pytest.mark.skipif(torch_before(2, 5),
                                                      reason="SDPA's enable_gqa arrived in torch 2.5"))
 
 
@@ -44,11 +44,6 @@ def test_probs_reproduce_sdpa(name):
     vv = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     assert_close(probs @ vv, want, scale=magnitude(vv), width=probs.shape[-1] * q.shape[-1])
     assert_close(probs.sum(-1), torch.ones(probs.shape[:3]), width=probs.shape[-1])
-
-
-_GQA = pytest.param("gqa", marks=pytest.mark.skipif(not hasattr(torch.nn.attention, "sdpa_kernel") or
-                                                     tuple(map(int, torch.__version__.split(".")[:2])) < (2, 5),
-                                                     reason="SDPA's enable_gqa arrived in torch 2.5"))
 
 
 @pytest.mark.parametrize("name", ["plain", "bool_mask", "float_mask", "causal", "scale", _GQA])

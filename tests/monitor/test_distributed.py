@@ -16,6 +16,7 @@ from diagnose.monitor import TrainingMonitor, read_run
 from diagnose.zoo import ModelConfig, Transformer
 
 from ..tolerance import approx, magnitude
+from ..versions import torch_before
 
 CFG = dict(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=11)
 STEPS = 3
@@ -68,8 +69,7 @@ def _single(run_dir):
 
 
 _FSDP2 = pytest.param("fsdp2", marks=pytest.mark.skipif(
-    not hasattr(__import__("torch.distributed.fsdp", fromlist=["fsdp"]), "fully_shard"),
-    reason="torch.distributed.fsdp.fully_shard (FSDP2) arrived in torch 2.6"))
+    torch_before(2, 6), reason="torch.distributed.fsdp.fully_shard (FSDP2) arrived in torch 2.6"))
 
 
 @pytest.mark.slow
