@@ -4,7 +4,7 @@ TransformerLens run_with_cache, side by side.
 Model: Hugging Face GPT-2, 6 layers, 8 heads, d_model 256, random init, eager attention
 (vocabulary 1024, so the logits do not drown the attention maps). Data: 256 random
 sequences of length 512 in batches of 32. Each side runs in its own subprocess so that
-peaks (ru_maxrss) do not mix; the time ratio comes from one more process that runs the plain
+peaks (bench/_peak.py) do not mix; the time ratio comes from one more process that runs the plain
 forward and the statistics on each batch in turn, so that load from other processes on a
 shared machine hits both sides alike.
 
@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _peak import peak_bytes
 
 MODES = ("plain", "stats", "stats-whole", "tl", "time")
 
@@ -84,7 +85,7 @@ def worker(mode: str, folder: str, n: int, seq: int, batch: int) -> dict:
                     spent[side] += time.perf_counter() - t0
             return {"mode": mode, **{f"{k}_seconds": v for k, v in spent.items()}}
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
+    peak = peak_bytes() / 2**20  # MiB
     out = {"mode": mode, "seconds": seconds, "peak_mb": peak, "loaded_mb": loaded}
     if summary is not None:
         out["entropy_layer0_head0"] = summary.stats[0]["entropy"][0]

@@ -5,7 +5,7 @@ Model: Hugging Face GPT-2, 2 layers, 4 heads, d_model 64, random init, SDPA atte
 diagnose (it recomputes the probabilities by chunks of query rows, so no [H, T, T] map is made),
 the same folder booted as a TransformerLens TransformerBridge for run_with_cache (which keeps
 every layer's scores and pattern, 2 x L x H x T^2 floats). One example per T, one fresh
-process per measurement so that peaks (ru_maxrss) do not mix. TransformerLens runs only while
+process per measurement so that peaks (bench/_peak.py) do not mix. TransformerLens runs only while
 its cache alone fits --cap-gb (default 4 GiB: the machine is shared), also enforced with
 RLIMIT_AS; the largest T that fits is where the two are compared.
 
@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _peak import peak_bytes
 
 LAYERS, HEADS, D_MODEL, VOCAB = 2, 4, 64, 256
 
@@ -54,7 +56,7 @@ def worker(side: str, folder: str, T: int, threads: int) -> dict:
             s = diagnose.attention_summary(model, [ids], keep=1)
             out["entropy_layer0"] = s.stats[0]["entropy"]
     out["seconds"] = time.perf_counter() - start
-    out["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    out["peak_gib"] = peak_bytes() / 2**30
     return out
 
 
