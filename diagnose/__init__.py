@@ -3,7 +3,8 @@
 Attention maps and activation statistics through hooks (find_heads, capture,
 attention_summary), causal evidence by head ablation (ablate_heads), head pruning (prune_heads), training health
 (TrainingMonitor, read_run), wiring checks (check_model) and one offline HTML report
-(write_report). Every hook lives only inside a call and is removed in `finally`.
+(write_report). The hooks a function registers are removed in `finally` before it returns; a
+TrainingMonitor's hooks live until its close() (or the end of its `with` block).
 """
 
 from importlib import import_module

@@ -15,12 +15,24 @@ class UnsafePickleError(InputFileError):
     """Loading the file would unpickle arbitrary code and the user did not allow it."""
 
 
-class DataError(DiagnoseError):
-    """Data has the wrong shape, dtype or values (labels out of range, empty, no tokenizer)."""
+class DataError(DiagnoseError, ValueError):
+    """Data has the wrong shape, dtype or values (labels out of range, empty, no tokenizer).
+
+    Also a ValueError, so that callers who catch the built-in for a bad value catch this too."""
 
 
-class ConfigError(DiagnoseError):
-    """A setting or model configuration value is not valid."""
+class ConfigError(DiagnoseError, ValueError):
+    """A setting or model configuration value is not valid (also a ValueError)."""
+
+
+class UsageError(DiagnoseError, TypeError):
+    """A call passes the wrong kind of object (a step that is not an int, a model that is not an nn.Module).
+
+    Also a TypeError, as Python itself raises for a wrong argument type."""
+
+
+class StateError(DiagnoseError, RuntimeError):
+    """A call comes out of order: a monitor used after close(), a result read before it exists."""
 
 
 class NoAttentionFoundError(DiagnoseError):
