@@ -1,11 +1,12 @@
 """The layout of a logged step's flat vector: what stands where, named once.
 
-A logged step brings everything to the host in ONE `.tolist()`, so its parts travel packed in
-one float64 vector: the loss, then per block that ran the activation statistics (one number
-per name in `activations.STAT_NAMES`), then per sampled attention site its `ATTENTION_ROWS`
-(H numbers each), then the per-parameter gradient norms. `StepLayout` is built from the parts'
-shapes and is the only code that knows the offsets: it packs, reduces across ranks and unpacks,
-so that adding a statistic changes one tuple and nothing reads a shifted number.
+A logged step brings everything to the host in ONE `.tolist()`, so the measurements' values
+travel packed in one float64 vector: first the parts reduced across ranks, then the parts that
+are already global (gradient norms), each part in registry order (`_measure.MEASUREMENTS`).
+A part holds its measurement's units one after the other, each unit row-major ([rows, width]).
+`StepLayout` is built from the parts' shapes and is the only code that knows the offsets: it
+packs, reduces across ranks by each row's rule and unpacks, so that adding a measurement adds a
+part and nothing reads a shifted number.
 
 Activation statistics travel with the variance replaced by the second moment E[x^2], so that
 forwards (micro-batches) and ranks pool exactly by averaging; `max_abs` pools by the maximum.
@@ -13,18 +14,19 @@ forwards (micro-batches) and ranks pool exactly by averaging; `max_abs` pools by
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from .._activations import STAT_NAMES
+from ..errors import DataError
+from ._measure import Measurement
 
 ATTENTION_ROWS = ("entropy", "max_weight", "uniform_entropy")  # AttentionWatch's [3, H] rows
-_PER_SITE = ("uniform_entropy",)  # rows that hold one number repeated over heads
-_MAX_POOLED = ("max_abs",)  # statistics pooled by the maximum (the others by the mean)
+ACTIVATION_REDUCE = {"max_abs": "max"}  # statistics pooled by the maximum (the others by the mean)
 _RECORD_KEY = {"token_cos": "token_cos"}  # step-record key of a statistic, default act_<name>
+_COMBINE = {"max": "amax", "min": "amin", "sum": "sum"}  # rule -> the tensor reduction over ranks
 
 
 def record_key(stat: str) -> str:
@@ -45,77 +47,99 @@ def pool(rows: torch.Tensor, names: tuple[str, ...] = STAT_NAMES) -> torch.Tenso
     the maximum for the max-pooled statistics."""
     out = rows.mean(0)
     for j, name in enumerate(names):
-        if name in _MAX_POOLED:
+        if ACTIVATION_REDUCE.get(name) == "max":
             out[j] = rows[:, j].amax()
     return out
 
 
+def _units(m: Measurement, value: Any) -> tuple[list[torch.Tensor], tuple[int, ...]]:
+    """(the unit tensors, flattened, and each unit's width) of one probe's collected value."""
+    n = len(m.rows)
+    if value is None:
+        return [], ()
+    if isinstance(value, torch.Tensor):  # [units, rows]: one number per row and unit
+        if value.dim() != 2 or value.shape[1] != n:
+            raise DataError(f"{m.name} statistics {tuple(value.shape)} do not match its rows {m.rows}")
+        return ([value.flatten()] if value.shape[0] else []), (1,) * value.shape[0]
+    units = [t for t in value if t is not None]
+    for t in units:  # per unit [rows, width]
+        if t.dim() != 2 or t.shape[0] != n:
+            raise DataError(f"{m.name} statistics {tuple(t.shape)} do not match its rows {m.rows}")
+    return [t.flatten() for t in units], tuple(t.shape[1] for t in units)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One measurement's place in the vector: its units' widths (1 per block, H per attention site)."""
+
+    measurement: Measurement
+    widths: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.measurement.rows) * sum(self.widths)
+
+
 @dataclass(frozen=True)
 class StepLayout:
-    """Offsets of one logged step's vector. blocks: how many blocks ran (each `len(stats)`
-    numbers); heads: the head count of each sampled site, in site order; norms: how many
-    gradient norms follow the parts reduced across ranks."""
+    """Offsets of one logged step's vector: the parts reduced across ranks, then the others."""
 
-    blocks: int
-    heads: tuple[int, ...]
-    norms: int
-    stats: tuple[str, ...] = STAT_NAMES
+    parts: tuple[Part, ...]
 
     @classmethod
-    def of(cls, acts: torch.Tensor | None, attn: list, norms: torch.Tensor | None,
-           stats: tuple[str, ...] = STAT_NAMES) -> "StepLayout":
-        """The layout of these parts: acts [L, S] or None, attn per site [3, H] or None, norms [P] or None."""
-        if acts is not None and tuple(acts.shape[1:]) != (len(stats),):
-            raise ValueError(f"activation statistics {tuple(acts.shape)} do not match {stats}")
-        for a in attn:
-            if a is not None and a.shape[0] != len(ATTENTION_ROWS):
-                raise ValueError(f"attention statistics {tuple(a.shape)} do not match {ATTENTION_ROWS}")
-        return cls(0 if acts is None else acts.shape[0], tuple(a.shape[-1] for a in attn if a is not None),
-                   0 if norms is None else norms.numel(), tuple(stats))
+    def of(cls, measured: Sequence[tuple[Measurement, Any]]) -> "StepLayout":
+        """The layout of these (measurement, collected value) pairs, in vector order."""
+        return cls(tuple(Part(m, _units(m, v)[1]) for m, v in _ordered(measured)))
 
     @property
     def shared(self) -> int:
-        """Length of the part reduced across ranks: loss, activations, attention."""
-        return 1 + self.blocks * len(self.stats) + sum(len(ATTENTION_ROWS) * h for h in self.heads)
+        """Length of the leading part reduced across ranks."""
+        return sum(p.size for p in self.parts if p.measurement.across_ranks)
 
-    def pack_shared(self, loss: torch.Tensor, acts: torch.Tensor | None, attn: list) -> torch.Tensor:
-        """One float64 vector of loss [1], acts [L, S] and the sampled sites' [3, H], on loss's device."""
-        dev = loss.device
-        parts = [loss.to(torch.float64).reshape(1)]
-        if acts is not None:
-            parts.append(acts.to(dev, torch.float64).flatten())
-        parts += [a.to(dev, torch.float64).flatten() for a in attn if a is not None]
-        v = torch.cat(parts)
-        assert v.numel() == self.shared, (v.numel(), self)
+    def pack(self, measured: Sequence[tuple[Measurement, Any]], device: torch.device) -> torch.Tensor:
+        """One float64 vector of every collected value, in layout order, on `device`."""
+        flat = [t.to(device, torch.float64) for m, v in _ordered(measured) for t in _units(m, v)[0]]
+        v = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.float64, device=device)
+        assert v.numel() == sum(p.size for p in self.parts), (v.numel(), self)
         return v
 
     def reduce_ranks(self, gathered: torch.Tensor) -> torch.Tensor:
-        """[world, shared] of every rank -> [shared]: the mean, the maximum for max-pooled statistics."""
+        """[world, shared] of every rank -> [shared]: each row by its rule (the mean by default)."""
         out = gathered.mean(0)
-        cols = [j for j, name in enumerate(self.stats) if name in _MAX_POOLED]
-        if self.blocks and cols:
-            idx = torch.tensor([1 + len(self.stats) * i + j for i in range(self.blocks) for j in cols],
-                               device=gathered.device)
-            out[idx] = gathered[:, idx].amax(0)
+        for rule, idx in self._rule_indices().items():
+            ix = torch.tensor(idx, device=gathered.device)
+            out[ix] = getattr(gathered[:, ix], _COMBINE[rule])(0)
         return out
 
-    def unpack(self, values: list[Any]) -> tuple[Any, list[dict], list[dict], list[float]]:
-        """(loss, per block that ran {record key: value}, per sampled site {row: [H] or a number},
-        gradient norms) from the host list; the variance is recovered from the second moment."""
-        width = len(self.stats)
-        blocks = []
-        for i in range(self.blocks):
-            row = dict(zip(self.stats, values[1 + width * i:1 + width * (i + 1)]))
-            var = row["var"] - row["mean"] * row["mean"]
-            row["var"] = max(var, 0.0) if math.isfinite(var) else var
-            blocks.append({record_key(k): v for k, v in row.items()})
-        pos = 1 + width * self.blocks
-        sites = []
-        for h in self.heads:
-            site = {}
-            for k, name in enumerate(ATTENTION_ROWS):
-                part = values[pos + k * h:pos + (k + 1) * h]
-                site[name] = part[0] if name in _PER_SITE else part
-            sites.append(site)
-            pos += len(ATTENTION_ROWS) * h
-        return values[0], blocks, sites, values[pos:pos + self.norms]
+    def _rule_indices(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        pos = 0
+        for part in self.parts:
+            m = part.measurement
+            if not m.across_ranks:
+                break
+            for w in part.widths:
+                for r, row in enumerate(m.rows):
+                    if m.rule(row) != "mean":
+                        out.setdefault(m.rule(row), []).extend(range(pos + r * w, pos + (r + 1) * w))
+                pos += len(m.rows) * w
+        return out
+
+    def unpack(self, values: list[Any]) -> dict[str, list[dict[str, list[Any]]]]:
+        """{measurement name: per unit {row: [width values]}} from the host list."""
+        out: dict[str, list[dict[str, list[Any]]]] = {}
+        pos = 0
+        for part in self.parts:
+            units = []
+            for w in part.widths:
+                units.append({row: values[pos + r * w:pos + (r + 1) * w]
+                              for r, row in enumerate(part.measurement.rows)})
+                pos += len(part.measurement.rows) * w
+            out[part.measurement.name] = units
+        return out
+
+
+def _ordered(measured: Sequence[tuple[Measurement, Any]]) -> list[tuple[Measurement, Any]]:
+    """The parts reduced across ranks first, each group in the given (registry) order."""
+    return ([(m, v) for m, v in measured if m.across_ranks]
+            + [(m, v) for m, v in measured if not m.across_ranks])

@@ -1,0 +1,109 @@
+"""What a logged step measures, declared: one `Measurement` entry per signal, in a registry.
+
+A measurement names its rows (the numbers it takes per unit), what a unit is (`per`: the model,
+a block, an attention site with one number per head, or the parameters), how ranks combine each
+row (`reduce`: the mean unless a row is named with max, min or sum), whether it is reduced across
+ranks at all (`across_ranks=False`: already global, as gradients are after DDP's all-reduce), and
+the record keys it writes. Its `probe` builds, from the monitor, the object that measures it on
+the device (the `Probe` protocol below).
+
+Adding a signal is one entry: a Measurement and its Probe in a new file, passed to
+`register_measurement`. `StepLayout` packs it with the others into the step's one vector, and
+the monitor arms, collects, reduces and records it without knowing what it is; read_run and
+`diagnose stats` show every numeric key a record's `layers` entries or top level carry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+PER = ("model", "layer", "head", "parameter")  # what one unit of a measurement is
+REDUCE_RULES = ("mean", "max", "min", "sum")  # how ranks (and a probe's micro-batches) combine a row
+
+
+@dataclass(frozen=True, eq=False)
+class Measurement:
+    """One measured signal. name: unique; rows: the numbers per unit, in packing order;
+    per: what a unit is (PER); keys: the record keys it writes (documentation and tests);
+    probe: probe(monitor) -> Probe; reduce: {row: rule} for rows not averaged across ranks;
+    across_ranks: False for values that are already global on every rank."""
+
+    name: str
+    rows: tuple[str, ...]
+    per: str
+    keys: tuple[str, ...]
+    probe: Callable[[Any], "Probe"]
+    reduce: Mapping[str, str] = field(default_factory=dict)
+    across_ranks: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.rows or len(set(self.rows)) != len(self.rows):
+            raise ConfigError(f"measurement {self.name!r}: rows must be distinct names, got {self.rows}")
+        if self.per not in PER:
+            raise ConfigError(f"measurement {self.name!r}: per must be one of {PER}, got {self.per!r}")
+        for row, rule in self.reduce.items():
+            if row not in self.rows or rule not in REDUCE_RULES:
+                raise ConfigError(f"measurement {self.name!r}: reduce {row!r}: {rule!r} needs a row of "
+                                  f"{self.rows} and a rule of {REDUCE_RULES}")
+
+    def rule(self, row: str) -> str:
+        """How ranks combine `row`."""
+        return self.reduce.get(row, "mean")
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What step() was given, for the probes' collect(). snapshot: gradient norms an integration
+    read early (TrainingMonitor._capture_grads), already unscaled; world: the number of ranks."""
+
+    step: int
+    loss: Any
+    optimizer: Any
+    scaler: Any
+    snapshot: tuple | None
+    world: int
+
+
+class Probe(Protocol):
+    """Measures one Measurement. Hooks it registers are removed in remove() (the monitor calls it
+    from close(), in a `finally`)."""
+
+    measurement: Measurement
+
+    def arm(self, step: int, logged: bool, sampled: bool) -> None:
+        """Before the forward of `step`: logged (step % every == 0), sampled (an attention step)."""
+
+    def discard(self) -> None:
+        """Drop what an unlogged step left."""
+
+    def collect(self, inputs: StepInputs) -> "torch.Tensor | list[torch.Tensor | None] | None":
+        """This logged step's values on the device, no host sync: a [units, rows] tensor (one number
+        per row and unit), or per unit a [rows, width] tensor (None: the unit did not run), or None."""
+
+    def write(self, record: dict[str, Any], units: list[dict[str, list[float]]]) -> None:
+        """Put the host values (per unit that ran, {row: [width numbers]}) into the step record."""
+
+    def remove(self) -> None:
+        """Remove every hook."""
+
+
+MEASUREMENTS: list[Measurement] = []
+
+
+def register_measurement(m: Measurement) -> Measurement:
+    """Add a measurement to every monitor created after this; its name must be new."""
+    if any(old.name == m.name for old in MEASUREMENTS):
+        raise ConfigError(f"a measurement named {m.name!r} is already registered")
+    MEASUREMENTS.append(m)
+    return m
+
+
+def unregister_measurement(name: str) -> None:
+    """Remove a registered measurement (tests, and users who turn one off)."""
+    MEASUREMENTS[:] = [m for m in MEASUREMENTS if m.name != name]

@@ -1,0 +1,178 @@
+"""The monitor's built-in measurements: the loss, block activations, attention and gradient norms.
+
+Each is a `Measurement` entry with its `Probe` (see _measure.py); _builtins.py registers them in
+the order of their parts in the step vector. The probes wrap the
+watchers of _signals.py, which own the hooks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .._activations import STAT_NAMES
+from ._layout import ACTIVATION_REDUCE, ATTENTION_ROWS, record_key
+from ._measure import Measurement, StepInputs
+from ._signals import ActivationWatch, AttentionWatch, GradNorms, scaler_divisor
+
+_PER_SITE = ("uniform_entropy",)  # attention rows that hold one number repeated over heads
+
+
+class _Quiet:
+    """Default arm/discard/remove for probes without hooks or per-step state."""
+
+    def arm(self, step: int, logged: bool, sampled: bool) -> None:
+        pass
+
+    def discard(self) -> None:
+        pass
+
+    def remove(self) -> None:
+        pass
+
+
+class LossProbe(_Quiet):
+    """The loss given to step(); None (not given) is written as null, not a NaN alert."""
+
+    def __init__(self, monitor: Any):
+        self.given = True
+
+    def collect(self, inputs: StepInputs) -> torch.Tensor:
+        loss = inputs.loss
+        self.given = loss is not None
+        if isinstance(loss, torch.Tensor):
+            return loss.detach().reshape(-1)[:1].reshape(1, 1)  # [1 unit, 1 row]
+        return torch.tensor([[math.nan if loss is None else float(loss)]], dtype=torch.float64)
+
+    def write(self, record: dict[str, Any], units: list[dict[str, list[float]]]) -> None:
+        record["loss"] = units[0]["loss"][0] if self.given else None
+
+
+class ActivationProbe(_Quiet):
+    """Per block that ran: the activation statistics (STAT_NAMES) of its output, into layers."""
+
+    def __init__(self, monitor: Any):
+        self.block_names = monitor.block_names
+        self.watch = ActivationWatch(monitor.model, monitor.blocks)
+        self.present: list[bool] = []
+
+    def arm(self, step: int, logged: bool, sampled: bool) -> None:
+        self.watch.armed = logged
+
+    def discard(self) -> None:
+        self.watch.discard()
+
+    def collect(self, inputs: StepInputs) -> torch.Tensor | None:
+        acts, self.present = self.watch.collect()  # [L_present, S] (variance as E[x^2])
+        return acts
+
+    def write(self, record: dict[str, Any], units: list[dict[str, list[float]]]) -> None:
+        ran = iter(units)
+        for name, present in zip(self.block_names, self.present):
+            if present:
+                row = {k: v[0] for k, v in next(ran).items()}
+                var = row["var"] - row["mean"] * row["mean"]  # back from the second moment
+                row["var"] = max(var, 0.0) if math.isfinite(var) else var
+                record["layers"][name].update({record_key(k): v for k, v in row.items()})
+
+    def remove(self) -> None:
+        self.watch.remove()
+
+
+class AttentionProbe(_Quiet):
+    """Per sampled site: per-head entropy and max weight, and the uniform entropy, into attention."""
+
+    def __init__(self, monitor: Any):
+        self.site_names = monitor.site_names
+        self.watch = AttentionWatch(monitor.sites, monitor.probe("activations").watch)
+        self.seen: list = []
+
+    def arm(self, step: int, logged: bool, sampled: bool) -> None:
+        if sampled:
+            self.watch.arm()
+
+    def discard(self) -> None:
+        self.watch.discard()
+
+    def collect(self, inputs: StepInputs) -> list:
+        self.seen = self.watch.collect() if self.watch.armed else []  # per site [3, H] or None
+        return self.seen
+
+    def write(self, record: dict[str, Any], units: list[dict[str, list[float]]]) -> None:
+        sampled = [name for name, a in zip(self.site_names, self.seen) if a is not None]
+        attention = {site: {row: (v[0] if row in _PER_SITE else v) for row, v in unit.items()}
+                     for site, unit in zip(sampled, units)}
+        if attention:
+            record["attention"] = attention
+
+    def remove(self) -> None:
+        self.watch.disarm()
+
+
+class GradNormProbe(_Quiet):
+    """Per-parameter gradient norms (pre-clip, AMP-unscaled) -> the global norm, the clip
+    coefficient, per-block norms, and the first parameter whose gradient is not finite."""
+
+    def __init__(self, monitor: Any):
+        self.block_names, self.clip = monitor.block_names, monitor.clip
+        self.watch = GradNorms(monitor.model, monitor.block_names)
+        self.idx: list[int] = []
+
+    def collect(self, inputs: StepInputs) -> list[torch.Tensor]:
+        snapshot = inputs.snapshot
+        norms, self.idx, sharded = snapshot if snapshot is not None else self.watch.norms()  # [P]
+        if norms is None:
+            return []
+        if any(sharded) and inputs.world > 1:
+            norms = _gather_shards(norms, sharded)
+        div = scaler_divisor(inputs.scaler, inputs.optimizer) if snapshot is None else None  # a snapshot is unscaled
+        if div is not None:
+            norms = norms / div.to(norms.device)
+        return [norms[None]]  # one unit [1 row, P]
+
+    def write(self, record: dict[str, Any], units: list[dict[str, list[float]]]) -> None:
+        norms = units[0]["norm"] if units else []
+        owner = self.watch.owner
+        sq = [0.0] * len(self.block_names)
+        has = [False] * len(self.block_names)
+        bad_param = None
+        for i, n in zip(self.idx, norms):
+            if not math.isfinite(n) and bad_param is None:
+                bad_param = self.watch.params[i][0]
+            if owner[i] >= 0:
+                sq[owner[i]] += n * n
+                has[owner[i]] = True
+        for name, q, h in zip(self.block_names, sq, has):
+            record["layers"][name]["grad_norm"] = math.sqrt(q) if h else None
+        grad_norm = math.sqrt(sum(n * n for n in norms)) if norms else None
+        record["grad_norm"] = grad_norm
+        if self.clip is not None and grad_norm is not None:
+            coef = self.clip / (grad_norm + 1e-6)  # as clip_grad_norm_; a NaN norm gives NaN (min() would say 1)
+            record["clip_coef"] = coef if math.isnan(coef) else min(1.0, coef)
+        if bad_param is not None:
+            record["nonfinite_param"] = bad_param  # first parameter (model order) with a NaN/Inf grad
+
+
+def _gather_shards(norms: torch.Tensor, sharded: list[bool]) -> torch.Tensor:
+    """FSDP2: the norm of a sharded gradient from its shards' norms (sum of squares over ranks)."""
+    mask = torch.tensor(sharded, device=norms.device)
+    sq = norms[mask].square()
+    dist.all_reduce(sq)  # SUM
+    out = norms.clone()
+    out[mask] = sq.sqrt()
+    return out
+
+
+LOSS = Measurement("loss", ("loss",), "model", ("loss",), LossProbe)
+ACTIVATIONS = Measurement(
+    "activations", STAT_NAMES, "layer", tuple(f"layers.*.{record_key(s)}" for s in STAT_NAMES),
+    ActivationProbe, reduce=ACTIVATION_REDUCE)
+ATTENTION = Measurement(
+    "attention", ATTENTION_ROWS, "head", tuple(f"attention.*.{r}" for r in ATTENTION_ROWS), AttentionProbe)
+# already global after DDP's all-reduce (FSDP2 shards are summed by the probe): not reduced again
+GRAD_NORMS = Measurement(
+    "grad_norms", ("norm",), "parameter", ("grad_norm", "clip_coef", "layers.*.grad_norm", "nonfinite_param"),
+    GradNormProbe, across_ranks=False)
