@@ -1,0 +1,25 @@
+"""The built-in entries of the monitor's registries, registered in order when the monitor is imported.
+
+The order of MEASUREMENTS is the order of the parts of a step's vector; the order of DETECTORS is
+the order in which the kinds are checked, and so of a step's alerts. A new built-in measurement or
+alert kind is a new file plus its line here; a user's own is passed to `register_measurement` /
+`register_detector` from their code.
+"""
+
+from __future__ import annotations
+
+from ._detect import register_detector
+from ._detect_attention import EntropyCollapse
+from ._detect_layers import ActivationGrowth, NoWarmup, RankCollapse, VanishingGrad
+from ._detect_loss import Divergence, GradSpike, LossSpike, Nonfinite
+from ._measure import register_measurement
+from ._probes import ACTIVATIONS, ATTENTION, GRAD_NORMS, LOSS
+
+BUILTIN_MEASUREMENTS = (LOSS, ACTIVATIONS, ATTENTION, GRAD_NORMS)
+BUILTIN_DETECTORS = (Nonfinite, GradSpike, LossSpike, Divergence, VanishingGrad, ActivationGrowth,
+                     EntropyCollapse, RankCollapse, NoWarmup)
+
+for _m in BUILTIN_MEASUREMENTS:
+    register_measurement(_m)
+for _d in BUILTIN_DETECTORS:
+    register_detector(_d)
