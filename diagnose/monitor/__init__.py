@@ -1,7 +1,16 @@
-"""Training health: TrainingMonitor writes a diagnose.run/1 folder; read_run reads it back."""
+"""Training health: TrainingMonitor writes a diagnose.run/1 folder; read_run reads it back.
+
+Plug-in points: a measurement (Measurement + its probe, register_measurement), an alert kind
+(a Detector subclass, register_detector) and an output (a Sink subclass, TrainingMonitor(sinks=)).
+"""
 
 from ._alerts import Thresholds
+from ._detect import Context, Detector, register_detector, unregister_detector
+from ._measure import Measurement, StepInputs, register_measurement, unregister_measurement
 from ._monitor import TrainingMonitor
 from ._runfolder import Run, read_run
+from ._sinks import RunFolderSink, Sink
 
-__all__ = ["TrainingMonitor", "Thresholds", "Run", "read_run"]
+__all__ = ["TrainingMonitor", "Thresholds", "Run", "read_run", "Sink", "RunFolderSink", "Measurement",
+           "StepInputs", "register_measurement", "unregister_measurement", "Detector", "Context",
+           "register_detector", "unregister_detector"]

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from .._numbers import number, to_float
-from ..errors import RunFolderError
+from ..errors import RunFolderError, UsageError
 
 EVALS = "evals.jsonl"
 _FIX = "the file was not written by diagnose.TrainingMonitor, or was edited: restore it or delete it"
@@ -28,14 +28,14 @@ def _number(name: str, value: Any) -> float | None:
         try:
             value = float(value)  # numpy scalars
         except (TypeError, ValueError):
-            raise TypeError(f"log_eval: {name} must be a number, got {type(value).__name__}") from None
+            raise UsageError(f"log_eval: {name} must be a number, got {type(value).__name__}") from None
     return to_float(value)  # 10**400 from a metric function: infinity, never an OverflowError
 
 
 def eval_record(step: int, loss: Any, metrics: dict[str, Any]) -> dict[str, Any]:
     """The evals.jsonl object for one evaluation (numbers as floats; NaN kept, written as strict JSON)."""
     if isinstance(step, bool) or not isinstance(step, int):
-        raise TypeError(f"log_eval: step must be an integer, got {type(step).__name__}")
+        raise UsageError(f"log_eval: step must be an integer, got {type(step).__name__}")
     return {"step": step, "time": time.time(), "loss": _number("loss", loss),
             "metrics": {str(k): _number(str(k), v) for k, v in metrics.items()}}
 

@@ -21,13 +21,27 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..errors import OutputError, TrainingAlertError
+from ..errors import ConfigError, OutputError, StateError, TrainingAlertError
+from . import _builtins  # noqa: F401  (registers the built-in measurements and detectors)
 from ._alerts import AlertEngine, Thresholds, print_alert
 from ._evals import eval_record
 from ._layout import StepLayout
-from ._runfolder import RunWriter
-from ._spikes import SPIKE_KINDS, save_spike
-from ._signals import ActivationWatch, AttentionWatch, GradNorms, find_blocks, find_sites, scaler_divisor, unwrap
+from ._measure import MEASUREMENTS, Probe, StepInputs
+from ._sinks import RunFolderSink, check_sinks, close_all
+from ._spikes import SPIKE_KINDS
+from ._signals import find_blocks, find_sites, scaler_divisor, unwrap
+
+# a record's keys in this order (the measurements write them in theirs), then any other
+_KEY_ORDER = ("step", "time", "loss", "lr", "grad_norm", "clip_coef", "layers", "attention", "nonfinite_param")
+
+
+def _device(measured: list[tuple[Any, Any]]) -> torch.device:
+    """Where the step vector is packed: the first accelerator a measurement's values are on, else the CPU."""
+    for _, value in measured:
+        for t in (value if isinstance(value, list) else [value]):
+            if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+                return t.device
+    return torch.device("cpu")
 
 
 def _dist_world() -> tuple[int, int]:
@@ -52,19 +66,27 @@ class TrainingMonitor:
     save_spikes: when a grad_spike, loss_spike or nonfinite alert fires, save the batch given to
         step(batch=..., per_example_loss=...) to spikes/ in the run folder, at most spike_bytes
         of tensors per step and spike_limit steps per run.
+    sinks: more places each record, alert and evaluation goes (diagnose.monitor.Sink objects, e.g. a
+        live tracker), after the run folder; run_dir=None keeps no run folder, only these sinks.
+    What is measured comes from the registered measurements (_measure.py), which alerts fire from
+    the registered detectors (_detect.py).
+
+    Errors: a bad setting raises ConfigError (a ValueError), a sink without a sink's methods
+    UsageError (a TypeError), step() or log_eval() after close() StateError (a RuntimeError).
     """
 
-    def __init__(self, model: nn.Module, run_dir: str | os.PathLike, *, every: int = 1,
+    def __init__(self, model: nn.Module, run_dir: str | os.PathLike | None, *, every: int = 1,
                  attention_every: int = 50, thresholds: Thresholds | None = None,
                  clip: float | None = None, echo: bool = True, settings: dict[str, Any] | None = None,
                  raise_on: Iterable[str] = (), on_alert: Callable[[dict[str, Any]], Any] | None = None,
-                 save_spikes: bool = False, spike_bytes: int = 16 << 20, spike_limit: int = 20):
+                 save_spikes: bool = False, spike_bytes: int = 16 << 20, spike_limit: int = 20,
+                 sinks: Iterable[Any] | None = None):
         if every < 1:
-            raise ValueError(f"every must be >= 1, got {every}")
+            raise ConfigError(f"every must be >= 1, got {every}")
         if isinstance(raise_on, str):
             raise_on = (raise_on,)
         if spike_bytes < 0 or spike_limit < 0:
-            raise ValueError("spike_bytes and spike_limit must be >= 0")
+            raise ConfigError("spike_bytes and spike_limit must be >= 0")
         self.model = unwrap(model)
         self.every, self.attention_every, self.clip, self.echo = every, attention_every, clip, echo
         self.raise_on, self.on_alert = frozenset(raise_on), on_alert
@@ -78,18 +100,28 @@ class TrainingMonitor:
         self.rank, self.world = _dist_world()
         self._step = 0
         self._closed = False
-        sites = find_sites(self.model)
-        blocks = find_blocks(self.model, sites)
-        self.block_names = [n for n, _ in blocks]
-        self.site_names = [s.name for s in sites]
-        self._grads = GradNorms(self.model, self.block_names)
-        self._acts = ActivationWatch(self.model, blocks)
-        self._attn = AttentionWatch(sites, self._acts)
+        self.sites = find_sites(self.model)
+        self.blocks = find_blocks(self.model, self.sites)
+        self.block_names = [n for n, _ in self.blocks]
+        self.site_names = [s.name for s in self.sites]
         self._alerts = AlertEngine(self.thresholds, self.block_names)
-        self.writer: RunWriter | None = None
+        user_sinks = check_sinks(sinks)
+        if run_dir is None and not user_sinks:
+            raise ConfigError("TrainingMonitor needs a run folder (run_dir) or at least one sink")
+        self._folder = RunFolderSink(run_dir) if run_dir is not None else None
+        # records go to rank 0's sinks only, the run folder first (the source of truth)
+        self.sinks: list[Any] = ([self._folder] if self._folder else []) + user_sinks if self.rank == 0 else []
+        self._probes: list[Probe] = []
         try:
-            if self.rank == 0:
-                self.writer = RunWriter(run_dir, self._info())
+            for m in list(MEASUREMENTS):
+                probe = m.probe(self)
+                probe.measurement = m
+                self._probes.append(probe)
+            self._acts = self.probe("activations").watch  # forwards and positions counted by its hooks
+            self._grads = self.probe("grad_norms").watch  # read early by _capture_grads
+            info = self._info()
+            for sink in self.sinks:
+                sink.start(info)
             self._arm(0)
         except BaseException:
             self._remove_hooks()
@@ -107,11 +139,23 @@ class TrainingMonitor:
             "clip": self.clip,
         }
 
+    def probe(self, name: str) -> Probe:
+        """The probe of the measurement `name` (one probe may read another's watcher)."""
+        for p in self._probes:
+            if p.measurement.name == name:
+                return p
+        raise ConfigError(f"no measurement named {name!r} is registered")
+
     def _arm(self, step: int) -> None:
         """Prepare the hooks for the forward of `step` (the next one)."""
-        self._acts.armed = step % self.every == 0
-        if self._acts.armed and self.attention_every and step % self.attention_every == 0:
-            self._attn.arm()
+        logged = step % self.every == 0
+        sampled = bool(logged and self.attention_every and step % self.attention_every == 0)
+        for p in self._probes:
+            p.arm(step, logged, sampled)
+
+    def _discard(self) -> None:
+        for p in self._probes:
+            p.discard()
 
     def step(self, loss: torch.Tensor | float | None, *, optimizer: Any = None, lr: float | None = None,
              scaler: Any = None, step: int | None = None, micro_batches: int | None = None,
@@ -130,15 +174,13 @@ class TrainingMonitor:
         spike alert fires at this step.
         """
         if self._closed:
-            raise RuntimeError("TrainingMonitor.step() after close()")
+            raise StateError("TrainingMonitor.step() after close()")
         if step is not None:
             self._step = int(step)
         s = self._step
         self._step += 1
         if s % self.every != 0:
-            # drop what a forward armed under another numbering left (step= jumped)
-            self._acts.discard()
-            self._attn.discard()
+            self._discard()  # drop what a forward armed under another numbering left (step= jumped)
             self._grad_snapshot = None
             self._arm(self._step)
             return None
@@ -152,12 +194,14 @@ class TrainingMonitor:
         self._timing(record, s, now, micro_batches if micro_batches is not None else forwards)
         alerts = self._alerts.check(record, amp=scaler is not None)  # every rank: raise_on acts alike
         self.last_alerts = alerts
-        if self.writer is not None:
-            self.writer.write_step(record)
-            for alert in alerts:
-                self.writer.write_alert(alert)
-                if self.echo:
-                    print_alert(alert)
+        for sink in self.sinks:
+            sink.step(record)
+        for alert in alerts:
+            for sink in self.sinks:
+                sink.alert(alert)
+            if self.echo and self.rank == 0:
+                print_alert(alert)
+        if self.rank == 0 and self._folder is not None:
             self._forensics(s, alerts, batch, per_example_loss)
         for alert in alerts:
             if self.on_alert is not None:
@@ -187,7 +231,7 @@ class TrainingMonitor:
                 or (batch is None and per_example_loss is None)):
             return
         try:
-            save_spike(self.writer.dir, s, kinds, batch, per_example_loss, self.spike_bytes)
+            self._folder.spike(s, kinds, batch, per_example_loss, self.spike_bytes)
         except OutputError as exc:  # a full disk must not end the training run: say so and go on
             warnings.warn(f"spike batch at step {s} not saved: {exc}", RuntimeWarning, stacklevel=3)
             return
@@ -198,10 +242,10 @@ class TrainingMonitor:
 
         `step` is positional only, so that a metric may be called anything (`step`, `self`)."""
         if self._closed:
-            raise RuntimeError("TrainingMonitor.log_eval() after close()")
+            raise StateError("TrainingMonitor.log_eval() after close()")
         record = eval_record(step, loss, metrics)
-        if self.writer is not None:
-            self.writer.write_eval(record)
+        for sink in self.sinks:
+            sink.eval(record)
         return record
 
     def _capture_grads(self, scaler: Any = None, optimizer: Any = None) -> None:
@@ -216,8 +260,7 @@ class TrainingMonitor:
 
     def _expect(self, step: int) -> None:
         """The next step() will be `step` (an integration numbering steps its own way): arm for it."""
-        self._acts.discard()
-        self._attn.discard()
+        self._discard()
         self._step = int(step)
         self._arm(self._step)
 
@@ -226,108 +269,57 @@ class TrainingMonitor:
         return step % self.every == 0
 
     def _measure(self, s: int, loss: Any, optimizer: Any, lr: Any, scaler: Any, tokens: Any) -> dict[str, Any]:
-        sampled = self._attn.armed
         positions = self._acts.positions
-        acts, act_present = self._acts.collect()  # [L_present, S]
-        attn = self._attn.collect() if sampled else []  # per site [3, H] or None
-        snapshot = self._grad_snapshot
-        norms, grad_idx, sharded = snapshot if snapshot is not None else self._grads.norms()  # [P]
-        dev = next((t.device for t in (norms, acts) if t is not None), None)
-        if dev is None:
-            dev = loss.device if isinstance(loss, torch.Tensor) else torch.device("cpu")
+        inputs = StepInputs(s, loss, optimizer, scaler, self._grad_snapshot, self.world)
+        measured = [(p.measurement, p.collect(inputs)) for p in self._probes]  # on the device, no sync
+        dev = _device(measured)
         if lr is None and optimizer is not None and getattr(optimizer, "param_groups", None):
             lr = optimizer.param_groups[0].get("lr")
         if isinstance(lr, torch.Tensor):
             lr = float(lr)  # tensor lr (capturable optimizers): rare; costs its own sync
-        loss_t = (loss.detach().to(dev, torch.float64).reshape(-1)[:1] if isinstance(loss, torch.Tensor)
-                  else torch.tensor([math.nan if loss is None else float(loss)], dtype=torch.float64, device=dev))
-        layout = StepLayout.of(acts, attn, norms)
-        # Parts reduced across ranks (loss, activations, attention) come first; gradient norms
-        # are already global after DDP's all-reduce, so they are appended after.
-        shared_v = layout.pack_shared(loss_t, acts, attn)
+        layout = StepLayout.of(measured)
+        v = layout.pack(measured, dev)  # the parts reduced across ranks first
         if self.world > 1:
-            shared_v = self._reduce(shared_v, layout)
-        if norms is not None:
-            if any(sharded) and self.world > 1:
-                norms = self._gather_shards(norms, sharded)
-            div = scaler_divisor(scaler, optimizer) if snapshot is None else None  # a snapshot is unscaled
-            if div is not None:
-                norms = norms / div.to(dev)
-        parts = [shared_v] + ([norms] if norms is not None else [])
+            v = torch.cat([self._reduce(v[:layout.shared], layout), v[layout.shared:]])
+        parts = [v]
         if isinstance(tokens, torch.Tensor):  # counted on the device: rides along with the one sync
             parts.append(tokens.detach().to(dev, torch.float64).reshape(1))
         values = torch.cat(parts).tolist()  # the one host sync of this step
         if isinstance(tokens, torch.Tensor):
             tokens = values.pop()
-        if loss is None:
-            values[0] = None  # not given: null in the log, not a NaN alert
-        record = self._record(s, lr, layout, values, act_present, attn, grad_idx)
+        record = self._record(s, lr, layout.unpack(values))
         if tokens is None and positions:
             tokens = positions
         # this rank's count times the ranks (each runs the same shapes under DDP)
         record["tokens"] = None if tokens is None or not math.isfinite(tokens) else int(tokens) * self.world
         return record
 
-    @staticmethod
-    def _gather_shards(norms: torch.Tensor, sharded: list[bool]) -> torch.Tensor:
-        """FSDP2: the norm of a sharded gradient from its shards' norms (sum of squares over ranks)."""
-        mask = torch.tensor(sharded, device=norms.device)
-        sq = norms[mask].square()
-        dist.all_reduce(sq)  # SUM
-        out = norms.clone()
-        out[mask] = sq.sqrt()
-        return out
-
     def _reduce(self, v: torch.Tensor, layout: StepLayout) -> torch.Tensor:
-        """Average across ranks (max for max |x|), in one all_gather."""
+        """Combine the shared part across ranks by each row's rule, in one all_gather."""
         gathered = [torch.empty_like(v) for _ in range(self.world)]
         dist.all_gather(gathered, v.contiguous())
         return layout.reduce_ranks(torch.stack(gathered))  # [world, n] -> [n]
 
-    def _record(self, s: int, lr: Any, layout: StepLayout, values: list[Any], act_present: list[bool],
-                attn: list, grad_idx: list[int]) -> dict[str, Any]:
-        loss, block_stats, site_stats, norms = layout.unpack(values)
-        layers: dict[str, dict[str, Any]] = {n: {} for n in self.block_names}
-        ran = iter(block_stats)
-        for name, present in zip(self.block_names, act_present):
-            if present:
-                layers[name].update(next(ran))
-        sampled = [name for name, a in zip(self.site_names, attn) if a is not None]
-        attention = dict(zip(sampled, site_stats))
-        sq = [0.0] * len(self.block_names)
-        bad_param = None
-        for i, n in zip(grad_idx, norms):
-            if not math.isfinite(n) and bad_param is None:
-                bad_param = self._grads.params[i][0]
-            owner = self._grads.owner[i]
-            if owner >= 0:
-                sq[owner] += n * n
-        for name, q, has in zip(self.block_names, sq, self._block_has_grad(grad_idx)):
-            layers[name]["grad_norm"] = math.sqrt(q) if has else None
-        grad_norm = math.sqrt(sum(n * n for n in norms)) if norms else None
-        record: dict[str, Any] = {"step": s, "time": time.time(), "loss": loss, "lr": lr, "grad_norm": grad_norm}
-        if self.clip is not None and grad_norm is not None:
-            coef = self.clip / (grad_norm + 1e-6)  # as clip_grad_norm_; a NaN norm gives NaN (min() would say 1)
-            record["clip_coef"] = coef if math.isnan(coef) else min(1.0, coef)
-        record["layers"] = layers
-        if attention:
-            record["attention"] = attention
-        if bad_param is not None:
-            record["nonfinite_param"] = bad_param  # first parameter (model order) with a NaN/Inf grad
-        return record
-
-    def _block_has_grad(self, grad_idx: list[int]) -> list[bool]:
-        has = [False] * len(self.block_names)
-        for i in grad_idx:
-            if self._grads.owner[i] >= 0:
-                has[self._grads.owner[i]] = True
-        return has
+    def _record(self, s: int, lr: Any, units: dict[str, list[dict[str, list[Any]]]]) -> dict[str, Any]:
+        """The step record: each measurement writes its keys, then they are put in _KEY_ORDER."""
+        record: dict[str, Any] = {"step": s, "time": time.time(), "lr": lr,
+                                  "layers": {n: {} for n in self.block_names}}
+        for p in self._probes:
+            p.write(record, units.get(p.measurement.name, []))
+        ordered = {k: record[k] for k in _KEY_ORDER if k in record}
+        ordered.update(record)
+        return ordered
 
     def _remove_hooks(self) -> None:
-        try:
-            self._attn.disarm()
-        finally:
-            self._acts.remove()
+        """Every probe's remove(), the last one first; the first error is raised after all ran."""
+        error = None
+        for p in reversed(self._probes):
+            try:
+                p.remove()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, after the others are removed
+                error = error or exc
+        if error is not None:
+            raise error
 
     def close(self) -> None:
         """Remove every hook and mark the run closed; safe to call twice."""
@@ -337,8 +329,7 @@ class TrainingMonitor:
         try:
             self._remove_hooks()
         finally:
-            if self.writer is not None:
-                self.writer.close(steps_seen=self._step)
+            close_all(self.sinks, self._step)
 
     def __enter__(self) -> "TrainingMonitor":
         return self

@@ -47,6 +47,13 @@ RUN_JSON, METRICS, ALERTS = "run.json", "metrics.jsonl", "alerts.jsonl"
 LAYER_FIELDS = ("grad_norm", "act_mean", "act_var", "act_max_abs", "token_cos")
 
 
+def layer_fields(columns) -> list[str]:
+    """The per-block fields of a steps table: LAYER_FIELDS first, then any other a measurement
+    wrote (a registered measurement's keys show up in the summary and exports without a list here)."""
+    seen = dict.fromkeys(c.rsplit("/", 1)[1] for c in columns if c.startswith("layers/") and c.count("/") >= 2)
+    return list(LAYER_FIELDS) + [f for f in seen if f not in LAYER_FIELDS]
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 

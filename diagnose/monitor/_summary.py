@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from .._terminal import plain
-from ._runfolder import LAYER_FIELDS, Run
+from ._runfolder import Run, layer_fields
 from ._summary_more import more, render_more
 
 SUMMARY_SCHEMA = "diagnose.run-summary/1"
@@ -37,7 +37,7 @@ def summarize(run: Run) -> dict[str, Any]:
     layers = []
     for name in run.layers:
         row = {"name": name}
-        for f in LAYER_FIELDS:
+        for f in layer_fields(df.columns):
             row[f] = _num(_last(df, f"layers/{name}/{f}"))
         col = f"layers/{name}/grad_norm"
         finite = pd.to_numeric(df[col], errors="coerce") if col in df else pd.Series(dtype=float)

@@ -6,16 +6,16 @@ import os
 from typing import Any
 
 from ..errors import ConfigError
-from ._runfolder import LAYER_FIELDS, Run
+from ._runfolder import Run
 
 
 def scalars(rec: dict[str, Any]) -> dict[str, float]:
     """The scalars of one metrics record, under TensorBoard tags (the same names as Run.steps)."""
     out = {k: rec[k] for k in ("loss", "lr", "grad_norm", "clip_coef", "step_time", "tokens_per_s") if isinstance(rec.get(k), (int, float))}
     for name, st in (rec.get("layers") or {}).items():
-        for f in LAYER_FIELDS:
-            if isinstance(st.get(f), (int, float)):
-                out[f"layers/{name}/{f}"] = st[f]
+        for f, v in st.items():  # every numeric field a measurement wrote
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[f"layers/{name}/{f}"] = v
     for site, st in (rec.get("attention") or {}).items():
         for key in ("entropy", "max_weight"):
             for h, v in enumerate(st.get(key) or []):
