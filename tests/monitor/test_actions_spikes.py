@@ -57,11 +57,10 @@ def test_throughput_fields(tmp_path):
     rec = run.records
     assert [r["step"] for r in rec] == [0, 2, 4]
     assert rec[0]["step_time"] is None and rec[0]["tokens_per_s"] is None  # no earlier step to time from
-    times = [r["time"] for r in rec]
-    for r, t0, t1 in zip(rec[1:], times, times[1:]):
-        assert r["micro_batches"] == 3 and r["tokens"] == 3 * 8 * 8
-        # per step, over the two steps since the last logged one (wall clock, loosely: other clocks)
-        assert r["step_time"] > 0 and r["step_time"] == pytest.approx((t1 - t0) / 2, rel=0.5, abs=0.05)  # a clock margin, not rounding
+    # no check against the wall clock (step times belong to bench/bench_monitor.py): a step time is
+    # positive, and tokens/s is what it says it is
+    for r in rec[1:]:
+        assert r["micro_batches"] == 3 and r["tokens"] == 3 * 8 * 8 and r["step_time"] > 0
         assert r["tokens_per_s"] == approx(r["tokens"] / r["step_time"], dtype=F64)
     assert {"step_time", "tokens", "tokens_per_s", "micro_batches"} <= set(run.steps.columns)
 

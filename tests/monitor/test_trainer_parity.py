@@ -57,15 +57,18 @@ def test_hf_matches_trainer_log(tmp_path, accum, clip, bf16):
     assert ours["step"].tolist() == [h["step"] for h in theirs] == [1, 2, 3, 4]
     for (_, row), h in zip(ours.iterrows(), theirs):
         assert _close(row["loss"], h["loss"]), (row["loss"], h["loss"])
-        if "grad_norm" in h or clip:
-            assert _close(row["grad_norm"], h["grad_norm"]), (row["grad_norm"], h["grad_norm"])
         assert row["micro_batches"] == accum
         assert 3 * accum * 9 <= row["tokens"] <= 3 * accum * 12  # the attention mask's sum: padded rows count 9
-        if clip:
-            assert _close(row["clip_coef"], min(1.0, clip / (h["grad_norm"] + 1e-6)))
+    # where the trainer logged a norm (always when it clips), ours matches it
+    norms = [(row["grad_norm"], h["grad_norm"]) for (_, row), h in zip(ours.iterrows(), theirs) if "grad_norm" in h]
+    assert len(norms) == 4 or not clip
+    assert [(a, b) for a, b in norms if not _close(a, b)] == []
+    # with clipping the coefficient is the trainer's, clipping really happened, and the norm is above it
+    coefs = [(row["clip_coef"], min(1.0, clip / (h["grad_norm"] + 1e-6))) for (_, row), h in
+             zip(ours.iterrows(), theirs) if clip]
+    assert [(a, b) for a, b in coefs if not _close(a, b)] == []
     assert run.info["clip"] == (clip or None)
-    if clip:  # clipping really happened, and the logged norm is above the threshold
-        assert (ours["grad_norm"] > clip).all()
+    assert (ours["grad_norm"] > (clip or -1.0)).all()
 
 
 @pytest.mark.slow
@@ -113,5 +116,4 @@ def test_lightning_matches_trainer_log(tmp_path, accum, clip, bf16):
         assert _close(row["grad_norm"], norm), (row["grad_norm"], norm)
         assert row["tokens"] == 4 * 8 * accum
     assert run.info["clip"] == clip
-    if clip:
-        assert (run.steps["grad_norm"] > clip).all()
+    assert (run.steps["grad_norm"] > (clip or -1.0)).all()  # with clipping: clipping really happened
