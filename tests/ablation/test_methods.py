@@ -16,26 +16,12 @@ from diagnose.ablation.sweep import Sweep
 from diagnose.errors import ConfigError, UsageError
 from diagnose.prune._measure import Measure
 from diagnose.sites import find_heads
-from diagnose.zoo import ModelConfig, Transformer
 
 from .helpers import evaluate, loss_tol, with_head_weights_zeroed
+from .test_engine import D, H, N, data, model  # noqa: F401  (the reference model and its padded data)
 from ..tolerance import F64, approx, assert_close, size_of
 
-V, T, N, H, D = 20, 7, 10, 4, 8
 STEP = 0.05  # the toy fill: every coordinate of a closed head's output becomes STEP * (the example's index)
-
-
-@pytest.fixture
-def model():
-    torch.manual_seed(0)
-    return Transformer(ModelConfig(kind="lm", vocab_size=V, max_len=16, n_layers=2, n_heads=H, d_model=H * D,
-                                   init_std=0.2)).eval()
-
-
-@pytest.fixture
-def data():
-    g = torch.Generator().manual_seed(3)
-    return {"input_ids": torch.randint(1, V, (N, T), generator=g)}
 
 
 def _by_example(state, site, head_out, rows):
@@ -70,12 +56,12 @@ def test_a_registered_method_is_offered_by_both_commands_where_it_may_be(toy):
 def test_a_registered_method_runs_through_the_gate_and_equals_replacing_the_output_by_hand(toy, model, data):
     """Independent: a pre-hook on the output projection overwrites head h's slice of its input with
     STEP * the example's index; batches of 4 and a sweep cut into replicas and micro-batches."""
-    fp = footprint(model, find_heads(model), {"input_ids": data["input_ids"][:1]})
+    fp = footprint(model, find_heads(model), {k: v[:1] for k, v in data.items()})
     result = ablate_heads(model, data, task="lm", method="by-example", batch_size=4, attention=False,
                           max_memory=fp.step_bytes(2, 3))
     assert result.method == "by-example"
     assert result.timing["micro_batch"] < 4 and result.timing["replication"] > 1  # cut, and replicated
-    batches = [({"input_ids": data["input_ids"][i:i + 4]}, None) for i in range(0, N, 4)]
+    batches = [({k: v[i:i + 4] for k, v in data.items()}, None) for i in range(0, N, 4)]
     base_acc, base_loss = evaluate(model, batches, "lm")
     for layer in range(2):
         for h in range(H):
@@ -103,7 +89,7 @@ def test_close_heads_closes_a_head_as_zeroing_its_output_projection_weights_does
     """The sweep's clean pass with a base of closed heads (what ablate_together and prune run), prune's
     measure, and ablate_together, each against the head's input slice of the projection zeroed."""
     sites = find_heads(model)
-    inputs = {"input_ids": data["input_ids"]}
+    inputs = data
     layer, head = 1, 2
     with torch.no_grad():
         want = with_head_weights_zeroed(model.blocks[layer].attn.proj.weight, 1, head, D, lambda: model(**inputs))
@@ -124,7 +110,7 @@ def test_close_heads_closes_a_head_as_zeroing_its_output_projection_weights_does
 def test_the_sweep_ablates_on_top_of_its_closed_base(model, data):
     """Closing (0, 1) as the base and ablating (1, 3) in a replica equals closing both at once."""
     sites = find_heads(model)
-    inputs = {"input_ids": data["input_ids"]}
+    inputs = data
     with gated(sites) as gates:
         sweep = Sweep(model, sites, gates, "lm", replication=2, closed=[(0, 1)])
         clean = sweep.clean(inputs, None, grad=False, record=True)
