@@ -4,6 +4,9 @@ one gate, equal to replacing the head's output by hand; and `close_heads`, which
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
 import pytest
 import torch
 from click.testing import CliRunner
@@ -13,7 +16,7 @@ from diagnose.ablation.gate import gated
 from diagnose.ablation.plan import footprint
 from diagnose.ablation.methods import FOLDABLE, METHODS, AblationMethod, get_method, register_method, unregister_method
 from diagnose.ablation.sweep import Sweep
-from diagnose.errors import ConfigError, UsageError
+from diagnose.errors import ConfigError, DiagnoseError, UsageError
 from diagnose.prune._measure import Measure
 from diagnose.sites import find_heads
 
@@ -149,3 +152,29 @@ def test_progress_events_count_every_step_and_say_the_plan(model, data):
     steps = [e for e in events if e.note is None]
     assert len(notes) == 1 and "head(s) per forward" in notes[0]
     assert [e.done for e in steps] == list(range(1, len(steps) + 1)) and steps[-1].done == steps[-1].total
+
+
+class _Deaf:
+    """An adapter that installs no gate: the adapter bug the silent-gate check exists for."""
+
+    def __init__(self, adapter):
+        self.adapter = adapter
+
+    def __getattr__(self, name):
+        return getattr(self.adapter, name)
+
+    def intervene(self, site, gate):
+        return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("where", ["sweep", "together", "prune"])
+def test_a_gate_that_never_fires_is_caught_everywhere(model, data, where):
+    from diagnose import prune_heads
+
+    sites = find_heads(model)
+    sites[1] = dataclasses.replace(sites[1], adapter=_Deaf(sites[1].adapter))
+    run = {"sweep": lambda: ablate_heads(model, data, task="lm", sites=sites, attention=False),
+           "together": lambda: ablate_together(model, data, [(0, 1)], task="lm", sites=sites),
+           "prune": lambda: prune_heads(model, data, task="lm", sites=sites, limit=1)}[where]
+    with pytest.raises(DiagnoseError, match="'blocks.1.attn' was never applied"):
+        run()
