@@ -1,10 +1,10 @@
 """ablate_heads: remove each attention head in turn and measure what the model loses.
 
-One clean pass per batch through the head gates gives the baseline, d loss / d gate
+The options are one AblationConfig (config.py). The memory plan sizes the passes (plan.py), the
+method's data pass runs once (methods.py: mean ablation averages each head's output over the data),
+then one clean pass per batch through the head gates gives the baseline, d loss / d gate
 (gradient importance) and the block outputs for prefix reuse; the ablations follow,
-several heads per forward. Mean ablation first averages each head's output over all
-real tokens of the data set (examples and positions pooled, the usual choice: a
-per-position mean would leak position information a head did not carry). `fast=True`
+several heads per forward (steps.py, the same steps prune's rounds use). `fast=True`
 ranks every head by a cheap estimate from that one clean pass (FAST_RANK: the change of the
 loss to second order, the curvature from the same per-example gradients; it tracked the
 exact effect best on real and demo models, see bench/bench_estimators.py) and ablates only
@@ -172,7 +172,8 @@ def _model_info(model: torch.nn.Module, sites: list[AttentionSite]) -> dict[str,
     return info
 
 
-def _significance_info(heads: list[HeadEffect], n_tested: int, n_examples: int, cfg: AblationConfig, band: dict) -> dict:
+def _significance_info(heads: list[HeadEffect], n_tested: int, n_examples: int, cfg: AblationConfig,
+                       band: dict) -> dict:
     """How `significant` was decided, and the smallest accuracy effect this much data can show."""
     alpha, n_boot, seed = cfg.alpha, cfg.n_boot, cfg.seed
     k = significance.min_detectable_examples(n_tested, alpha)

@@ -118,7 +118,8 @@ def _result(model, pruned, sites, task, method, budget, choice, checked, before,
     eval_fig = None
     if held_out is not None:
         with eval_mode(model):
-            b, a = verify.accuracy_and_loss(model, held_out, task), verify.accuracy_and_loss(pruned.model, held_out, task)
+            b = verify.accuracy_and_loss(model, held_out, task)
+            a = verify.accuracy_and_loss(pruned.model, held_out, task)
         eval_fig = {"n_examples": int(len(b["per_example"])),
                     "before": {"accuracy": b["accuracy"], "loss": b["loss"]},
                     "after": {"accuracy": a["accuracy"], "loss": a["loss"]},
