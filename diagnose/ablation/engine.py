@@ -104,9 +104,9 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
     bar.total(len(mine) * (method.prepare is not None)
               + len(parts) * ((1 if cfg.fast else len(sites)) + (cfg.fast and n_top > 0)))
     reduce = (lambda sums, counts: r.add_up(sums, counts, batches.device)) if r.active else None
-    r.run_local(f"preparing the {method.name} ablation", lambda: prepare(method, DataPass(sweep, mine, reduce,
-                                                                                           bar.tick)))
     first = first_example(batches, r)
+    r.run_local(f"preparing the {method.name} ablation",
+                lambda: prepare(method, DataPass(sweep, mine, reduce, bar.tick, first)))
     ranked_at: list[float] = []
     if cfg.fast:
         def choose(acc: Accumulator) -> list[int]:

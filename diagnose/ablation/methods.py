@@ -32,13 +32,15 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class DataPass:
     """What a method's `prepare` gets: the sweep (model, sites, gates, forward counter), this rank's
-    batches, `reduce(tensors, numbers)` that adds up the other ranks' shares (None when alone) and a
-    `tick()` per batch for progress (or None)."""
+    batches, `reduce(tensors, numbers)` that adds up the other ranks' shares (None when alone; a sum of
+    zero-filled buffers each rank writes its own rows into is a gather), a `tick()` per batch for
+    progress (or None), and `first`, the data set's index of the first example of `batches`."""
 
     sweep: "Sweep"
     batches: Sequence[tuple[Any, Any]]
     reduce: Callable[[list, list], tuple[list, list]] | None = None
     tick: Callable[[], None] | None = None
+    first: int = 0
 
 
 # fill(state, site index, head_out [B, T, H, D], rows [B] global example index of each row, or None where the

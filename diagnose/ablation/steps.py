@@ -34,7 +34,7 @@ def every_head(sweep: Sweep, parts: Sequence[tuple[Any, Any]], first: int, r: Ra
     acc = Accumulator(len(sweep.heads))
 
     def work() -> None:
-        for inputs, labels, rows in _indexed(parts, first):
+        for inputs, labels, rows in indexed(parts, first):
             clean = sweep.clean(inputs, labels, grad=True, record=True, rows=rows)
             acc.add_clean(clean)
             acc.add_ablated(sweep.ablate(clean, range(acc.n_heads), tick))
@@ -53,7 +53,7 @@ def ranked_heads(sweep: Sweep, parts: Sequence[tuple[Any, Any]], first: int, r: 
     chosen = [int(m) for m in choose(merge(acc, r))]  # every rank ranks the same sums
 
     def work() -> None:
-        for i, (inputs, labels, rows) in enumerate(_indexed(parts, first) if chosen else []):
+        for i, (inputs, labels, rows) in enumerate(indexed(parts, first) if chosen else []):
             clean = kept[i] if kept is not None else sweep.clean(inputs, labels, grad=False, record=True, rows=rows)
             acc.add_ablated(sweep.ablate(clean, chosen), i)
             if tick:
@@ -67,7 +67,7 @@ def _clean_passes(sweep: Sweep, acc: Accumulator, parts: Sequence[tuple[Any, Any
                   tick: Tick | None) -> list[Clean] | None:
     """The clean passes, kept while they fit KEEP_BYTES, else None (the verification then recomputes them)."""
     kept: list[Clean] | None = []
-    for inputs, labels, rows in _indexed(parts, first):
+    for inputs, labels, rows in indexed(parts, first):
         clean = sweep.clean(inputs, labels, grad=True, record=record, rows=rows)
         acc.add_clean(clean)
         if kept is not None:
@@ -79,7 +79,7 @@ def _clean_passes(sweep: Sweep, acc: Accumulator, parts: Sequence[tuple[Any, Any
     return kept
 
 
-def _indexed(parts: Sequence[tuple[Any, Any]], first: int) -> Iterator[tuple[Any, Any, torch.Tensor]]:
+def indexed(parts: Sequence[tuple[Any, Any]], first: int) -> Iterator[tuple[Any, Any, torch.Tensor]]:
     """(inputs, labels, rows) per part, rows [B] the data set's index of each example (for fills that
     depend on the example; the CPU, where a method's state sits)."""
     start = first

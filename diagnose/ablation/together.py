@@ -21,6 +21,7 @@ from ..sites import find_heads
 from .batches import as_batches
 from .gate import gated
 from .methods import DataPass, get_method, prepare
+from .steps import first_example, indexed
 from .sweep import Sweep
 
 
@@ -81,8 +82,9 @@ def ablate_together(model: torch.nn.Module, data: Any, heads: Iterable[tuple[int
         with eval_mode(model), gated(sites) as gates:
             shut = Sweep(model, sites, gates, task, reuse=False, closed=base)
             reduce = (lambda sums, counts: r.add_up(sums, counts, device)) if r.active else None
-            prepare(how, DataPass(shut, mine, reduce))
-            return _sums(shut, mine, clean=not baseline)
+            first = first_example(batches, r)
+            prepare(how, DataPass(shut, mine, reduce, first=first))
+            return _sums(shut, mine, first, clean=not baseline)
 
     # [clean loss_sum, clean correct, closed loss_sum, closed correct, units], added up over the ranks
     _, (clean_loss_sum, clean_correct, loss_sum, correct, units) = r.add_up([], r.run_local("closing heads", work))
@@ -91,14 +93,14 @@ def ablate_together(model: torch.nn.Module, data: Any, heads: Iterable[tuple[int
     return GroupEffect(closed, method, correct / n, loss_sum / n, clean_acc, clean_loss)
 
 
-def _sums(shut: Sweep, batches: Sequence, *, clean: bool) -> list[float]:
+def _sums(shut: Sweep, batches: Sequence, first: int, *, clean: bool) -> list[float]:
     """[clean loss_sum, clean correct, closed loss_sum, closed correct, units] over batches, each a clean
     pass of the sweep without and with its base heads closed (the clean sums stay 0 unless clean)."""
     opened = Sweep(shut.model, shut.sites, shut.gates, shut.task, reuse=False)
     sums = [0.0] * 5
-    for inputs, labels in batches:
+    for inputs, labels, rows in indexed(batches, first):
         for offset, sweep in ((0, opened), (2, shut))[0 if clean else 1:]:
-            c = sweep.clean(inputs, labels, grad=False, record=False)
+            c = sweep.clean(inputs, labels, grad=False, record=False, rows=rows)
             sums[offset] += float(c.loss_sum.sum())
             sums[offset + 1] += float(c.correct.sum())
         sums[4] += float(c.count.sum())

@@ -14,7 +14,7 @@ import torch
 from .._distributed import Ranks
 from ..ablation.gate import Gate
 from ..ablation.plan import micro_batches, plan_sweep
-from ..ablation.steps import ranked_heads
+from ..ablation.steps import indexed, ranked_heads
 from ..ablation.sweep import Sweep
 from ..adapters.base import AttentionSite
 from ..objectives import require_finite
@@ -58,9 +58,9 @@ class Measure:
 
     def clean(self, sweep: Sweep) -> Iterator[Any]:
         """The sweep's clean pass (its closed heads shut) of each part, without gradients."""
-        for inputs, labels in self.parts:
+        for inputs, labels, rows in indexed(self.parts, 0):
             before = sweep.forwards
-            yield sweep.clean(inputs, labels, grad=False, record=False)
+            yield sweep.clean(inputs, labels, grad=False, record=False, rows=rows)
             self.forwards += sweep.forwards - before
 
     def measured(self, sweep: Sweep) -> Measured:

@@ -86,6 +86,8 @@ def test_a_registered_method_runs_through_the_gate_and_equals_replacing_the_outp
             got = result.head(layer, h)
             assert got.delta_loss == pytest.approx(loss - base_loss, abs=loss_tol(loss, base_loss, **size_of(model)))
             assert got.delta_accuracy == approx(acc - base_acc, scale=1.0, dtype=F64)
+    group = ablate_together(model, data, [(layer, h)], task="lm", method="by-example", batch_size=4)
+    assert group.loss == pytest.approx(loss, abs=loss_tol(loss, **size_of(model)))  # the same fill, closed at once
 
 
 def test_close_heads_closes_a_head_as_zeroing_its_output_projection_weights_does(model, data):
