@@ -23,19 +23,20 @@ from ..adapters.base import AttentionSite
 
 # observer(head_out) with head_out [B, T, H, D], called on every forward of the site
 Observer = Callable[[torch.Tensor], None]
-# fill(head_out [B, T, H, D], rows [B] or None) -> what closed heads become, broadcastable to [B, T, H, D]
-# (None: 0); set by methods.prepare from the ablation method's entry
-GateFill = Callable[[torch.Tensor, "torch.Tensor | None"], "torch.Tensor | None"]
+# fill(head_out [B, T, H, D], rows [B] or None, draw) -> what closed heads become, broadcastable to
+# [B, T, H, D] (None: 0); set by methods.prepare from the ablation method's entry
+GateFill = Callable[[torch.Tensor, "torch.Tensor | None", int], "torch.Tensor | None"]
 
 
 class Gate:
-    """The gate of one site; the engine sets `scale`, `fill`, `rows` and `observer` between forwards."""
+    """The gate of one site; the engine sets `scale`, `fill`, `rows`, `draw` and `observer` between forwards."""
 
     def __init__(self, site: AttentionSite):
         self.site = site
         self.scale: torch.Tensor | None = None  # [B, H]; None = every head at 1
         self.fill: GateFill | None = None  # None = replace by zero
         self.rows: torch.Tensor | None = None  # [B] the data set's index of each row, where the caller knows it
+        self.draw = 0  # which of a random fill's draws this forward is
         self.observer: Observer | None = None
         self.calls = 0  # forwards that reached the gate: a gate that never fires is an adapter bug
 
@@ -49,13 +50,14 @@ class Gate:
             f"gate of {self.site.name!r}: scale {tuple(self.scale.shape)} does not match head output "
             f"{tuple(head_out.shape)} as [B, H]")
         s = self.scale.to(head_out.device, head_out.dtype)[:, None, :, None]  # [B, 1, H, 1], on this layer's device
-        fill = None if self.fill is None else self.fill(head_out, self.rows)
+        fill = None if self.fill is None else self.fill(head_out, self.rows, self.draw)
         if fill is None:
             return head_out * s
         return head_out * s + (1 - s) * fill.to(head_out.device, head_out.dtype)  # fill broadcast to [B, T, H, D]
 
     def reset(self) -> None:
         self.scale = self.fill = self.rows = self.observer = None
+        self.draw = 0
 
 
 @contextmanager

@@ -4,10 +4,13 @@ prune and the CLI's `--method` choices.
 A method is one `AblationMethod` entry:
 - `prepare(data_pass) -> state`: the pass over the data it needs before the sweep (None: none). "mean"
   averages every head's output over the data's real tokens; "zero" needs nothing.
-- `fill(state, site, head_out, rows) -> tensor or None`: what the closed heads' outputs become for each
-  row of the batch the gate sees (None: 0). The gate blends it in as
+- `fill(state, site, head_out, rows, draw) -> tensor or None`: what the closed heads' outputs become for
+  each row of the batch the gate sees (None: 0); `rows` are the rows' indices in the data set (through
+  micro-batches, replicas and rank shards), `draw` which of the method's `draws` this forward is. The
+  gate blends it in as
   `scale * head_out + (1 - scale) * fill`, so the same fill serves exact ablation (scale 0), the
   --fast gradients (d loss / d scale = head_out - fill) and prune's closed heads.
+- `draws`: forwards per closed head whose per-example outcomes are averaged (a random fill; 1 otherwise).
 - `foldable`: the fill is one constant [H, D] per site (the state itself, or None for 0), so a closed head
   can be folded into the output projection's bias; prune cuts only with such methods.
 
@@ -43,9 +46,9 @@ class DataPass:
     first: int = 0
 
 
-# fill(state, site index, head_out [B, T, H, D], rows [B] global example index of each row, or None where the
-# caller does not know them) -> a tensor broadcastable to [B, T, H, D], or None for 0
-Fill = Callable[[Any, int, "torch.Tensor", "torch.Tensor | None"], "torch.Tensor | None"]
+# fill(state, site index, head_out [B, T, H, D], rows [B] the data set's index of each row, draw) -> a tensor
+# broadcastable to [B, T, H, D], or None for 0
+Fill = Callable[[Any, int, "torch.Tensor", "torch.Tensor | None", int], "torch.Tensor | None"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,11 @@ class AblationMethod:
     fill: Fill
     prepare: Callable[[DataPass], Any] | None = None
     foldable: bool = False
+    draws: int = 1
+
+    def __post_init__(self) -> None:
+        if int(self.draws) < 1 or (self.foldable and self.draws != 1):
+            raise ConfigError(f"method {self.name!r}: draws must be at least 1, and 1 for a foldable (constant) fill")
 
 
 _REGISTRY: dict[str, AblationMethod] = {}
@@ -119,6 +127,7 @@ def prepare(method: AblationMethod, data_pass: DataPass) -> Any:
     (for a foldable method: one [H, D] per site, or None for 0)."""
     state = method.prepare(data_pass) if method.prepare is not None else None
     install(method, state, data_pass.sweep.gates)
+    data_pass.sweep.draws = method.draws
     return state
 
 
@@ -128,20 +137,20 @@ def install(method: AblationMethod, state: Any, gates: Sequence[Any]) -> None:
         gate.fill = _bound(method.fill, state, s)
 
 
-def _bound(fill: Fill, state: Any, site: int) -> Callable[["torch.Tensor", "torch.Tensor | None"], Any]:
-    def bound(head_out, rows):
-        return fill(state, site, head_out, rows)
+def _bound(fill: Fill, state: Any, site: int) -> Callable[["torch.Tensor", "torch.Tensor | None", int], Any]:
+    def bound(head_out, rows, draw):
+        return fill(state, site, head_out, rows, draw)
     return bound
 
 
 # ---- the entries ---------------------------------------------------------------------------------
 
 
-def _zero_fill(state: Any, site: int, head_out, rows):
+def _zero_fill(state: Any, site: int, head_out, rows, draw):
     return None
 
 
-def _mean_fill(state: Any, site: int, head_out, rows):
+def _mean_fill(state: Any, site: int, head_out, rows, draw):
     return state[site]  # [H, D]
 
 

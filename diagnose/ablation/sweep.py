@@ -65,6 +65,7 @@ class Sweep:
                  *, reuse: bool = True, replication: int | None = None, closed: Sequence[tuple[int, int]] = ()):
         self.model, self.sites, self.gates, self.task = model, list(sites), list(gates), task
         self.closed = list(closed)
+        self.draws, self.draw = 1, 0  # forwards per ablation whose outcomes are averaged (methods.py), and which
         self.heads = [(s, h) for s, site in enumerate(self.sites) for h in range(site.n_heads)]  # global order
         blocks = sites[0].adapter.blocks(model) if reuse and sites else []
         self.recorder = Recorder(blocks, self.sites) if blocks else None
@@ -86,7 +87,7 @@ class Sweep:
         scales = [(torch.ones(B, site.n_heads, device=targets.device) if s is None else s).requires_grad_(grad)
                   for site, s in zip(self.sites, base)]  # [B, H] per site
         for gate, scale in zip(self.gates, scales):
-            gate.scale, gate.calls, gate.rows = scale, 0, rows
+            gate.scale, gate.calls, gate.rows, gate.draw = scale, 0, rows, self.draw
         recording = self.recorder.recording() if (record and self.reuse) else _nothing()
         try:
             with torch.set_grad_enabled(grad), recording:
@@ -133,13 +134,27 @@ class Sweep:
             if not self._replay_reproduces(clean, s, blocks):
                 self.reuse = False  # a block with side effects or extra outputs: recompute everything
                 blocks = []
+        outcomes = []  # per draw: loss_sum [K, B], correct [K, B], kl [K]
+        try:
+            for draw in range(self.draws):
+                self.draw = draw
+                outcomes.append(self._outcome(clean, s, ms, blocks))
+        finally:
+            self.draw = 0
+        if len(outcomes) == 1:
+            loss_sum, correct, kl = outcomes[0]
+        else:  # a random fill's draws, averaged per example
+            loss_sum, correct, kl = (torch.stack([o[i].double() for o in outcomes]).mean(0) for i in range(3))
+        return {m: Ablated(loss_sum[k], correct[k], float(kl[k])) for k, m in enumerate(ms)}
+
+    def _outcome(self, clean: Clean, s: int, ms: list[int], blocks: list[int]) -> tuple[torch.Tensor, ...]:
+        """One forward of K = len(ms) replicas, replica k closing head ms[k]: (loss_sum [K, B], correct
+        [K, B], KL sums [K])."""
         logits = self._forward(clean, clean.inputs, clean.recorded, clean.batch, s, list(ms), blocks)  # [K, B, ...]
         K = len(ms)
         flat = logits.reshape(K * clean.batch, *logits.shape[2:])
         sc = score(flat, repeat_batch(clean.targets, K, clean.batch))
-        loss_sum, correct = sc.loss_sum.view(K, clean.batch), sc.correct.view(K, clean.batch)
-        kl = _kl_sums(clean, logits)  # [K]
-        return {m: Ablated(loss_sum[k], correct[k], float(kl[k])) for k, m in enumerate(ms)}
+        return sc.loss_sum.view(K, clean.batch), sc.correct.view(K, clean.batch), _kl_sums(clean, logits)
 
     def _replay_reproduces(self, clean: Clean, s: int, blocks: list[int]) -> bool:
         """Two clean replicas of the batch's first example, replaying `blocks`, give its clean logits.
@@ -162,7 +177,7 @@ class Sweep:
         try:
             scales = close_heads(self.n_heads, self.closed, B, replicas, device=clean.targets.device)
             for gate, scale in zip(self.gates, scales):
-                gate.scale, gate.rows = scale, rows
+                gate.scale, gate.rows, gate.draw = scale, rows, self.draw
             with torch.no_grad(), replay(self.recorder, recorded, blocks, K, B) if blocks else _nothing():
                 logits = logits_of(call_model(self.model, repeat_batch(inputs, K, B)))
         finally:

@@ -100,8 +100,11 @@ def _sums(shut: Sweep, batches: Sequence, first: int, *, clean: bool) -> list[fl
     sums = [0.0] * 5
     for inputs, labels, rows in indexed(batches, first):
         for offset, sweep in ((0, opened), (2, shut))[0 if clean else 1:]:
-            c = sweep.clean(inputs, labels, grad=False, record=False, rows=rows)
-            sums[offset] += float(c.loss_sum.sum())
-            sums[offset + 1] += float(c.correct.sum())
+            for draw in range(sweep.draws):  # a random fill's draws, averaged
+                sweep.draw = draw
+                c = sweep.clean(inputs, labels, grad=False, record=False, rows=rows)
+                sums[offset] += float(c.loss_sum.sum()) / sweep.draws
+                sums[offset + 1] += float(c.correct.sum()) / sweep.draws
+            sweep.draw = 0
         sums[4] += float(c.count.sum())
     return sums

@@ -27,7 +27,7 @@ from ..tolerance import F64, approx, assert_close, size_of
 STEP = 0.05  # the toy fill: every coordinate of a closed head's output becomes STEP * (the example's index)
 
 
-def _by_example(state, site, head_out, rows):
+def _by_example(state, site, head_out, rows, draw):
     """The toy: a fill that differs per example (so it must follow the rows through replicas and
     micro-batches), [B, 1, 1, 1] broadcast over positions, heads and features."""
     assert rows is not None and rows.shape[0] == head_out.shape[0], "the gate did not get the batch's rows"
@@ -88,6 +88,43 @@ def test_a_registered_method_runs_through_the_gate_and_equals_replacing_the_outp
             assert got.delta_accuracy == approx(acc - base_acc, scale=1.0, dtype=F64)
     group = ablate_together(model, data, [(layer, h)], task="lm", method="by-example", batch_size=4)
     assert group.loss == pytest.approx(loss, abs=loss_tol(loss, **size_of(model)))  # the same fill, closed at once
+
+
+def _by_draw(state, site, head_out, rows, draw):
+    """A toy random fill: draw d sets every coordinate of a closed head's output to (d + 1) * STEP * 10."""
+    return torch.full_like(head_out[:1, :1], (draw + 1) * STEP * 10)
+
+
+def test_a_method_s_draws_are_averaged_per_example(model, data):
+    """Two draws: each head's loss is the mean of the two losses with the output replaced by hand."""
+    method = register_method(AblationMethod("two-draws", "a constant per draw", _by_draw, draws=2))
+    try:
+        result = ablate_heads(model, data, task="lm", method="two-draws", batch_size=4, attention=False)
+        group = ablate_together(model, data, [(1, 0)], task="lm", method="two-draws", batch_size=4)
+    finally:
+        unregister_method(method.name)
+    batches = [({k: v[i:i + 4] for k, v in data.items()}, None) for i in range(0, N, 4)]
+    _, base_loss = evaluate(model, batches, "lm")
+    for h in range(H):
+        losses = []
+        for draw in range(2):
+            def replace(_m, args, h=h, value=(draw + 1) * STEP * 10):
+                x = args[0].clone()  # [B, T, H * D]
+                x[:, :, h * D:(h + 1) * D] = value
+                return (x,)
+
+            handle = model.blocks[1].attn.proj.register_forward_pre_hook(replace)
+            try:
+                losses.append(evaluate(model, batches, "lm")[1])
+            finally:
+                handle.remove()
+        want = sum(losses) / 2
+        assert result.head(1, h).delta_loss == pytest.approx(want - base_loss,
+                                                             abs=loss_tol(want, base_loss, **size_of(model)))
+        if h == 0:
+            assert group.loss == pytest.approx(want, abs=loss_tol(want, **size_of(model)))
+    with pytest.raises(ConfigError, match="draws"):
+        AblationMethod("bad", "a foldable fill with draws", _by_draw, foldable=True, draws=2)
 
 
 def test_close_heads_closes_a_head_as_zeroing_its_output_projection_weights_does(model, data):
