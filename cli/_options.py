@@ -55,3 +55,49 @@ def html_option(f):
     """--html FILE: also write the self-contained HTML report of this command's result."""
     return click.option("--html", "html_path", type=click.Path(path_type=str), default=None,
                         help="Also write a self-contained HTML report here (as `diagnose report` would).")(f)
+
+
+class _Registered(click.Choice):
+    """A click.Choice over a live view of the ablation method registry: read when used, so a method
+    registered after this module was imported is offered too."""
+
+    def __init__(self, names):
+        self._names = names
+        super().__init__(list(names))
+
+    @property
+    def choices(self):
+        return tuple(self._names)
+
+    @choices.setter
+    def choices(self, _value) -> None:  # click.Choice.__init__ assigns; the registry stays the source
+        pass
+
+
+class _MethodOption(click.Option):
+    """--method, whose help is written from the registry when shown (a later entry's line included)."""
+
+    def __init__(self, *args, names=(), note: str = "", **kwargs):
+        self._names, self._note = names, note
+        super().__init__(*args, **kwargs)
+
+    @property
+    def help(self) -> str:
+        from diagnose.ablation.methods import method_help
+
+        return f"{method_help(self._names)} {self._note}".strip()
+
+    @help.setter
+    def help(self, _value) -> None:  # click.Option.__init__ assigns; the registry stays the source
+        pass
+
+
+def method_option(foldable: bool = False, note: str = "") -> Callable:
+    """--method NAME, its choices and help read from the ablation method registry
+    (diagnose/ablation/methods.py); foldable: only the methods a pruned model can reproduce. note: a
+    sentence added to the help."""
+    from diagnose.ablation.methods import FOLDABLE, METHODS
+
+    names = FOLDABLE if foldable else METHODS
+    return click.option("--method", cls=_MethodOption, names=names, note=note, type=_Registered(names),
+                        default="zero", show_default=True)

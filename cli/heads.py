@@ -10,12 +10,13 @@ from ._options import (
     data_option,
     html_option,
     max_length_option,
+    method_option,
     model_options,
 )
+from diagnose.ablation.methods import METHODS  # noqa: E402  (the registry's live names; no torch)
 
 # literal so that --help needs no torch; a test checks them against the library's own lists
 TASKS = ("classification", "lm")
-METHODS = ("zero", "mean")
 RANKINGS = ("second_order_delta_loss", "estimated_delta_loss", "grad_importance_raw")
 
 
@@ -27,8 +28,7 @@ RANKINGS = ("second_order_delta_loss", "estimated_delta_loss", "grad_importance_
 @click.option("--task", type=click.Choice(TASKS), default=None,
               help="How to score: classification (labels [N] or [N, T]) or lm (next token). "
                    "Default: the checkpoint's task, else guessed from the labels.")
-@click.option("--method", type=click.Choice(METHODS), default="zero", show_default=True,
-              help="zero: head output set to 0; mean: replaced by its mean over the data.")
+@method_option()
 @click.option("--json", "json_path", type=click.Path(path_type=str), default=None,
               help="Write the diagnose.heads/1 JSON here (atomically).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per batch (default 32).")
@@ -79,9 +79,11 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     """
     check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data])  # before the slow imports
     from diagnose._terminal import plain
-    from diagnose.ablation import ablate_heads
+    from diagnose.ablation import AblationConfig, ablate_heads
     from diagnose._distributed import init_from_env, leave
     from diagnose.ablation.plan import parse_size
+
+    from ._progress import progress_bar
 
     closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
     cap = parse_size(max_memory, "--max-memory")
@@ -91,10 +93,11 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
                                      attention_module, n_heads, task)
         if device is not None:
             net.to(device)  # after the checks on the CPU; the data stays there, each batch moves when used
-        result = ablate_heads(net, ds, task=task, method=method, batch_size=batch_size,
-                              fast=fast, top=top, sites=sites, progress=True, correction=correction,
-                              min_effect=min_effect, rank_by=rank_by, together=closed, distributed=ranks.active,
-                              max_memory=cap)
+        config = AblationConfig(task=task, method=method, batch_size=batch_size, fast=fast, top=top,
+                                correction=correction, min_effect=min_effect, rank_by=rank_by, together=closed,
+                                distributed=ranks.active, max_memory=cap)
+        with progress_bar("ablating heads", shown=ranks.main) as bar:
+            result = ablate_heads(net, ds, config=config, sites=sites, progress=bar)
     finally:
         leave()
     if not ranks.main:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
-from ._options import check_outputs, data_option, html_option, max_length_option, model_options
+from diagnose.ablation.methods import FOLDABLE as METHODS  # the registry's methods a cut model reproduces; no torch
+
+from ._options import check_outputs, data_option, html_option, max_length_option, method_option, model_options
 
 TASKS = ("classification", "lm")  # literal so that --help needs no torch
-METHODS = ("zero", "mean")
 
 
 @click.command()
@@ -23,9 +24,7 @@ METHODS = ("zero", "mean")
               help="Mean loss (nats per scored token) the model may gain on --data (lm default 0.05).")
 @click.option("--task", type=click.Choice(TASKS), default=None,
               help="classification or lm; default: the checkpoint's task, else guessed from the labels.")
-@click.option("--method", type=click.Choice(METHODS), default="zero", show_default=True,
-              help="zero: a removed head's output is 0; mean: its mean over the data, folded into the "
-                   "output projection's bias.")
+@method_option(foldable=True, note="A removed head's replacement is folded into the output projection's bias.")
 @click.option("--candidates", type=click.IntRange(min=1), default=4, show_default=True,
               help="Heads verified exactly each round (the best by the --fast estimate).")
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Remove at most this many heads.")

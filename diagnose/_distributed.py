@@ -4,7 +4,7 @@ the batches is mine, gather everyone's results, and fail together instead of han
 One code path for NCCL (GPUs) and gloo (CPUs): only picklable Python objects travel
 (`all_gather_object`), a few times per analysis, so the backend's speed does not matter.
 
-Hangs: a collective waits for every rank. Local work runs inside `Ranks.together`: a rank
+Hangs: a collective waits for every rank. Local work runs inside `Ranks.run_local`: a rank
 whose work fails sends its error in place of the next collective's payload and raises it;
 the others raise a `DistributedError` naming it at whichever collective they are in. What cannot be caught (a killed process, a segfault) is torchrun's to handle: it
 stops the other workers when one exits; a hand-made process group waits for its `timeout`.
@@ -49,7 +49,7 @@ class Ranks:
 
     def gather(self, obj: T) -> list[T]:
         """Every rank's obj, in rank order, on every rank; raises DistributedError on every rank when
-        another rank sent a failure instead (see `together`)."""
+        another rank sent a failure instead (see `run_local`)."""
         if not self.active:
             return [obj]
         parts = self._exchange(("ok", obj))
@@ -74,7 +74,7 @@ class Ranks:
             out.append(None if total is None else total.to(device) if device is not None else total)
         return out, [sum(ns[i] for _, ns in parts) for i in range(len(numbers))]
 
-    def together(self, what: str, fn: Callable[[], T]) -> T:
+    def run_local(self, what: str, fn: Callable[[], T]) -> T:
         """fn() on this rank, then one exchange that tells every rank whether any failed: a failing rank
         sends its error in place of the next collective's payload and raises it; the others raise
         DistributedError at whichever collective they are in. So every rank takes part in the same

@@ -5,10 +5,16 @@ closed at once), their results `HeadsResult` / `HeadEffect` / `GroupEffect`, and
 `diagnose.heads/1` SCHEMA they write.
 
 Modules, in the order one `ablate_heads` call uses them:
-- engine: `ablate_heads`: checks the options, runs the exact or the --fast steps, assembles the result.
+- config: `AblationConfig`, every option of `ablate_heads` in one place, checked once.
+- engine: `ablate_heads`: plans the passes, prepares the method, runs a way of steps, assembles the result.
 - batches: data into (inputs, labels) batches on the model's device.
-- gate: the head gate (the one ablation mechanism) on each attention site; zero or mean fill.
-- sweep: one clean pass per batch, then heads ablated several per forward, through prefix.
+- methods: the `AblationMethod` registry (zero, mean): a method's data pass and what a closed head becomes.
+- gate: the head gate (the one ablation mechanism) on each attention site, and `close_heads`, the scales.
+- plan: the micro-batch and the heads per forward that fit the memory.
+- sweep: one clean pass per batch, then heads ablated several per forward, through prefix; a base of
+  closed heads stays shut throughout (groups, prune's removals).
+- steps: every head, or the ranked heads only (--fast, prune's rounds), over the plan's micro-batches.
+- progress: plain progress events for a caller's callback.
 - prefix: replays the unchanged blocks below an ablated layer from the clean pass.
 - accumulate: per-example sums over the data, and the per-head effects and tests from them.
 - significance: sign test, sign-flip permutation test, bootstrap CIs, Holm / BH.
@@ -16,11 +22,35 @@ Modules, in the order one `ablate_heads` call uses them:
 - roles: names what each head's attention does, from the model's own heads.
 - contrast: heatmap versus effect: rank correlations and the flags, groups closed together.
 - together: `ablate_together`, also used by contrast for backups and redundant groups.
+- shards: every rank's sums as one.
 - result: the dataclasses, the JSON (`to_json`, `save`) and a DataFrame.
 """
 
-from .engine import METHODS, ablate_heads
-from .result import SCHEMA, HeadEffect, HeadsResult
-from .together import GroupEffect, ablate_together
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["METHODS", "SCHEMA", "GroupEffect", "HeadEffect", "HeadsResult", "ablate_heads", "ablate_together"]
+from .methods import METHODS, AblationMethod, register_method
+
+# imported on first use (PEP 562): the CLI reads METHODS from the registry without paying for torch
+_EXPORTS = {"AblationConfig": ".config", "ProgressEvent": ".progress", "ablate_heads": ".engine",
+            "SCHEMA": ".result", "HeadEffect": ".result", "HeadsResult": ".result",
+            "GroupEffect": ".together", "ablate_together": ".together"}
+
+if TYPE_CHECKING:
+    from .config import AblationConfig
+    from .engine import ablate_heads
+    from .progress import ProgressEvent
+    from .result import SCHEMA, HeadEffect, HeadsResult
+    from .together import GroupEffect, ablate_together
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(import_module(_EXPORTS[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["METHODS", "SCHEMA", "AblationConfig", "AblationMethod", "GroupEffect", "HeadEffect", "HeadsResult",
+           "ProgressEvent", "ablate_heads", "ablate_together", "register_method"]

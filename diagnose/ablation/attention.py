@@ -33,7 +33,7 @@ def summarise(model: torch.nn.Module, sites: Sequence[AttentionSite], batches: S
         examples = _examples(summary.examples, mine, keep, tokens) if ranks.main else []
         return (summary.stats, summary.rows), examples
 
-    share, examples = ranks.together("summarising attention", work)
+    share, examples = ranks.run_local("summarising attention", work)
     parts = ranks.gather((share, examples))
     return {"stats": merge_stats([p[0] for p in parts]), "examples": parts[0][1]}
 

@@ -3,13 +3,13 @@
 Each attention site gets a gate that rewrites every head's output right before the
 output projection:
 
-    out[b, t, h] = scale[b, h] * head_out[b, t, h] + (1 - scale[b, h]) * fill[h]
+    out[b, t, h] = scale[b, h] * head_out[b, t, h] + (1 - scale[b, h]) * fill[b, t, h]
 
-with a per-example, per-head `scale` [B, H] and an optional replacement `fill` [H, D]
-(None means 0). Zero ablation sets scale to 0; mean ablation sets it to 0 with `fill`
-the data-set mean; batched ablation replicates a batch K times with a different head
-at 0 in each replica; gradient importance leaves scale at 1 with requires_grad and
-reads d loss / d scale. With no scale set (or all ones) the output is untouched.
+with a per-example, per-head `scale` [B, H] and a replacement `fill` that the ablation method
+(methods.py) computes for the batch (None means 0). Closing heads sets their scale to 0
+(`close_heads`, the one place that turns "these heads are closed" into scales); batched ablation
+replicates a batch K times with a different head at 0 in each replica; gradient importance leaves
+scale at 1 with requires_grad and reads d loss / d scale. With no scale set the output is untouched.
 """
 
 from __future__ import annotations
@@ -21,19 +21,22 @@ import torch
 
 from ..adapters.base import AttentionSite
 
-METHODS = ("zero", "mean")  # what a closed head's output becomes: 0, or its mean over the data set
-
 # observer(head_out) with head_out [B, T, H, D], called on every forward of the site
 Observer = Callable[[torch.Tensor], None]
+# fill(head_out [B, T, H, D], rows [B] or None, draw) -> what closed heads become, broadcastable to
+# [B, T, H, D] (None: 0); set by methods.prepare from the ablation method's entry
+GateFill = Callable[[torch.Tensor, "torch.Tensor | None", int], "torch.Tensor | None"]
 
 
 class Gate:
-    """The gate of one site; the engine sets `scale`, `fill` and `observer` between forwards."""
+    """The gate of one site; the engine sets `scale`, `fill`, `rows`, `draw` and `observer` between forwards."""
 
     def __init__(self, site: AttentionSite):
         self.site = site
         self.scale: torch.Tensor | None = None  # [B, H]; None = every head at 1
-        self.fill: torch.Tensor | None = None  # [H, D]; None = replace by zero
+        self.fill: GateFill | None = None  # None = replace by zero
+        self.rows: torch.Tensor | None = None  # [B] the data set's index of each row, where the caller knows it
+        self.draw = 0  # which of a random fill's draws this forward is
         self.observer: Observer | None = None
         self.calls = 0  # forwards that reached the gate: a gate that never fires is an adapter bug
 
@@ -47,12 +50,14 @@ class Gate:
             f"gate of {self.site.name!r}: scale {tuple(self.scale.shape)} does not match head output "
             f"{tuple(head_out.shape)} as [B, H]")
         s = self.scale.to(head_out.device, head_out.dtype)[:, None, :, None]  # [B, 1, H, 1], on this layer's device
-        if self.fill is None:
+        fill = None if self.fill is None else self.fill(head_out, self.rows, self.draw)
+        if fill is None:
             return head_out * s
-        return head_out * s + (1 - s) * self.fill.to(head_out.device, head_out.dtype)[None, None]  # fill [1, 1, H, D]
+        return head_out * s + (1 - s) * fill.to(head_out.device, head_out.dtype)  # fill broadcast to [B, T, H, D]
 
     def reset(self) -> None:
-        self.scale = self.fill = self.observer = None
+        self.scale = self.fill = self.rows = self.observer = None
+        self.draw = 0
 
 
 @contextmanager
@@ -69,13 +74,31 @@ def gated(sites: Sequence[AttentionSite]) -> Iterator[list[Gate]]:
         yield gates
 
 
-def ablation_scale(batch: int, n_heads: int, heads: Sequence[int | None], *, device=None) -> torch.Tensor:
-    """Scale for K replicas of a batch: replica k closes head heads[k] (None: a clean replica).
+def close_heads(n_heads: Sequence[int], closed: Sequence[tuple[int, int]], batch: int,
+                replicas: Sequence[tuple[int, int] | None] = (None,), *, device=None) -> list[torch.Tensor | None]:
+    """Per site, the gate scale for K = len(replicas) replicas of a batch of `batch` rows: every
+    (site, head) of `closed` shut in all replicas, and replicas[k] (a (site, head), or None) shut in
+    replica k too. None for a site where nothing is shut (its gate stays open and untouched).
 
-    Replica-major order (row k * batch + b), the order of `tensor.repeat(K, ...)`.  # [K * B, H]
+    Replica-major rows (row k * batch + b), the order of `tensor.repeat(K, ...)`.  # per site [K * B, H]
     """
-    scale = torch.ones(len(heads), batch, n_heads, device=device)  # [K, B, H]
-    for k, h in enumerate(heads):
-        if h is not None:
-            scale[k, :, h] = 0.0
-    return scale.reshape(len(heads) * batch, n_heads)
+    K = len(replicas)
+    shut: dict[int, list[tuple[int, int]]] = {}  # site -> (replica or -1 for all, head)
+    for site, head in closed:
+        shut.setdefault(site, []).append((-1, head))
+    for k, pair in enumerate(replicas):
+        if pair is not None:
+            shut.setdefault(pair[0], []).append((k, pair[1]))
+    scales: list[torch.Tensor | None] = []
+    for site, n in enumerate(n_heads):
+        if site not in shut:
+            scales.append(None)
+            continue
+        scale = torch.ones(K, batch, n, device=device)  # [K, B, H]
+        for k, head in shut[site]:
+            if k < 0:
+                scale[:, :, head] = 0.0
+            else:
+                scale[k, :, head] = 0.0
+        scales.append(scale.reshape(K * batch, n))
+    return scales

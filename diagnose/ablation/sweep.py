@@ -20,8 +20,8 @@ from .._tolerance import close, model_size
 from ..adapters.base import AttentionSite
 from ..errors import DiagnoseError
 from ..objectives import IGNORE, call_model, logits_of, require_finite, score, targets_for
-from .batches import batch_size_of, padding_mask
-from .gate import Gate, ablation_scale
+from .batches import batch_size_of
+from .gate import Gate, close_heads
 from .prefix import Recorder, repeat_batch, replay, take_rows
 
 
@@ -39,6 +39,7 @@ class Clean:
     logp: torch.Tensor  # [U, V] clean log-probabilities of the scored units
     grads: list[torch.Tensor] | None  # per site [B, H]: d loss_sum[b] / d gate[b, h]
     recorded: dict[int, Any] | None = None  # block index -> its clean output, for prefix replay
+    rows: torch.Tensor | None = None  # [B] the data set's index of each example, when known
 
     def nbytes(self) -> int:
         """Memory this batch holds (to decide whether --fast may keep it for the verification)."""
@@ -56,9 +57,15 @@ class Ablated:
 
 
 class Sweep:
+    """The passes of one sweep through the gates of `sites`. `closed`: (site, head) pairs shut in every
+    pass, the base the clean pass and each ablation start from (prune's removed heads, a group closed
+    together); the ablations close one more head each on top of it."""
+
     def __init__(self, model: torch.nn.Module, sites: Sequence[AttentionSite], gates: Sequence[Gate], task: str,
-                 *, reuse: bool = True, replication: int | None = None):
+                 *, reuse: bool = True, replication: int | None = None, closed: Sequence[tuple[int, int]] = ()):
         self.model, self.sites, self.gates, self.task = model, list(sites), list(gates), task
+        self.closed = list(closed)
+        self.draws, self.draw = 1, 0  # forwards per ablation whose outcomes are averaged (methods.py), and which
         self.heads = [(s, h) for s, site in enumerate(self.sites) for h in range(site.n_heads)]  # global order
         blocks = sites[0].adapter.blocks(model) if reuse and sites else []
         self.recorder = Recorder(blocks, self.sites) if blocks else None
@@ -71,79 +78,38 @@ class Sweep:
 
     # ---- passes ----------------------------------------------------------------------------
 
-    def mean_outputs(self, batches: Sequence[tuple[Any, Any]], tick=None, reduce=None) -> list[torch.Tensor]:
-        """Each head's output averaged over the data set's real tokens, examples and positions pooled.
-
-        One [H, D] per site: a per-position mean would leak position information the head did not carry.
-        reduce(sums, counts) -> (sums, counts): adds up the other ranks' shares (torch.distributed).
-        """
-        sums: list[torch.Tensor | None] = [None] * len(self.sites)
-        counts = [0.0] * len(self.sites)
-        mask_now: list[torch.Tensor | None] = [None]
-
-        def observer(s: int):
-            def observe(head_out: torch.Tensor) -> None:  # [B, T, H, D]
-                x = head_out.detach().float()
-                mask = mask_now[0]
-                if mask is not None and tuple(mask.shape) == tuple(x.shape[:2]):
-                    w = mask.to(x.dtype)[:, :, None, None]  # [B, T, 1, 1]
-                    total, n = (x * w).sum((0, 1)), float(w.sum())
-                else:
-                    total, n = x.sum((0, 1)), float(x.shape[0] * x.shape[1])
-                sums[s] = total if sums[s] is None else sums[s] + total  # [H, D]
-                counts[s] += n
-            return observe
-
-        try:
-            for s, gate in enumerate(self.gates):
-                gate.observer = observer(s)
-            with torch.no_grad():
-                for inputs, _ in batches:
-                    mask_now[0] = padding_mask(inputs)
-                    call_model(self.model, inputs)
-                    self._count(batch_size_of(inputs))
-                    if tick:
-                        tick()
-        finally:
-            for gate in self.gates:
-                gate.observer = None
-        if reduce is not None:
-            sums, counts = reduce(sums, counts)
-        for s, total in enumerate(sums):
-            if total is None:
-                raise DiagnoseError(f"the head gate on {self.sites[s].name!r} never saw an output; its adapter "
-                                    "cannot reach the heads (register an adapter: diagnose/adapters/base.py)")
-        return [total / max(n, 1.0) for total, n in zip(sums, counts)]
-
-    def clean(self, inputs: Any, labels: Any, *, grad: bool, record: bool) -> Clean:
-        """The unablated forward of one batch (with d loss / d gate when grad)."""
+    def clean(self, inputs: Any, labels: Any, *, grad: bool, record: bool, rows: torch.Tensor | None = None) -> Clean:
+        """The forward of one batch with only the base `closed` heads shut (with d loss / d gate when grad).
+        rows: [B] the data set's index of each example, for methods whose fill depends on the example."""
         B = batch_size_of(inputs)
         targets = targets_for(self.task, inputs, labels)
-        scales = [torch.ones(B, site.n_heads, device=targets.device, requires_grad=grad) for site in self.sites]
+        base = close_heads(self.n_heads, self.closed, B, device=targets.device)
+        scales = [(torch.ones(B, site.n_heads, device=targets.device) if s is None else s).requires_grad_(grad)
+                  for site, s in zip(self.sites, base)]  # [B, H] per site
         for gate, scale in zip(self.gates, scales):
-            gate.scale, gate.calls = scale, 0
+            gate.scale, gate.calls, gate.rows, gate.draw = scale, 0, rows, self.draw
         recording = self.recorder.recording() if (record and self.reuse) else _nothing()
         try:
             with torch.set_grad_enabled(grad), recording:
                 logits = logits_of(call_model(self.model, inputs))
-                require_finite(self.model, logits.detach(), "on the data, before any head is ablated")
+                require_finite(self.model, logits.detach(), "with heads closed" if self.closed else
+                               "on the data, before any head is ablated")
                 sc = score(logits, targets.to(logits.device))
-            silent = [g.site.name for g in self.gates if g.calls == 0]
+            silent = [s for s, g in enumerate(self.gates) if g.calls == 0]
             if silent:
-                raise DiagnoseError(f"the head gate on {silent[0]!r} was never applied during a forward; its "
-                                    "adapter cannot reach the heads (register an adapter: diagnose/adapters/base.py)")
+                self.silent(silent[0])
             grads = None
             if grad:
                 grads = torch.autograd.grad(sc.loss_sum.sum(), scales, allow_unused=True)
                 grads = [torch.zeros_like(s) if g is None else g.detach() for g, s in zip(grads, scales)]
         finally:
             for gate in self.gates:
-                gate.scale = None
-        self._count(B)
+                gate.scale = gate.rows = None
+        self.count_forward(B)
         logits = logits.detach()
         return Clean(inputs, targets, B, sc.loss_sum.detach(), sc.correct, sc.count, logits,
                      _unit_logp(logits, targets), grads,
-                     self.recorder.outputs if (record and self.reuse) else None)
+                     self.recorder.outputs if (record and self.reuse) else None, rows)
 
     def ablate(self, clean: Clean, head_ids: Sequence[int], tick=None) -> dict[int, Ablated]:
         """Exact ablation of each head in head_ids (global indices) on one clean batch."""
@@ -168,13 +134,27 @@ class Sweep:
             if not self._replay_reproduces(clean, s, blocks):
                 self.reuse = False  # a block with side effects or extra outputs: recompute everything
                 blocks = []
+        outcomes = []  # per draw: loss_sum [K, B], correct [K, B], kl [K]
+        try:
+            for draw in range(self.draws):
+                self.draw = draw
+                outcomes.append(self._outcome(clean, s, ms, blocks))
+        finally:
+            self.draw = 0
+        if len(outcomes) == 1:
+            loss_sum, correct, kl = outcomes[0]
+        else:  # a random fill's draws, averaged per example
+            loss_sum, correct, kl = (torch.stack([o[i].double() for o in outcomes]).mean(0) for i in range(3))
+        return {m: Ablated(loss_sum[k], correct[k], float(kl[k])) for k, m in enumerate(ms)}
+
+    def _outcome(self, clean: Clean, s: int, ms: list[int], blocks: list[int]) -> tuple[torch.Tensor, ...]:
+        """One forward of K = len(ms) replicas, replica k closing head ms[k]: (loss_sum [K, B], correct
+        [K, B], KL sums [K])."""
         logits = self._forward(clean, clean.inputs, clean.recorded, clean.batch, s, list(ms), blocks)  # [K, B, ...]
         K = len(ms)
         flat = logits.reshape(K * clean.batch, *logits.shape[2:])
         sc = score(flat, repeat_batch(clean.targets, K, clean.batch))
-        loss_sum, correct = sc.loss_sum.view(K, clean.batch), sc.correct.view(K, clean.batch)
-        kl = _kl_sums(clean, logits)  # [K]
-        return {m: Ablated(loss_sum[k], correct[k], float(kl[k])) for k, m in enumerate(ms)}
+        return sc.loss_sum.view(K, clean.batch), sc.correct.view(K, clean.batch), _kl_sums(clean, logits)
 
     def _replay_reproduces(self, clean: Clean, s: int, blocks: list[int]) -> bool:
         """Two clean replicas of the batch's first example, replaying `blocks`, give its clean logits.
@@ -190,21 +170,35 @@ class Sweep:
     def _forward(self, clean: Clean, inputs: Any, recorded: dict[int, Any] | None, B: int, s: int,
                  targets: list[int | None], blocks: list[int]) -> torch.Tensor:
         """K = len(targets) replicas of `inputs` (B examples of `clean`, recorded: their block outputs),
-        replica k closing head targets[k] (None: none).  # [K, B, ...]"""
+        replica k closing head targets[k] (None: none) on top of the base `closed`.  # [K, B, ...]"""
         K = len(targets)
-        heads = [None if m is None else self.heads[m][1] for m in targets]
+        replicas = [None if m is None else self.heads[m] for m in targets]
+        rows = None if clean.rows is None else repeat_batch(take_rows(clean.rows, 0, B, clean.batch), K, B)  # [K * B]
         try:
-            self.gates[s].scale = ablation_scale(B, self.sites[s].n_heads, heads, device=clean.targets.device)
+            scales = close_heads(self.n_heads, self.closed, B, replicas, device=clean.targets.device)
+            for gate, scale in zip(self.gates, scales):
+                gate.scale, gate.rows, gate.draw = scale, rows, self.draw
             with torch.no_grad(), replay(self.recorder, recorded, blocks, K, B) if blocks else _nothing():
                 logits = logits_of(call_model(self.model, repeat_batch(inputs, K, B)))
         finally:
-            self.gates[s].scale = None
-        self._count(K * B)
+            for gate in self.gates:
+                gate.scale = gate.rows = None
+        self.count_forward(K * B)
         return logits.reshape(K, B, *logits.shape[1:])  # [K, B, ...]
 
-    def _count(self, n: int) -> None:
+    @property
+    def n_heads(self) -> list[int]:
+        return [site.n_heads for site in self.sites]
+
+    def count_forward(self, n: int) -> None:
+        """One more forward of n examples (the timing figures and prune's count read these)."""
         self.forwards += 1
         self.examples_forwarded += n
+
+    def silent(self, s: int) -> None:
+        """Raise for the gate of site s, which a forward never reached: its adapter is wrong."""
+        raise DiagnoseError(f"the head gate on {self.sites[s].name!r} was never applied during a forward; its "
+                            "adapter cannot reach the heads (register an adapter: diagnose/adapters/base.py)")
 
 
 def _unit_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -16,10 +16,12 @@ from .._distributed import pick, ranks
 from ..adapters.base import AttentionSite
 from ..errors import ConfigError
 from ..modes import eval_mode
-from ..objectives import TASKS, call_model, logits_of, score, targets_for
+from ..objectives import TASKS
 from ..sites import find_heads
-from .batches import as_batches, batch_size_of
-from .gate import METHODS, gated
+from .batches import as_batches
+from .gate import gated
+from .methods import DataPass, get_method, prepare
+from .steps import first_example, indexed
 from .sweep import Sweep
 
 
@@ -61,8 +63,7 @@ def ablate_together(model: torch.nn.Module, data: Any, heads: Iterable[tuple[int
     """
     if task not in TASKS:
         raise ConfigError(f"task {task!r} is not one of {', '.join(TASKS)}")
-    if method not in METHODS:
-        raise ConfigError(f"method {method!r} is not one of {', '.join(METHODS)}")
+    how = get_method(method)
     device = next((p.device for p in model.parameters()), None)
     batches = as_batches(data, batch_size, device)
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
@@ -72,44 +73,38 @@ def ablate_together(model: torch.nn.Module, data: Any, heads: Iterable[tuple[int
         if layer not in by_layer or not 0 <= head < by_layer[layer].n_heads:
             shape = ", ".join(f"layer {s.layer}: {s.n_heads} heads" for s in sites)
             raise ConfigError(f"there is no head {head} in layer {layer} ({shape})")
+    base = [(s, head) for s, site in enumerate(sites) for layer, head in closed if site.layer == layer]
 
     r = ranks(distributed)
     mine = pick(batches, r)
 
     def work() -> list[float]:
-        with eval_mode(model), gated(sites) as gates, torch.no_grad():
-            if method == "mean":
-                reduce = (lambda sums, counts: r.add_up(sums, counts, device)) if r.active else None
-                for gate, fill in zip(gates, Sweep(model, sites, gates, task, reuse=False).mean_outputs(mine,
-                                                                                                      reduce=reduce)):
-                    gate.fill = fill
-            return _closed_sums(model, mine, task, closed, gates, device, clean=not baseline)
+        with eval_mode(model), gated(sites) as gates:
+            shut = Sweep(model, sites, gates, task, reuse=False, closed=base)
+            reduce = (lambda sums, counts: r.add_up(sums, counts, device)) if r.active else None
+            first = first_example(batches, r)
+            prepare(how, DataPass(shut, mine, reduce, first=first))
+            return _sums(shut, mine, first, clean=not baseline)
 
     # [clean loss_sum, clean correct, closed loss_sum, closed correct, units], added up over the ranks
-    _, (clean_loss_sum, clean_correct, loss_sum, correct, units) = r.add_up([], r.together("closing heads", work))
+    _, (clean_loss_sum, clean_correct, loss_sum, correct, units) = r.add_up([], r.run_local("closing heads", work))
     n = max(units, 1.0)
     clean_acc, clean_loss = baseline if baseline else (clean_correct / n, clean_loss_sum / n)
     return GroupEffect(closed, method, correct / n, loss_sum / n, clean_acc, clean_loss)
 
 
-def _closed_sums(model: torch.nn.Module, batches: Sequence, task: str, closed: list[tuple[int, int]], gates: list,
-                 device: torch.device | None, *, clean: bool) -> list[float]:
-    """[clean loss_sum, clean correct, closed loss_sum, closed correct, units] over batches (the clean
-    sums stay 0 unless clean)."""
-    sums = {"clean": [0.0, 0.0], "closed": [0.0, 0.0]}  # [loss_sum, correct]
-    units = 0.0
-    for inputs, labels in batches:
-        targets = targets_for(task, inputs, labels)
-        B = batch_size_of(inputs)
-        for key, shut in (("clean", []), ("closed", closed))[0 if clean else 1:]:
-            for gate in gates:
-                scale = torch.ones(B, gate.site.n_heads, device=targets.device)  # [B, H]
-                for layer, head in shut:
-                    if layer == gate.site.layer:
-                        scale[:, head] = 0.0
-                gate.scale = scale
-            sc = score(logits_of(call_model(model, inputs)), targets.to(device) if device else targets)
-            sums[key][0] += float(sc.loss_sum.sum())
-            sums[key][1] += float(sc.correct.sum())
-        units += float(sc.count.sum())
-    return [*sums["clean"], *sums["closed"], units]
+def _sums(shut: Sweep, batches: Sequence, first: int, *, clean: bool) -> list[float]:
+    """[clean loss_sum, clean correct, closed loss_sum, closed correct, units] over batches, each a clean
+    pass of the sweep without and with its base heads closed (the clean sums stay 0 unless clean)."""
+    opened = Sweep(shut.model, shut.sites, shut.gates, shut.task, reuse=False)
+    sums = [0.0] * 5
+    for inputs, labels, rows in indexed(batches, first):
+        for offset, sweep in ((0, opened), (2, shut))[0 if clean else 1:]:
+            for draw in range(sweep.draws):  # a random fill's draws, averaged
+                sweep.draw = draw
+                c = sweep.clean(inputs, labels, grad=False, record=False, rows=rows)
+                sums[offset] += float(c.loss_sum.sum()) / sweep.draws
+                sums[offset + 1] += float(c.correct.sum()) / sweep.draws
+            sweep.draw = 0
+        sums[4] += float(c.count.sum())
+    return sums

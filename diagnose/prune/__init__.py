@@ -5,7 +5,8 @@ Public: `prune_heads` and its `PruneResult` (`.model`, `.save(dir)`, `.to_json()
 
 Modules, in the order one `prune_heads` call uses them:
 - api: `prune_heads`: checks the options, runs the steps below, assembles the result.
-- _measure: scores the model through the head gate with some heads closed; the cheap estimate.
+- _measure: prune's view of the one ablation sweep: the removed heads are its closed base, each
+  round its ranked way (the estimate from its accumulator, the candidates ablated exactly).
 - choose: the greedy loop: estimate, verify the best candidates exactly, remove one, repeat.
 - cut: a copy of the model with the chosen heads sliced out; one _cut_* file per family.
 - verify: pruned against gated outputs, held-out accuracy and loss, parameters, forward time.

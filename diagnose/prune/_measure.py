@@ -1,19 +1,23 @@
-"""Scoring the model through the head gate with some heads closed: the exact measure and the
-cheap estimate the choice loop uses. `closed` is one bool tensor per site, [H] (True = removed)."""
+"""Prune's view of the one ablation engine: the heads removed so far are the base `closed` heads of a
+`Sweep`, each round is the ranked way through it (ablation/steps.py: the --fast estimate from the
+accumulator, then the candidates ablated exactly), and the micro-batches and heads per forward come from
+the sweep's own plan (ablation/plan.py). `closed` is a list of (site, head) pairs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from ..ablation.batches import batch_size_of
+from .._distributed import Ranks
 from ..ablation.gate import Gate
-from ..objectives import call_model, logits_of, require_finite, score, targets_for
-
-BUDGET = 2 ** 25  # float elements of logits one replicated forward may hold
+from ..ablation.plan import micro_batches, plan_sweep
+from ..ablation.steps import indexed, ranked_heads
+from ..ablation.sweep import Sweep
+from ..adapters.base import AttentionSite
+from ..objectives import require_finite
 
 
 @dataclass
@@ -33,115 +37,61 @@ class Measured:
         return self.loss_sum / max(self.units, 1.0)
 
 
+# pick(estimate) -> the (site, head) pairs to measure exactly; estimate: per site [H], the second-order change
+# of the mean loss if each head were closed on top of the closed ones
+Pick = Callable[[list[np.ndarray]], list[tuple[int, int]]]
+
+
 class Measure:
-    """Forwards through open gates; counts them. `per_example` holds the last exact pass's
-    per-example correctness, for the paired noise of the curve."""
+    """Forwards through the gates of `sites`, planned once for `batches`; `forwards` counts them."""
 
-    def __init__(self, model: torch.nn.Module, gates: Sequence[Gate], task: str):
-        self.model, self.gates, self.task = model, list(gates), task
+    def __init__(self, model: torch.nn.Module, sites: Sequence[AttentionSite], batches: Sequence[tuple[Any, Any]],
+                 task: str):
+        self.plan = plan_sweep(model, sites, batches)
+        self.parts = micro_batches(batches, self.plan.micro_batch)
+        self.model, self.sites, self.task = model, list(sites), task
         self.forwards = 0
-        self.classes = 1024  # logits per scored position, learnt from the first forward (sizes the replicas)
 
-    def exact(self, batches: Sequence[tuple[Any, Any]], closed: list[torch.Tensor],
-              extra: Sequence[tuple[int, int]] = ((-1, -1),)) -> list[Measured]:
-        """One Measured per entry of `extra`: `closed` plus that (site, head) closed too ((-1, -1): nothing
-        more). The batch is replicated once per entry, several per forward."""
-        sums = [[0.0, 0.0, 0.0] for _ in extra]
-        with torch.no_grad():
-            for inputs, labels in batches:
-                B = batch_size_of(inputs)
-                targets = targets_for(self.task, inputs, labels)
-                per = max(1, BUDGET // max(1, B * self._width(inputs) * self.classes))
-                for start in range(0, len(extra), per):
-                    chunk = list(extra[start:start + per])
-                    K = len(chunk)
-                    self.close(closed, B, chunk, targets.device)
-                    try:
-                        logits = logits_of(call_model(self.model, _repeat(inputs, K)))
-                    finally:
-                        self.open_all()
-                    self.forwards += 1
-                    self.classes = int(logits.shape[-1])
-                    require_finite(self.model, logits, "with heads closed")
-                    sc = score(logits, _repeat(targets, K).to(logits.device))
-                    for k in range(K):
-                        rows = slice(k * B, (k + 1) * B)
-                        sums[start + k][0] += float(sc.loss_sum[rows].sum())
-                        sums[start + k][1] += float(sc.correct[rows].sum())
-                        sums[start + k][2] += float(sc.count[rows].sum())
-        return [Measured(*s) for s in sums]
+    def sweep(self, gates: Sequence[Gate], closed: Sequence[tuple[int, int]]) -> Sweep:
+        """A sweep over `gates` with `closed` shut in every pass."""
+        return Sweep(self.model, self.sites, gates, self.task, replication=self.plan.replication, closed=closed)
 
-    def per_example(self, batches: Sequence[tuple[Any, Any]], closed: list[torch.Tensor]) -> np.ndarray:
-        """Per-example accuracy (correct / scored units) with `closed` shut.  # [N]"""
-        out = []
-        with torch.no_grad():
-            for inputs, labels in batches:
-                targets = targets_for(self.task, inputs, labels)
-                self.close(closed, batch_size_of(inputs), [(-1, -1)], targets.device)
-                try:
-                    sc = score(logits_of(call_model(self.model, inputs)), targets)
-                finally:
-                    self.open_all()
-                self.forwards += 1
-                out.append((sc.correct / sc.count.clamp_min(1)).double().cpu().numpy())
-        return np.concatenate(out)
+    def clean(self, sweep: Sweep) -> Iterator[Any]:
+        """The sweep's clean pass (its closed heads shut) of each part, without gradients."""
+        for inputs, labels, rows in indexed(self.parts, 0):
+            before = sweep.forwards
+            yield sweep.clean(inputs, labels, grad=False, record=False, rows=rows)
+            self.forwards += sweep.forwards - before
 
-    def estimate(self, batches: Sequence[tuple[Any, Any]], closed: list[torch.Tensor]) -> list[np.ndarray]:
-        """Per site [H]: the change of the mean loss if each open head were closed too, to second order
-        (-L' + L''/2, the curvature by the empirical Fisher: the same estimate as `ablate_heads --fast`)."""
-        linear = [np.zeros(len(c)) for c in closed]
-        fisher = [np.zeros(len(c)) for c in closed]
-        units = 0.0
-        for inputs, labels in batches:
-            B = batch_size_of(inputs)
-            targets = targets_for(self.task, inputs, labels)
-            scales = [(~c).float().to(targets.device)[None].repeat(B, 1).requires_grad_(True) for c in closed]
-            for gate, s in zip(self.gates, scales):
-                gate.scale = s  # [B, H]
-            try:
-                with torch.enable_grad():
-                    sc = score(logits_of(call_model(self.model, inputs)), targets)
-                    grads = torch.autograd.grad(sc.loss_sum.sum(), scales, allow_unused=True)
-            finally:
-                self.open_all()
-            self.forwards += 1
-            count = sc.count.double().cpu().numpy()
-            scored = count > 0
-            units += float(count.sum())
-            for s, g in enumerate(grads):
-                if g is None:
-                    continue
-                g = g.double().cpu().numpy()  # [B, H]: d loss_sum[b] / d gate[b, h]
-                linear[s] += g.sum(0)
-                fisher[s] += (g[scored] ** 2 / count[scored, None]).sum(0)
-        return [(-lin + 0.5 * fi) / max(units, 1.0) for lin, fi in zip(linear, fisher)]
+    def measured(self, sweep: Sweep) -> Measured:
+        """Sums over the data with the sweep's closed heads shut."""
+        sums = [0.0, 0.0, 0.0]
+        for c in self.clean(sweep):
+            sums = [sums[0] + float(c.loss_sum.sum()), sums[1] + float(c.correct.sum()), sums[2] + float(c.count.sum())]
+        return Measured(*sums)
 
-    def close(self, closed: list[torch.Tensor], B: int, extra: list[tuple[int, int]], device) -> None:
-        """Set every gate for len(extra) replicas of a batch of B: `closed` shut in all, extra[k] too in replica k."""
-        for s, gate in enumerate(self.gates):
-            scale = (~closed[s]).float().to(device)[None, None].repeat(len(extra), B, 1)  # [K, B, H]
-            for k, (site, head) in enumerate(extra):
-                if site == s:
-                    scale[k, :, head] = 0.0
-            gate.scale = scale.reshape(len(extra) * B, -1)
+    def per_example(self, sweep: Sweep) -> np.ndarray:
+        """Per-example accuracy (correct / scored units) with the sweep's closed heads shut.  # [N]"""
+        return np.concatenate([(c.correct / c.count.clamp_min(1)).double().cpu().numpy() for c in self.clean(sweep)])
 
-    def open_all(self) -> None:
-        """Every gate back to open (scale None)."""
-        for gate in self.gates:
-            gate.scale = None
+    def round(self, sweep: Sweep, pick: Pick) -> list[tuple[tuple[int, int], Measured]]:
+        """One round: the estimate for every head, `pick` chooses, each chosen head is ablated exactly on
+        top of the sweep's closed ones; returns (site, head) and its Measured, in pick's order."""
+        index = {pair: m for m, pair in enumerate(sweep.heads)}
+        picked: list[tuple[int, int]] = []
 
-    @staticmethod
-    def _width(inputs: Any) -> int:
-        ids = inputs["input_ids"] if isinstance(inputs, Mapping) else inputs
-        return int(ids[0].numel()) if isinstance(ids, torch.Tensor) and ids.dim() > 0 else 1
+        def choose(acc) -> list[int]:
+            flat = acc.second_order_delta_loss()  # [M] in the sweep's global order
+            est = [np.array([flat[index[(s, h)]] for h in range(site.n_heads)]) for s, site in enumerate(self.sites)]
+            picked.extend(pick(est))
+            return [index[pair] for pair in picked]
 
-
-def _repeat(obj: Any, K: int) -> Any:
-    """The batch K times along dim 0 (replica-major, as the gate's scale rows)."""
-    if K == 1 or obj is None:
-        return obj
-    if isinstance(obj, torch.Tensor):
-        return obj.repeat(K, *([1] * (obj.dim() - 1))) if obj.dim() > 0 else obj
-    if isinstance(obj, Mapping):
-        return {k: _repeat(v, K) for k, v in obj.items()}
-    return obj
+        before = sweep.forwards
+        acc, chosen = ranked_heads(sweep, self.parts, 0, Ranks(), choose)
+        self.forwards += sweep.forwards - before
+        _, _, count, ab_loss, ab_correct = acc.arrays()
+        if not np.isfinite(ab_loss[:, chosen]).all():
+            require_finite(self.model, torch.tensor(ab_loss[:, chosen]), "with heads closed")
+        units = float(count.sum())
+        return [(pair, Measured(float(ab_loss[:, m].sum()), float(ab_correct[:, m].sum()), units))
+                for pair, m in zip(picked, chosen)]

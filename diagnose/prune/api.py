@@ -9,13 +9,12 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-import torch
 import torch.nn as nn
 
 from .._tolerance import model_size
 from ..ablation.batches import as_batches
-from ..ablation.gate import METHODS, gated
-from ..ablation.sweep import Sweep
+from ..ablation.gate import gated
+from ..ablation.methods import FOLDABLE, DataPass, get_method, install, prepare
 from ..adapters.base import AttentionSite
 from ..errors import ConfigError, DataError, DiagnoseError
 from ..modes import eval_mode
@@ -47,8 +46,10 @@ def prune_heads(model: nn.Module, data: Any, *, max_drop: float | None = None, m
     started = time.perf_counter()
     task = task or default_task(model, data)
     budget = _budget(task, max_drop, max_loss)
-    if method not in METHODS:
-        raise ConfigError(f"method {method!r} is not one of {', '.join(METHODS)}")
+    how = get_method(method)
+    if not how.foldable:
+        raise ConfigError(f"method {method!r} cannot be folded into the weights, so a pruned model cannot "
+                          f"reproduce it; prune with {', '.join(FOLDABLE)}")
     if int(candidates) < 1 or (limit is not None and int(limit) < 0):
         raise ConfigError("candidates must be at least 1 and limit 0 or more")
     device = next((p.device for p in model.parameters()), None)
@@ -61,28 +62,24 @@ def prune_heads(model: nn.Module, data: Any, *, max_drop: float | None = None, m
     check_cuttable(model, sites, method)
     family = family_of(sites)
     with eval_mode(model):
+        measure = Measure(model, sites, batches, task)
         with gated(sites) as gates:
-            fills = _fills(model, sites, gates, task, batches) if method == "mean" else None
-            measure = Measure(model, gates, task)
-            choice = choose(measure, batches, [s.n_heads for s in sites], budget, candidates=candidates,
-                            min_heads=MIN_HEADS.get(family, 0), limit=limit, on_step=on_step)
+            fills = prepare(how, DataPass(measure.sweep(gates, []), measure.parts))  # foldable: [H, D] or None per site
+            choice = choose(measure, gates, budget, candidates=candidates, min_heads=MIN_HEADS.get(family, 0),
+                            limit=limit, on_step=on_step)
         pruned = cut(model, sites, choice.removed(), fills)  # outside the gates: a copy must not inherit them
         pruned.model.eval()
-        closed = _closed(sites, choice.removed())
         with gated(sites) as gates:
-            for gate, fill in zip(gates, fills or [None] * len(gates)):
-                gate.fill = fill
-            forwards = measure.forwards
-            measure = Measure(model, gates, task)
+            install(how, fills, gates)
             try:
-                checked = verify.compare(measure, closed, pruned.model, batches, *model_size(sites))
+                checked = verify.compare(measure, gates, choice.removed(), pruned.model, *model_size(sites))
             except (RuntimeError, ValueError) as exc:
                 raise ConfigError(f"{type(model).__name__}: the pruned copy does not run ({type(exc).__name__}: "
                                   f"{str(exc).splitlines()[0] if str(exc) else ''}); its attention must size its "
                                   "reshapes from the head count, not the embedding width") from None
-            before = measure.per_example(batches, [torch.zeros_like(c) for c in closed])
-            after = measure.per_example(batches, closed)
-            forwards += measure.forwards
+            before = measure.per_example(measure.sweep(gates, []))
+            after = measure.per_example(measure.sweep(gates, choice.removed()))
+            forwards = measure.forwards
     if not checked["passed"]:
         raise DiagnoseError(f"{type(model).__name__}: the pruned model's outputs differ from the gated model's by "
                             f"{checked['max_abs_diff']:.3g} (tolerance {checked['tolerance']:.3g}); nothing was "
@@ -91,14 +88,6 @@ def prune_heads(model: nn.Module, data: Any, *, max_drop: float | None = None, m
                 "limit": limit}
     return _result(model, pruned, sites, task, method, settings, choice, checked, before, after, held_out,
                    batches, started, forwards, time_repeats)
-
-
-def _fills(model, sites, gates, task, batches) -> list[torch.Tensor]:
-    """Each head's mean output over the data's real tokens (mean ablation), set on the gates."""
-    fills = Sweep(model, sites, gates, task, reuse=False).mean_outputs(batches)
-    for gate, fill in zip(gates, fills):
-        gate.fill = fill
-    return fills
 
 
 def _budget(task: str, max_drop: float | None, max_loss: float | None) -> Budget:
@@ -110,13 +99,6 @@ def _budget(task: str, max_drop: float | None, max_loss: float | None) -> Budget
     if max_drop is None and max_loss is None:
         return Budget(DEFAULT_MAX_DROP, None) if task == "classification" else Budget(None, DEFAULT_MAX_LOSS)
     return Budget(None if max_drop is None else float(max_drop), None if max_loss is None else float(max_loss))
-
-
-def _closed(sites: Sequence[AttentionSite], removed: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
-    closed = [torch.zeros(s.n_heads, dtype=torch.bool) for s in sites]
-    for layer, head in removed:
-        closed[layer][head] = True
-    return closed
 
 
 def _result(model, pruned, sites, task, method, budget, choice, checked, before, after, held_out, batches,
@@ -136,7 +118,8 @@ def _result(model, pruned, sites, task, method, budget, choice, checked, before,
     eval_fig = None
     if held_out is not None:
         with eval_mode(model):
-            b, a = verify.evaluate(model, held_out, task), verify.evaluate(pruned.model, held_out, task)
+            b = verify.accuracy_and_loss(model, held_out, task)
+            a = verify.accuracy_and_loss(pruned.model, held_out, task)
         eval_fig = {"n_examples": int(len(b["per_example"])),
                     "before": {"accuracy": b["accuracy"], "loss": b["loss"]},
                     "after": {"accuracy": a["accuracy"], "loss": a["loss"]},

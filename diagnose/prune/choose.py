@@ -13,8 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import torch
-
+from ..ablation.gate import Gate
 from ._measure import Measure, Measured
 
 
@@ -64,18 +63,18 @@ class Choice:
         return left
 
 
-def choose(measure: Measure, batches: Sequence, n_heads: Sequence[int], budget: Budget, *, candidates: int = 4,
-           min_heads: int = 0, limit: int | None = None,
-           on_step: Callable[[Step | None, Choice], None] | None = None) -> Choice:
+def choose(measure: Measure, gates: Sequence[Gate], budget: Budget, *, candidates: int = 4, min_heads: int = 0,
+           limit: int | None = None, on_step: Callable[[Step | None, Choice], None] | None = None) -> Choice:
     """Remove heads greedily until one more would break `budget` (see the module docstring).
 
     min_heads: heads every layer keeps (1 where the family cannot build a layer without attention).
     limit: at most this many removals.
     """
-    closed = [torch.zeros(int(h), dtype=torch.bool) for h in n_heads]
-    choice = Choice(baseline=measure.exact(batches, closed)[0], n_heads=[int(h) for h in n_heads])
+    n_heads = [site.n_heads for site in measure.sites]
+    closed: list[tuple[int, int]] = []  # (site, head), in the order removed
+    choice = Choice(baseline=measure.measured(measure.sweep(gates, closed)), n_heads=n_heads)
     while True:
-        left = [int((~c).sum()) for c in closed]
+        left = [n - sum(1 for s, _ in closed if s == site) for site, n in enumerate(n_heads)]
         layers = [s for s, n in enumerate(left) if n > min_heads]
         if not layers:
             choice.stop = {"reason": f"every layer is down to {min_heads} head(s)"}
@@ -83,25 +82,27 @@ def choose(measure: Measure, batches: Sequence, n_heads: Sequence[int], budget: 
         if limit is not None and len(choice.steps) >= limit:
             choice.stop = {"reason": f"the limit of {limit} removals was reached"}
             break
-        est = measure.estimate(batches, closed)
-        pool = sorted((float(est[s][h]), s, h) for s in layers for h in range(len(closed[s])) if not closed[s][h])
-        picked = pool[:max(1, int(candidates))]
-        measured = measure.exact(batches, closed, [(s, h) for _, s, h in picked])
+        estimates: dict[tuple[int, int], float] = {}
+
+        def pick(est: list) -> list[tuple[int, int]]:
+            pool = sorted((float(est[s][h]), s, h) for s in layers for h in range(n_heads[s]) if (s, h) not in closed)
+            estimates.update({(s, h): e for e, s, h in pool})
+            return [(s, h) for _, s, h in pool[:max(1, int(candidates))]]
+
+        measured = measure.round(measure.sweep(gates, closed), pick)
         choice.rounds += 1
-        ok = [(m.loss, i) for i, m in enumerate(measured) if budget.allows(choice.baseline, m)]
+        ok = [(m.loss, i) for i, (_, m) in enumerate(measured) if budget.allows(choice.baseline, m)]
         if not ok:
-            best = min(range(len(measured)), key=lambda i: measured[i].loss)
+            best = min(range(len(measured)), key=lambda i: measured[i][1].loss)
+            (s, h), m = measured[best]
             choice.stop = {"reason": "removing one more head would exceed the budget",
-                           "next": {"layer": picked[best][1], "head": picked[best][2],
-                                    "accuracy": measured[best].accuracy, "loss": measured[best].loss}}
+                           "next": {"layer": s, "head": h, "accuracy": m.accuracy, "loss": m.loss}}
             break
-        i = min(ok)[1]
-        estimate, s, h = picked[i]
-        closed[s][h] = True
-        step = Step(s, h, measured[i].accuracy, measured[i].loss, estimate, len(choice.steps) + 1)
+        (s, h), m = measured[min(ok)[1]]
+        closed.append((s, h))
+        step = Step(s, h, m.accuracy, m.loss, estimates[(s, h)], len(choice.steps) + 1)
         choice.steps.append(step)
         if on_step is not None:
             on_step(step, choice)
     choice.kept = len(choice.steps)
     return choice
-

@@ -13,32 +13,30 @@ import torch.nn as nn
 
 from .._tolerance import output_scale, tolerance
 from ..objectives import call_model, logits_of, score, targets_for
+from ..ablation.gate import Gate
 from ._measure import Measure
 
 
-def compare(measure: Measure, closed: list[torch.Tensor], pruned: nn.Module,
-            batches: Sequence[tuple[Any, Any]], depth: int = 1, width: int = 1) -> dict[str, Any]:
+def compare(measure: Measure, gates: Sequence[Gate], closed: Sequence[tuple[int, int]], pruned: nn.Module,
+            depth: int = 1, width: int = 1) -> dict[str, Any]:
     """The largest |pruned - gated original| over every output on the data, judged by the tolerance
     policy (diagnose/_tolerance.py) for the model's depth (attention layers) and width (d_model):
-    the pruned matmuls are narrower, so they sum in another order and round differently."""
+    the pruned matmuls are narrower, so they sum in another order and round differently. The gated
+    original is the sweep's clean pass with `closed` shut (silent gates caught there too)."""
     worst, scale = 0.0, 1.0
-    device = next((p.device for p in measure.model.parameters()), torch.device("cpu"))
     with torch.no_grad():
-        for inputs, _ in batches:
-            measure.close(closed, _batch(inputs), [(-1, -1)], device)
-            try:
-                gated = logits_of(call_model(measure.model, inputs)).float()
-            finally:
-                measure.open_all()
-            cut = logits_of(call_model(pruned, inputs)).float()
+        for clean in measure.clean(measure.sweep(gates, closed)):
+            gated = clean.logits.float()
+            cut = logits_of(call_model(pruned, clean.inputs)).float()
             worst = max(worst, float((cut - gated).abs().max()) if cut.numel() else 0.0)
             scale = max(scale, output_scale(gated))
     tol = tolerance(scale, depth=depth, width=width)
     return {"max_abs_diff": worst, "output_scale": scale, "tolerance": tol, "passed": worst <= tol}
 
 
-def evaluate(model: nn.Module, batches: Sequence[tuple[Any, Any]], task: str) -> dict[str, Any]:
-    """Accuracy and mean loss per scored unit, plain forwards; `per_example` accuracy [N] for pairing."""
+def accuracy_and_loss(model: nn.Module, batches: Sequence[tuple[Any, Any]], task: str) -> dict[str, Any]:
+    """Accuracy and mean loss per scored unit of a model on held-out data, plain forwards (no gates);
+    `per_example` accuracy [N] for pairing."""
     loss = correct = units = 0.0
     per = []
     with torch.no_grad():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from diagnose.ablation import SCHEMA, ablate_heads
-from diagnose.ablation.gate import ablation_scale, gated
+from diagnose.ablation.gate import close_heads, gated
 from diagnose.ablation.result import ATTENTION_STATS
 from diagnose.errors import ConfigError
 from diagnose.objectives import default_task, targets_for
@@ -45,14 +45,22 @@ def test_open_gates_leave_output_bit_identical(model, data):
         with gated(sites) as gates:
             for g, site in zip(gates, sites):
                 g.scale = torch.ones(N, site.n_heads)
-                g.fill = torch.randn(site.n_heads, site.head_dim)  # a fill is never used where the gate is 1
+                fill = torch.randn(site.n_heads, site.head_dim)  # a fill is never used where the gate is 1
+                g.fill = lambda head_out, rows, draw, fill=fill: fill
             same = model(**data)
     assert torch.equal(plain, same)
 
 
-def test_ablation_scale_is_replica_major():
-    s = ablation_scale(2, 3, [None, 1, 2])  # [K * B, H]
+def test_close_heads_is_replica_major():
+    s = close_heads([3], [], 2, [None, (0, 1), (0, 2)])[0]  # [K * B, H]
     assert s.tolist() == [[1, 1, 1], [1, 1, 1], [1, 0, 1], [1, 0, 1], [1, 1, 0], [1, 1, 0]]
+
+
+def test_close_heads_shuts_the_base_in_every_replica_and_leaves_other_sites_open():
+    first, second, third = close_heads([3, 2, 2], [(1, 0)], 1, [None, (0, 2), (1, 1)])  # [K * B, H] each
+    assert first.tolist() == [[1, 1, 1], [1, 1, 0], [1, 1, 1]]
+    assert second.tolist() == [[0, 1], [0, 1], [0, 0]]
+    assert third is None  # nothing shut there: its gate is left untouched
 
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
@@ -61,8 +69,8 @@ def test_nothing_left_after_an_interrupted_sweep(model, data, error, fast):
     model.train()  # the sweep switches to eval; the caller's mode must come back
     before = snapshot(model)
 
-    def stop(done, total):
-        if done == 2:
+    def stop(event):
+        if event.done == 2:
             raise error("stop")
 
     with pytest.raises(error):
@@ -262,10 +270,10 @@ def test_bad_settings_and_default_task(model, data):
 
 
 def test_fast_recomputes_clean_passes_when_they_do_not_fit(model, data, monkeypatch):
-    from diagnose.ablation import engine
+    from diagnose.ablation import steps
 
     kept = ablate_heads(model, data, task="lm", batch_size=3, progress=False, attention=False, fast=True, top=3)
-    monkeypatch.setattr(engine, "KEEP_BYTES", 0)
+    monkeypatch.setattr(steps, "KEEP_BYTES", 0)
     redone = ablate_heads(model, data, task="lm", batch_size=3, progress=False, attention=False, fast=True, top=3)
     assert redone.timing["forward_passes"] > kept.timing["forward_passes"]
     for a, b in zip(kept.heads, redone.heads):

@@ -1,0 +1,91 @@
+"""AblationConfig: every setting of `ablate_heads`, in one frozen dataclass, checked once when built.
+
+The one place that lists the options: `ablate_heads(model, data, **keywords)` maps its keywords onto
+these fields, `ablate_heads(model, data, config=AblationConfig(...))` passes one whole, and the CLI
+builds one from its flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Sequence
+
+from ..errors import ConfigError, UsageError
+from ..objectives import TASKS
+from . import significance
+from .methods import get_method
+
+DEFAULT_TOP = 5
+FAST_RANK = "second_order_delta_loss"  # the cheap estimate closest to exact ablation (bench/bench_estimators.py)
+RANKINGS = ("second_order_delta_loss", "estimated_delta_loss", "grad_importance_raw")
+MIN_EFFECT = 0.05  # negligible: |delta loss| under 5 % of the baseline loss (contrast.default_band)
+
+
+@dataclass(frozen=True)
+class AblationConfig:
+    """How `ablate_heads` sweeps and tests (ConfigError at construction for a bad value).
+
+    task: "classification" or "lm". method: a registered ablation method (methods.py: "zero", "mean").
+    batch_size: examples per batch when `data` is not already batched (default 32).
+    fast: rank every head by the `rank_by` estimate and ablate only the `top` first exactly (default 5).
+    alpha, n_boot, seed: the tests' level, the bootstrap's resamples and its seed.
+    attention: also summarise each head's attention, keeping `keep` examples' maps for the report.
+    reuse: replay the unchanged blocks below each ablated layer (off only to measure its worth).
+    correction: "holm" or "bh" across the heads tested. min_effect: the negligible band for
+    `striking_but_inert`, as a fraction of the baseline loss.
+    together: groups of (layer, head) to also close at once (`result.together`); closed first, so a
+    head that does not exist fails before the sweep.
+    distributed: None shards the batches over the ranks of an initialised torch.distributed group
+    (torchrun), True requires one, False runs alone.
+    max_memory: a cap on one step's estimated memory (bytes, or a size such as "2GB"); the sweep's
+    micro-batch and heads per forward are chosen to fit it and the free memory (plan.py).
+    """
+
+    task: str = "classification"
+    method: str = "zero"
+    batch_size: int | None = None
+    fast: bool = False
+    top: int | None = None
+    alpha: float = 0.05
+    n_boot: int = 2000
+    seed: int = 0
+    attention: bool = True
+    keep: int = 3
+    reuse: bool = True
+    correction: str = "holm"
+    min_effect: float = MIN_EFFECT
+    rank_by: str = FAST_RANK
+    together: Sequence[Sequence[tuple[int, int]]] = ()
+    distributed: bool | None = None
+    max_memory: int | str | None = None
+
+    def __post_init__(self) -> None:
+        checks = (("task", self.task, TASKS), ("method", self.method, None),
+                  ("correction", self.correction, significance.CORRECTIONS), ("rank_by", self.rank_by, RANKINGS))
+        for name, value, allowed in checks:
+            if allowed is None:
+                get_method(value)  # the registry names its own choices
+            elif value not in allowed:
+                raise ConfigError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+        if not (self.min_effect >= 0):
+            raise ConfigError(f"min_effect must be 0 or more (a fraction of the baseline loss), got {self.min_effect}")
+        if self.top is not None and int(self.top) < 0:
+            raise ConfigError(f"top must be 0 or more, got {self.top}")
+        object.__setattr__(self, "together", tuple(tuple(group) for group in self.together))
+
+    @classmethod
+    def of(cls, config: "AblationConfig | None", keywords: dict[str, Any]) -> "AblationConfig":
+        """`config` (default: the defaults) with `keywords` laid over it; UsageError for a keyword that is
+        no option, as Python raises for an unknown argument."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(keywords) - names)
+        if unknown:
+            raise UsageError(f"ablate_heads() got an unexpected keyword argument {unknown[0]!r}; the options are "
+                             f"{', '.join(sorted(names))}")
+        if config is not None and not isinstance(config, cls):
+            raise UsageError(f"config must be an AblationConfig, got a {type(config).__name__}")
+        return replace(config, **keywords) if config is not None else cls(**keywords)
+
+    def n_top(self, n_total: int) -> int:
+        """How many heads are ablated exactly: all, or with fast the `top` (default DEFAULT_TOP)."""
+        return n_total if not self.fast else min(n_total, DEFAULT_TOP if self.top is None else int(self.top))

@@ -1,0 +1,213 @@
+"""Ablation methods: what a closed head's output becomes. One registry, read by the sweep, `ablate_together`,
+prune and the CLI's `--method` choices.
+
+A method is one `AblationMethod` entry:
+- `prepare(data_pass) -> state`: the pass over the data it needs before the sweep (None: none). "mean"
+  averages every head's output over the data's real tokens; "zero" needs nothing.
+- `fill(state, site, head_out, rows, draw) -> tensor or None`: what the closed heads' outputs become for
+  each row of the batch the gate sees (None: 0); `rows` are the rows' indices in the data set (through
+  micro-batches, replicas and rank shards), `draw` which of the method's `draws` this forward is. The
+  gate blends it in as
+  `scale * head_out + (1 - scale) * fill`, so the same fill serves exact ablation (scale 0), the
+  --fast gradients (d loss / d scale = head_out - fill) and prune's closed heads.
+- `draws`: forwards per closed head whose per-example outcomes are averaged (a random fill; 1 otherwise).
+- `foldable`: the fill is one constant [H, D] per site (the state itself, or None for 0), so a closed head
+  can be folded into the output projection's bias; prune cuts only with such methods.
+
+Adding a method is one `register_method(AblationMethod(...))` plus its test; the CLI, the JSON's `method`
+and prune pick it up from here. Torch is imported inside the entries' functions only: the CLI reads the
+names without it (`diagnose --help` stays instant).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from .sweep import Sweep
+
+
+@dataclass(frozen=True)
+class DataPass:
+    """What a method's `prepare` gets: the sweep (model, sites, gates, forward counter), this rank's
+    batches, `reduce(tensors, numbers)` that adds up the other ranks' shares (None when alone; a sum of
+    zero-filled buffers each rank writes its own rows into is a gather), a `tick()` per batch for
+    progress (or None), and `first`, the data set's index of the first example of `batches`."""
+
+    sweep: "Sweep"
+    batches: Sequence[tuple[Any, Any]]
+    reduce: Callable[[list, list], tuple[list, list]] | None = None
+    tick: Callable[[], None] | None = None
+    first: int = 0
+
+
+# fill(state, site index, head_out [B, T, H, D], rows [B] the data set's index of each row, draw) -> a tensor
+# broadcastable to [B, T, H, D], or None for 0
+Fill = Callable[[Any, int, "torch.Tensor", "torch.Tensor | None", int], "torch.Tensor | None"]
+
+
+@dataclass(frozen=True)
+class AblationMethod:
+    """One way of closing a head (see the module docstring)."""
+
+    name: str
+    help: str  # one line for `--help`
+    fill: Fill
+    prepare: Callable[[DataPass], Any] | None = None
+    foldable: bool = False
+    draws: int = 1
+
+    def __post_init__(self) -> None:
+        if int(self.draws) < 1 or (self.foldable and self.draws != 1):
+            raise ConfigError(f"method {self.name!r}: draws must be at least 1, and 1 for a foldable (constant) fill")
+
+
+_REGISTRY: dict[str, AblationMethod] = {}
+
+
+def register_method(method: AblationMethod, *, replace: bool = False) -> AblationMethod:
+    """Add `method` to the registry (replace=True overwrites an entry of the same name)."""
+    if not replace and method.name in _REGISTRY:
+        raise ConfigError(f"an ablation method named {method.name!r} is already registered")
+    _REGISTRY[method.name] = method
+    return method
+
+
+def unregister_method(name: str) -> None:
+    """Remove a registered method (a test's toy entry, say)."""
+    _REGISTRY.pop(name, None)
+
+
+def get_method(name: str) -> AblationMethod:
+    """The entry called `name`; ConfigError naming the choices when there is none."""
+    if name not in _REGISTRY:
+        raise ConfigError(f"method {name!r} is not one of {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+class _Names(Sequence[str]):
+    """The registered method names, read live (a method registered later shows up)."""
+
+    def __init__(self, keep: Callable[[AblationMethod], bool] = lambda m: True):
+        self._keep = keep
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(name for name, m in _REGISTRY.items() if self._keep(m))
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __eq__(self, other: object) -> bool:
+        return tuple(self) == tuple(other) if isinstance(other, Sequence) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+METHODS: Sequence[str] = _Names()  # every method, in registration order
+FOLDABLE: Sequence[str] = _Names(lambda m: m.foldable)  # the methods prune can cut with
+
+
+def prepare(method: AblationMethod, data_pass: DataPass) -> Any:
+    """Run `method`'s data pass (if any) and set its fill on every gate of the sweep; returns the state
+    (for a foldable method: one [H, D] per site, or None for 0)."""
+    state = method.prepare(data_pass) if method.prepare is not None else None
+    install(method, state, data_pass.sweep.gates)
+    data_pass.sweep.draws = method.draws
+    return state
+
+
+def install(method: AblationMethod, state: Any, gates: Sequence[Any]) -> None:
+    """Set `method`'s fill, with a state `prepare` returned, on each gate (gates in site order)."""
+    for s, gate in enumerate(gates):
+        gate.fill = _bound(method.fill, state, s)
+
+
+def _bound(fill: Fill, state: Any, site: int) -> Callable[["torch.Tensor", "torch.Tensor | None", int], Any]:
+    def bound(head_out, rows, draw):
+        return fill(state, site, head_out, rows, draw)
+    return bound
+
+
+# ---- the entries ---------------------------------------------------------------------------------
+
+
+def _zero_fill(state: Any, site: int, head_out, rows, draw):
+    return None
+
+
+def _mean_fill(state: Any, site: int, head_out, rows, draw):
+    return state[site]  # [H, D]
+
+
+def _mean_outputs(data_pass: DataPass) -> list:
+    """Each head's output averaged over the data set's real tokens, examples and positions pooled.
+
+    One [H, D] per site: a per-position mean would leak position information the head did not carry.
+    """
+    import torch
+
+    from ..objectives import batch_size_of, call_model
+    from .batches import padding_mask
+
+    sweep = data_pass.sweep
+    sums: list[torch.Tensor | None] = [None] * len(sweep.sites)
+    counts = [0.0] * len(sweep.sites)
+    mask_now: list[torch.Tensor | None] = [None]
+
+    def observer(s: int):
+        def observe(head_out: torch.Tensor) -> None:  # [B, T, H, D]
+            x = head_out.detach().float()
+            mask = mask_now[0]
+            if mask is not None and tuple(mask.shape) == tuple(x.shape[:2]):
+                w = mask.to(x.dtype)[:, :, None, None]  # [B, T, 1, 1]
+                total, n = (x * w).sum((0, 1)), float(w.sum())
+            else:
+                total, n = x.sum((0, 1)), float(x.shape[0] * x.shape[1])
+            sums[s] = total if sums[s] is None else sums[s] + total  # [H, D]
+            counts[s] += n
+        return observe
+
+    try:
+        for s, gate in enumerate(sweep.gates):
+            gate.observer = observer(s)
+        with torch.no_grad():
+            for inputs, _ in data_pass.batches:
+                mask_now[0] = padding_mask(inputs)
+                call_model(sweep.model, inputs)
+                sweep.count_forward(batch_size_of(inputs))
+                if data_pass.tick:
+                    data_pass.tick()
+    finally:
+        for gate in sweep.gates:
+            gate.observer = None
+    if data_pass.reduce is not None:
+        sums, counts = data_pass.reduce(sums, counts)
+    for s, total in enumerate(sums):
+        if total is None:
+            sweep.silent(s)
+    return [total / max(n, 1.0) for total, n in zip(sums, counts)]
+
+
+register_method(AblationMethod("zero", "head output set to 0", _zero_fill, foldable=True))
+register_method(AblationMethod("mean", "replaced by its mean over the data", _mean_fill, prepare=_mean_outputs,
+                               foldable=True))
+
+
+def method_help(names: Sequence[str]) -> str:
+    """'zero: head output set to 0; mean: ...' for `--help`."""
+    return "; ".join(f"{name}: {_REGISTRY[name].help}" for name in names) + "."
