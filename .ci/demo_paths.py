@@ -18,6 +18,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from diagnose._head_label import head_label
+
 
 def run(out: Path, path: str) -> Path:
     folder = out / path
@@ -43,9 +45,9 @@ def verdicts(folder: Path) -> dict:
     for model in ("induction", "order", "padding"):
         heads = json.loads((folder / model / "heads.json").read_text())
         out[f"heads {model}"] = {
-            "verdicts": [f"L{h['layer']}H{h['head']}:{'S' if h['significant'] else '-'}{'N' if h['negligible'] else '-'}"
+            "verdicts": [f"{head_label(h['layer'], h['head'])}:{'S' if h['significant'] else '-'}{'N' if h['negligible'] else '-'}"
                          for h in heads["heads"]],
-            "flags": sorted(f"{f['kind']} L{f.get('layer')}H{f.get('head')}" for f in heads["flags"])}
+            "flags": sorted(f"{f['kind']} {head_label(f.get('layer'), f.get('head'))}" for f in heads["flags"])}
         checks = json.loads((folder / model / "checks.json").read_text())
         out[f"checks {model}"] = {"findings": sorted(f"{f['check']}:{f['severity']}: {f['title']}" for f in checks["findings"]),
                                   "passed": sorted(checks["passed"]), "skipped": sorted(str(s.get("check")) for s in checks["skipped"])}

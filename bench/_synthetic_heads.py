@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from diagnose._attention_names import ATTENTION_STATS
+from diagnose.statistics import ATTENTION_STATS
 from diagnose.ablation import contrast, roles, significance
 from diagnose.ablation.result import HeadEffect, HeadsResult
 

@@ -18,6 +18,7 @@ from diagnose.ablation.methods import METHODS  # noqa: E402  (the registry's liv
 # literal so that --help needs no torch; a test checks them against the library's own lists
 TASKS = ("classification", "lm")
 RANKINGS = ("second_order_delta_loss", "estimated_delta_loss", "grad_importance_raw")
+UNVERIFIED = "not verified"  # a --fast head's effect cell
 
 
 @click.command()
@@ -129,9 +130,9 @@ def _load(model: str, factory: str | None, trust_pickle: bool, attn_implementati
 
 def _print(result, json_path: str | None) -> None:
     from rich.console import Console
-    from rich.table import Table
     from rich.text import Text
 
+    from diagnose._head_label import heads_label
     from diagnose._terminal import plain, text
 
     out = Console(highlight=False, width=max(Console().width, 120))
@@ -144,20 +145,7 @@ def _print(result, json_path: str | None) -> None:
     if shared_note(result.model):
         out.print(text(f"shared layers: {shared_note(result.model)}"))
     corr = result.significance["correction"].upper() if result.significance["correction"] == "bh" else "Holm"
-    table = Table("rank", "head", "role", "Δacc [95 % CI]", f"p acc ({corr})", "Δloss", f"p loss ({corr})", "KL",
-                  "entropy", "max w", "first")
-    for rank, h in enumerate(result.ranked(), 1):
-        a = h.attention
-        if h.verified:
-            lo, hi = h.delta_accuracy_ci
-            effect = [f"{h.delta_accuracy:+.2%} [{lo:+.2%}, {hi:+.2%}]", f"{h.p_value_adjusted:.2g}",
-                      f"{h.delta_loss:+.4f}", _p(h), f"{h.kl:.4f}"]
-        else:
-            effect = ["not verified", "", "", "", ""]
-        cells = [str(rank), f"L{h.layer}.H{h.head}", (h.role or "").replace("_", " "), *effect,
-                 _f(a.get("entropy")), _f(a.get("max_weight")), _f(a.get("first_token"))]
-        table.add_row(*(Text(c) for c in cells))
-    out.print(table)
+    out.print(_table(result, corr))
     sig = result.significance
     out.print(Text(f"{sig['n_significant']} of {sig['n_tested']} heads tested change the loss significantly "
                    f"({sig.get('n_significant_accuracy', 0)} the accuracy) after {corr} correction (alpha "
@@ -167,19 +155,45 @@ def _print(result, json_path: str | None) -> None:
         out.print(Text(f"--fast: ranked {len(result.heads)} heads by {result.fast['ranked_by']}, verified the top "
                        f"{result.fast['top']}" + ("" if rho is None else f" (Spearman to exact {rho:+.2f})")))
     for f in result.flags:
-        names = " + ".join(f"L{layer}.H{head}" for layer, head in f.get("heads") or [(f["layer"], f["head"])])
+        names = heads_label(f.get("heads") or [(f["layer"], f["head"])])
         out.print(Text.assemble(f"{f.get('rank', '-')}. ", (plain(f["kind"]), "bold"),
                                 plain(f" {names}: {f['reason']}")))
     if not result.flags:
         out.print(Text("No head's heatmap contradicts its ablation effect."))
     for g in result.together:
-        names = " + ".join(f"L{layer}.H{head}" for layer, head in g["heads"])
+        names = heads_label(g["heads"])
         out.print(Text(f"Closed together {names}: accuracy {g['accuracy']:.2%} ({g['delta_accuracy']:+.2%}), "
                        f"loss {g['loss']:.4f} ({g['delta_loss']:+.4f})"))
     t = result.timing
     where = f"; JSON: {json_path}" if json_path else ""
     chosen = f", micro-batch {t['micro_batch']}, {t['replication']} head(s) per forward" if "micro_batch" in t else ""
     out.print(text(f"{t['seconds']:.1f} s, {t['forward_passes']} forward passes{chosen}{where}"))
+
+
+def _table(result, corr: str):
+    """Every head ranked by its effect, beside the attention statistics the registry shows in the CLI."""
+    from rich.table import Column, Table
+    from rich.text import Text
+
+    from diagnose._head_label import head_label
+    from diagnose.statistics import shown
+
+    stats = shown("cli")  # the attention statistics' columns, from the registry
+    # each as narrow as its longest header word (a header wraps), so the effect columns keep their room
+    narrow = [Column(s.column, max_width=max(6, *map(len, s.column.split()))) for s in stats]
+    delta_acc = Column("Δacc [95 % CI]", min_width=len(UNVERIFIED))  # "not verified" on one line
+    table = Table("rank", "head", "role", delta_acc, f"p acc ({corr})", "Δloss", f"p loss ({corr})", "KL", *narrow)
+    for rank, h in enumerate(result.ranked(), 1):
+        if h.verified:
+            lo, hi = h.delta_accuracy_ci
+            effect = [f"{h.delta_accuracy:+.2%} [{lo:+.2%}, {hi:+.2%}]", f"{h.p_value_adjusted:.2g}",
+                      f"{h.delta_loss:+.4f}", _p(h), f"{h.kl:.4f}"]
+        else:
+            effect = [UNVERIFIED, "", "", "", ""]
+        cells = [str(rank), head_label(h.layer, h.head), (h.role or "").replace("_", " "), *effect,
+                 *(_f(h.attention.get(s.name), s.fmt) for s in stats)]
+        table.add_row(*(Text(c) for c in cells))
+    return table
 
 
 def parse_heads(text: str) -> list[tuple[int, int]]:
@@ -205,5 +219,5 @@ def _p(h) -> str:
     return ("" if p is None else f"{p:.2g}") + (" *" if h.significant else "")
 
 
-def _f(v) -> str:
-    return "" if v is None else f"{v:.2f}"
+def _f(v, fmt: str) -> str:
+    return "" if v is None else format(v, fmt)

@@ -62,10 +62,11 @@ def prune(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     net, ds, held, task = _load(model, factory, trust_pickle, attn_implementation, data, eval_path, max_length,
                                 task, out_dir, inputs)
     _check_budget(task, max_drop, max_loss)
+    from diagnose._head_label import head_label
     from diagnose.prune import prune_heads
 
     def step(s, choice) -> None:
-        click.echo(f"removed L{s.layer}.H{s.head} ({s.n_removed} of {sum(choice.n_heads)}): accuracy "
+        click.echo(f"removed {head_label(s.layer, s.head)} ({s.n_removed} of {sum(choice.n_heads)}): accuracy "
                    f"{s.accuracy:.2%}, loss {s.loss:.4f}", err=True)
 
     result = prune_heads(net, ds, max_drop=max_drop, max_loss=max_loss, task=task, method=method, eval_data=held,

@@ -1,12 +1,11 @@
 """Per-head attention statistics, accumulated batch by batch without keeping the maps.
 
-For each head, averaged over real (non-padding) query rows of every example seen:
-entropy (nats), max_weight, first_token (mass on key 0), self (mass on the query's own
-position), prev_token (mass on the position before; rows with one), padding (mass on padded
-keys), mean_distance (E|q - k| in positions), next_token (mass on the position after; rows
-with one), last_token (mass on the example's last real key: [SEP] in BERT-style inputs) and
-local (mass within LOCAL positions of the query, itself excluded). Full maps are kept for the first `keep`
-examples only, so memory does not grow with the data set.
+Which statistics, how each is computed and over which query rows it is averaged is the registry's
+(statistics.py): entropy (nats), max_weight, mass on the first token, on itself, on the previous
+and next positions (over the rows that have one), on padding, on the example's last real key
+([SEP] in BERT-style inputs) and within LOCAL positions, and the mean distance. HeadStats keeps
+each one's running sum and each denominator's count by name, so shards merge by adding them.
+Full maps are kept for the first `keep` examples only, so memory does not grow with the data set.
 """
 
 from __future__ import annotations
@@ -14,18 +13,18 @@ from __future__ import annotations
 import math
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 import torch.nn as nn
 
-from ._attention_names import ATTENTION_STATS
 from .adapters._probs import LazyProbs, Probs, float32_only, query_chunks
 from .adapters.base import AttentionSite
 from .objectives import batch_size_of, call_model
+from .stat_context import BatchContext, Chunk
+from .statistics import ATTENTION_STATS, DENOMINATORS, LOCAL, STATISTICS, entropy as _entropy
 
-STATS = ATTENTION_STATS  # the one list (_attention_names.py), in the order of the rows of HeadStats.sums
-LOCAL = 2  # "local": keys at most this many positions away (not the query itself)
+STATS = ATTENTION_STATS  # the registry's names (statistics.py), in the order they are written
 SCHEMA = "diagnose.attention/1"
 _CHUNK = 1 << 22  # elements of probability per reduction step (a chunk of query rows): bounds the temporaries
 _MAP_BUDGET = 1 << 24  # attention elements per map and forward in attention_summary (64 MB float32)
@@ -38,14 +37,6 @@ def _masks(probs: Probs, key_mask: torch.Tensor | None):
     off = Tk - Tq  # queries are the last Tq positions (a cache may hold earlier keys)
     keys = torch.ones(B, Tk, device=probs.device) if key_mask is None else key_mask.to(probs.device, torch.float32)
     return keys, keys[:, off:], off
-
-
-def _entropy(p: torch.Tensor) -> torch.Tensor:
-    """-sum p log p over the last dim (p = 0 adds 0).  # [..., K] -> [...]
-
-    Two to three times faster than special.entr(p).sum(-1) on CPU, which is not vectorised
-    (einsum was faster still on a few long rows but twice as slow on many short ones)."""
-    return -p.clamp_min(1e-30).log_().mul_(p).sum(-1)
 
 
 @torch.no_grad()
@@ -85,77 +76,95 @@ def uniform_entropy(probs: Probs, key_mask: torch.Tensor | None = None) -> torch
 
 
 class HeadStats:
-    """Running per-head sums of every statistic in STATS, fed one batch of maps at a time.
+    """Running per-head sums of every registered statistic, fed one batch of maps at a time.
 
-    Each map is read by chunks of query rows against all keys (query_chunks), so memory is
-    O(chunk x Tk) whatever the sequence length; the sums are float64 (float32 on MPS).
+    `sums[name]` [H] is a statistic's sum over the rows its denominator counts, `counts[denominator]`
+    [] the number of those rows (real query rows; with a previous position; ...), both float64
+    (float32 on MPS). Each map is read by chunks of query rows against all keys (query_chunks),
+    so memory is O(chunk x Tk) whatever the sequence length. The statistics are those registered
+    when the HeadStats is made.
     """
 
     def __init__(self, n_heads: int):
         self.n_heads = n_heads
-        self.sums: torch.Tensor | None = None  # [len(STATS), H]
-        self.rows: torch.Tensor | None = None  # [3]: real query rows, ... with a previous, ... with a next position
+        self.denominators = {name: s.denominator for name, s in STATISTICS.items()}  # names only: pickles
+        self.sums: dict[str, torch.Tensor] = {}  # statistic -> [H]; empty until the first batch
+        self.counts: dict[str, torch.Tensor] = {}  # denominator -> []
 
     @torch.no_grad()
-    def update(self, probs: Probs, key_mask: torch.Tensor | None = None) -> None:
-        """Add a batch: probs [B, H, Tq, Tk] (Tensor or LazyProbs), key_mask [B, Tk] (1 real, 0 padding) or None."""
+    def update(self, probs: Probs, key_mask: torch.Tensor | None = None, *,
+               batch: BatchContext | None = None) -> None:
+        """Add a batch: probs [B, H, Tq, Tk] (Tensor or LazyProbs); key_mask [B, Tk] (1 real, 0 padding)
+        or None, or the whole `batch` context (mask and token ids) for statistics that need token ids."""
         B, H, Tq, Tk = probs.shape
         assert H == self.n_heads, f"expected {self.n_heads} heads, got probs {tuple(probs.shape)}"
+        assert key_mask is None or batch is None, "pass the key mask inside the batch context, not both"
+        batch = (batch or BatchContext(key_mask)).fit(Tk)
         with float32_only(probs.device):
-            self._update(probs, key_mask)
+            self._update(probs, batch)
 
-    def _update(self, probs: Probs, key_mask: torch.Tensor | None) -> None:
+    def _update(self, probs: Probs, batch: BatchContext) -> None:
         B, H, Tq, Tk = probs.shape
-        keys, queries, off = _masks(probs, key_mask)
+        keys, queries, off = _masks(probs, batch.key_mask)
         dev = probs.device
         acc_dtype = torch.float32 if dev.type == "mps" else torch.float64
-        if self.sums is None:
-            self.sums = torch.zeros(len(STATS), H, dtype=acc_dtype, device=dev)
-            self.rows = torch.zeros(3, dtype=acc_dtype, device=dev)
+        if not self.sums:
+            self.sums = {k: torch.zeros(H, dtype=acc_dtype, device=dev) for k in self.denominators}
+            used = dict.fromkeys(self.denominators.values())  # each denominator once, in registry order
+            self.counts = {d: torch.zeros((), dtype=acc_dtype, device=dev) for d in used}
         k_pos = torch.arange(Tk, device=dev)
         last = (keys * (k_pos + 1)).argmax(-1).view(B, 1, 1, 1)  # [B, 1, 1, 1] last real key
-        pad = (1.0 - keys)[:, None, :, None]  # [B, 1, Tk, 1]
-        for s, p in query_chunks(probs, _CHUNK):  # p [B, H, c, K] float32; keys from K on weigh 0 here
-            c, K = p.shape[-2:]
-            q_pos = torch.arange(s, s + c, device=dev) + off  # [c] positions of these queries among the keys
+        for s, p in query_chunks(probs, _CHUNK):  # p [B, H, c, K] float32
+            chunk = Chunk(p, s, Tk, keys, last, off, batch)
+            qw = queries[:, None, s:s + chunk.c]  # [B, 1, c] real query rows
+            weights = {}  # denominator -> [B, 1, c]
+            for d in self.counts:
+                row = DENOMINATORS[d](chunk)
+                weights[d] = qw if row is None else qw * row
+                self.counts[d] += weights[d].sum().to(acc_dtype)
+            for name, d in self.denominators.items():
+                self.sums[name] += (self._values(name, chunk) * weights[d]).sum((0, 2)).to(acc_dtype)  # [H]
 
-            def at(k: torch.Tensor) -> torch.Tensor:
-                """Weight on key k ([c] or [B, 1, 1, 1]; 0 where k is outside 0..K-1) -> [B, H, c]."""
-                idx = k.clamp(0, K - 1).view(-1, 1, c if k.dim() == 1 else 1, 1).expand(B, H, c, 1)
-                return p.gather(-1, idx)[..., 0] * ((k >= 0) & (k < K)).view(-1, 1, c if k.dim() == 1 else 1)
-
-            has_prev = ((q_pos >= 1) & (q_pos - 1 < Tk)).float()  # [c]
-            has_next = (q_pos + 1 < Tk).float()  # [c]
-            dist = (q_pos[:, None] - k_pos[None, :K]).abs().float()  # [c, K]
-            per_row = {  # each [B, H, c]
-                "entropy": _entropy(p),
-                "max_weight": p.amax(-1),
-                "first_token": p[..., 0],
-                "self": at(q_pos) if off >= 0 else p.new_zeros(p.shape[:3]),
-                "prev_token": at(q_pos - 1),
-                "padding": (p @ pad[:, :, :K])[..., 0] if key_mask is not None else p.new_zeros(p.shape[:3]),
-                "mean_distance": (p * dist).sum(-1),
-                "next_token": at(q_pos + 1),
-                "last_token": at(last),
-                "local": sum(at(q_pos + d) + at(q_pos - d) for d in range(1, LOCAL + 1)),
-            }
-            qw = queries[:, None, s:s + c]  # [B, 1, c]
-            with_prev, with_next = qw * has_prev, qw * has_next  # [B, 1, c]
-            rows = {"prev_token": with_prev, "next_token": with_next}
-            sums = [(per_row[k] * rows.get(k, qw)).sum((0, 2)) for k in STATS]  # [H] each
-            self.sums += torch.stack(sums).to(acc_dtype)
-            self.rows += torch.stack([qw.sum(), with_prev.sum(), with_next.sum()]).to(acc_dtype)
+    @staticmethod
+    def _values(name: str, chunk: Chunk) -> torch.Tensor:
+        """One statistic on each row of the chunk  # [B, H, c]; NaN when it needs token ids the batch lacks."""
+        stat = STATISTICS[name]
+        if stat.needs_tokens and chunk.batch.input_ids is None:
+            return chunk.p.new_full(chunk.p.shape[:3], math.nan)
+        return stat.compute(chunk)
 
     def result(self) -> dict[str, list[float]]:
         """Mean per head of each statistic (one host sync)."""
-        if self.sums is None:
-            return {k: [math.nan] * self.n_heads for k in STATS}
-        rows = self.rows.clamp_min(1.0)
-        means = self.sums / rows[0]
-        means[STATS.index("prev_token")] = self.sums[STATS.index("prev_token")] / rows[1]
-        means[STATS.index("next_token")] = self.sums[STATS.index("next_token")] / rows[2]
-        values = means.tolist()
-        return {k: values[i] for i, k in enumerate(STATS)}
+        if not self.sums:
+            return {k: [math.nan] * self.n_heads for k in self.denominators}
+        names = list(self.denominators)
+        means = torch.stack([self.sums[k] / self.counts[self.denominators[k]].clamp_min(1.0) for k in names])
+        values = means.tolist()  # [statistic][head]
+        return {k: values[i] for i, k in enumerate(names)}
+
+    def to(self, device: str | torch.device) -> "HeadStats":
+        """A copy whose sums and counts sit on `device` (the CPU, to send them to other ranks)."""
+        out = HeadStats.__new__(HeadStats)
+        out.n_heads, out.denominators = self.n_heads, dict(self.denominators)
+        out.sums = {k: v.to(device) for k, v in self.sums.items()}
+        out.counts = {k: v.to(device) for k, v in self.counts.items()}
+        return out
+
+    @classmethod
+    def merge(cls, parts: Sequence["HeadStats"]) -> "HeadStats":
+        """Shards' statistics as one: the raw sums and the counts added by name, in the order given
+        (on the CPU, float64), so the means are those of one accumulator fed every shard's batches."""
+        assert parts, "nothing to merge"
+        first = parts[0]
+        assert all(p.n_heads == first.n_heads and p.denominators == first.denominators for p in parts), \
+            "shards computed different statistics or head counts"
+        out = cls.__new__(cls)
+        out.n_heads, out.denominators, out.sums, out.counts = first.n_heads, dict(first.denominators), {}, {}
+        for part in (p.to("cpu") for p in parts if p.sums):
+            for group, into in ((part.sums, out.sums), (part.counts, out.counts)):
+                for k, v in group.items():
+                    into[k] = into[k] + v.double() if k in into else v.double()
+        return out
 
 
 @dataclass
@@ -167,7 +176,7 @@ class AttentionSummary:
     examples: list[torch.Tensor] = field(repr=False)  # per site [keep, H, <=WINDOW, <=WINDOW] float32, on the CPU
     n_examples: int = 0
     window: int | None = None  # kept maps cover only the first `window` queries and keys; None: whole maps
-    rows: list[list[float]] = field(default_factory=list)  # per site: real query rows, with a previous, with a next
+    totals: list[HeadStats] = field(default_factory=list, repr=False)  # per site, on the CPU: to merge shards
 
     def head(self, layer: int, head: int) -> dict[str, float]:
         """The statistics of one head, as in the heads JSON `attention` field."""
@@ -229,12 +238,11 @@ def attention_summary(model: nn.Module, data: Any, *, keep: int = 4, batch_size:
         sites = find_heads(model, attention_module=attention_module, n_heads=n_heads, example=_inputs_of(first))
     accs = [HeadStats(s.n_heads) for s in sites]
     kept: list[list[torch.Tensor]] = [[] for _ in sites]
-    state = {"mask": None, "room": keep, "windowed": False}
+    state = {"batch": BatchContext(), "room": keep, "windowed": False}
 
     def callback(i: int):
         def on_probs(probs: Probs) -> None:  # [B, H, Tq, Tk]
-            mask = state["mask"]
-            accs[i].update(probs, mask if mask is not None and mask.shape[-1] == probs.shape[-1] else None)
+            accs[i].update(probs, batch=state["batch"])  # the batch's mask and ids, when they fit the keys
             if state["room"] > 0:
                 kept[i].append(_window(probs, state["room"], window))
                 state["windowed"] |= max(probs.shape[-2:]) > window
@@ -250,7 +258,7 @@ def attention_summary(model: nn.Module, data: Any, *, keep: int = 4, batch_size:
             if micro_batch is None:
                 micro_batch = _auto_micro_batch(inputs, max(s.n_heads for s in sites))
             for part in split_batch(inputs, micro_batch):
-                state["mask"] = key_mask_of(part)
+                state["batch"] = BatchContext.of(part)
                 call_model(model, part)
                 B = batch_size_of(part)
                 n += B
@@ -274,8 +282,7 @@ def _assemble(sites: list[AttentionSite], accs: list["HeadStats"], kept: list[li
     """The summary from each site's accumulated statistics and kept maps."""
     examples = [torch.cat(k) if k else torch.empty(0) for k in kept]
     info = [{"layer": s.layer, "name": s.name, "n_heads": s.n_heads, "head_dim": s.head_dim} for s in sites]
-    rows = [[0.0, 0.0, 0.0] if a.rows is None else a.rows.tolist() for a in accs]  # weights to merge shards
-    return AttentionSummary(info, [a.result() for a in accs], examples, n, window, rows)
+    return AttentionSummary(info, [a.result() for a in accs], examples, n, window, [a.to("cpu") for a in accs])
 
 
 def _window(probs: Probs, room: int, window: int) -> torch.Tensor:

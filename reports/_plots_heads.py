@@ -3,11 +3,15 @@ what a heatmap shows against what removing the head does."""
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib
 import numpy as np
 import seaborn as sns
 from matplotlib.patches import Patch
 from matplotlib.patches import Rectangle
+
+from diagnose.statistics import STATISTICS, shown
 
 from ._figures import new_figure, style, to_data_uri
 from .view_heads import HeadsView
@@ -18,17 +22,25 @@ from .view_heads import HeadsView
 IMAGE_FROM = 256
 MAX_LABELLED = 12  # flagged heads named on scatter plots and squared on image grids (the table lists all)
 FLAG_COLOR = {"striking_but_inert": "#1565c0", "diffuse_but_vital": "#c62828"}
-LABELS = {
+EFFECTS = {  # the causal grids' titles; the attention statistics' come from the registry (statistics.py)
     "delta_accuracy": "Δ accuracy when removed",
     "delta_loss": "Δ loss when removed",
     "grad_importance": "gradient importance",
-    "max_weight": "attention: max weight",
-    "entropy": "attention: entropy",
-    "first_token": "attention: mass\non first token",
-    "prev_token": "attention: mass\non previous token",
-    "self": "attention: mass\non itself",
-    "mean_distance": "attention: mean distance",
 }
+
+
+def title(key: str) -> str:
+    """A grid's title: an effect's, or "attention: " and a statistic's label, wrapped to fit a panel."""
+    if key in EFFECTS:
+        return EFFECTS[key]
+    label = STATISTICS[key].label if key in STATISTICS else key
+    return textwrap.fill(f"attention: {label}", 22)
+
+
+def drawn(v: HeadsView, place: str) -> list[str]:
+    """The attention statistics the registry shows at `place` ("effect_grid", "grid", "scatter") that
+    hold a finite value somewhere in this document, in registry order."""
+    return [s.name for s in shown(place) if s.name in v.grids and np.isfinite(v.grids[s.name]).any()]
 
 
 def _colours(data: np.ndarray, key: str, diverging: bool) -> dict:
@@ -65,7 +77,7 @@ def _image_grid(ax, v: HeadsView, key: str, diverging: bool) -> None:
         ax.scatter(at[:, 0], at[:, 1], marker="s", s=16, facecolors="none", linewidths=1.0,
                    edgecolors=FLAG_COLOR.get(kind, "#6a1b9a"), zorder=4)
     _ticks(ax, v.n_layers, v.n_heads)
-    ax.set_title(LABELS.get(key, key))
+    ax.set_title(title(key))
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.tick_params(labelsize=7)
@@ -91,7 +103,7 @@ def _grid(ax, v: HeadsView, key: str, diverging: bool) -> None:
     for f in v.flags:
         ax.add_patch(Rectangle((f.head, f.layer), 1, 1, fill=False, lw=1.8,
                                edgecolor=FLAG_COLOR.get(f.kind, "#6a1b9a")))
-    ax.set_title(LABELS.get(key, key))
+    ax.set_title(title(key))
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.tick_params(labelsize=7, rotation=0)
@@ -109,9 +121,10 @@ def _panel(v: HeadsView, cell: float, pad: tuple[float, float], least: tuple[flo
 
 
 def head_grids(v: HeadsView) -> str | None:
-    """Δaccuracy, Δloss, gradient importance and max attention weight, side by side (None: no
+    """Δaccuracy, Δloss, gradient importance and the statistics drawn beside them (max weight), side by side (None: no
     grid holds a finite number, e.g. a heads JSON with only layer/head, or NaN everywhere)."""
-    keys = [("delta_accuracy", True), ("delta_loss", True), ("grad_importance", False), ("max_weight", False)]
+    keys = [("delta_accuracy", True), ("delta_loss", True), ("grad_importance", False),
+            *((k, False) for k in drawn(v, "effect_grid"))]
     keys = [(k, d) for k, d in keys if np.isfinite(v.grids[k]).any()]
     if not keys:
         return None
@@ -161,8 +174,9 @@ def _role_grid(ax, v: HeadsView) -> None:
 
 
 def attention_grids(v: HeadsView) -> str | None:
-    """The other attention statistics and each head's role, so each head's map can be read at a glance."""
-    keys = [k for k in ("entropy", "first_token", "prev_token", "self") if np.isfinite(v.grids[k]).any()]
+    """The attention statistics shown as grids ("grid" in the registry) and each head's role, so each
+    head's map can be read at a glance."""
+    keys = drawn(v, "grid")
     if v.roles is not None:
         keys.append("role")
     if not keys:
@@ -185,7 +199,7 @@ def attention_grids(v: HeadsView) -> str | None:
 def scatter(v: HeadsView) -> str | None:
     """Attention statistic (x) against the causal effect (y), one point per head, with Spearman ρ."""
     effect = "delta_loss" if np.isfinite(v.grids["delta_loss"]).any() else "delta_accuracy"
-    stats = [s for s in ("max_weight", "first_token", "entropy") if np.isfinite(v.grids[s]).any()]
+    stats = drawn(v, "scatter")
     if not stats or not np.isfinite(v.grids[effect]).any():
         return None
     corr = {(c.statistic, c.effect): c for c in v.correlations}
@@ -211,10 +225,10 @@ def scatter(v: HeadsView) -> str | None:
                             xytext=(4, 4), textcoords="offset points")
             c = corr.get((stat, effect))
             rho = f"Spearman ρ = {c.rho:.2f} (p = {c.p_value:.2g})" if c else "ρ n/a"
-            name = LABELS[stat].split(": ")[-1].replace("\n", " ")
-            ax.set_title(f"{name} vs {LABELS[effect]}\n{rho}")
+            name = STATISTICS[stat].label
+            ax.set_title(f"{name} vs {EFFECTS[effect]}\n{rho}")
             ax.set_xlabel(name)
-            ax.set_ylabel(LABELS[effect])
+            ax.set_ylabel(EFFECTS[effect])
             ax.axhline(0, color="#bdbdbd", lw=0.8, zorder=0)
         axes[0].legend(fontsize=7, loc="best")
         return to_data_uri(fig)

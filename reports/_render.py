@@ -21,6 +21,7 @@ import jinja2
 import markupsafe
 
 from diagnose import _json
+from diagnose._head_label import head_label
 from diagnose._terminal import plain
 from diagnose._write import atomic_write
 
@@ -68,6 +69,7 @@ def _env() -> jinja2.Environment:
     env.filters["num"] = _num
     env.filters["bdi"] = _bdi
     env.filters["plain"] = _plain
+    env.filters["head_label"] = head_label  # {{ layer|head_label(head) }}: "L0.H1", as everywhere
     return env
 
 

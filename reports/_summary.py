@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from diagnose._head_label import head_label
+
 from .view_heads import HeadsView
 from ._view_training import LossSummary, TrainingView
 
@@ -43,7 +45,7 @@ def _head_effect(h: dict[str, Any]) -> str:
         parts.append(f"Δloss {_signed(h.get('delta_loss'))}")
     if h.get("p_value") is not None:
         parts.append(f"p = {_f(h.get('p_value'), '.2g')}")
-    return f"L{h['layer']}H{h['head']} ({', '.join(parts)})"
+    return f"{head_label(h['layer'], h['head'])} ({', '.join(parts)})"
 
 
 def heads_verdict(v: HeadsView) -> Verdict:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from diagnose._head_label import head_label
+
 from . import _plots_heads as plots_heads, _plots_training as plots_training
 from ._sources import Sources
 from ._summary import Verdict, checks_verdict, format_cell, heads_verdict, lessons_verdict, training_verdict
@@ -122,9 +124,11 @@ def _tables(v: HeadsView) -> tuple[list, list]:
 
 
 def _heads_blob(v: HeadsView) -> dict[str, Any]:
-    flagged = [{"layer": f.layer, "head": f.head, "kind": f.kind, "reason": f.reason} for f in v.flags]
+    flagged = [{"layer": f.layer, "head": f.head, "label": head_label(f.layer, f.head), "kind": f.kind,
+                "reason": f.reason} for f in v.flags]
     seen = {(f.layer, f.head) for f in v.flags}
-    top = [{"layer": h["layer"], "head": h["head"]} for h in v.ranked if (h["layer"], h["head"]) not in seen]
+    top = [{"layer": h["layer"], "head": h["head"], "label": head_label(h["layer"], h["head"])}
+           for h in v.ranked if (h["layer"], h["head"]) not in seen]
     return {"name": v.name, "n_layers": v.n_layers, "n_heads": v.n_heads, "flagged": flagged,
             "top": top[:8], "examples": v.examples}
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from diagnose._attention_names import ATTENTION_STATS
+from diagnose._head_label import head_label, heads_label
 from diagnose.errors import InputFileError
+from diagnose.statistics import ATTENTION_STATS, Statistic, shown
 
 HEAD_NUMBERS = ("delta_accuracy", "delta_loss", "accuracy", "loss", "kl", "grad_importance", "p_value")
-CORRELATED = (*ATTENTION_STATS, "grad_importance")  # the document's correlations the page shows, in this order
 MAX_EXAMPLES = 4
 MAX_TOKENS = 128
 MIN_TOKENS = 8  # the fewest tokens of an example shown, however many heads share the budget
@@ -38,7 +38,7 @@ class Flag:
 
     @property
     def label(self) -> str:
-        return " + ".join(f"L{layer}H{head}" for layer, head in self.group) or f"L{self.layer}H{self.head}"
+        return heads_label(self.group) or head_label(self.layer, self.head)
 
 
 @dataclass
@@ -62,19 +62,28 @@ class Correlation:
     n: int
 
 
-LAYER_COLUMNS = ("delta_accuracy", "p_value", "delta_loss", "grad_importance", "max_weight", "entropy", "first_token")
+@dataclass
+class HeadRow:
+    """One head's numbers for the page: `values` holds HEAD_NUMBERS and every attention statistic by
+    name, None where missing (a dash on the page, not "nan")."""
+
+    head: int
+    label: str  # "L0.H3"
+    role: str
+    significant: bool
+    values: dict[str, float | None]
 
 
 @dataclass
 class LayerRows:
-    """One layer's heads for the page: (head, role, significant, *LAYER_COLUMNS) per head."""
+    """One layer's heads for the page."""
 
     layer: int
     n_significant: int
-    flagged: list[str]  # "H3", ... of the flags on this layer
+    flagged: list[str]  # "L0.H3", ... of the flags on this layer
     top_head: int | None  # the head whose removal raises the loss most
     top_delta_loss: float
-    rows: list[tuple]
+    rows: list[HeadRow]
 
 
 @dataclass
@@ -100,6 +109,10 @@ class HeadsView:
     shared: str = ""  # layers applied at several depths (ALBERT), said in words; "" when none
     roles: np.ndarray | None = None  # [n_layers, n_heads] role names ("" unknown), from the heads JSON
 
+    def statistics(self, place: str) -> list[Statistic]:
+        """The attention statistics shown at `place` ("table": the page's head tables; "effect_grid")."""
+        return shown(place)
+
     @property
     def n_significant(self) -> int:
         return int(self.significant.sum())
@@ -112,12 +125,13 @@ class HeadsView:
         """Every head's numbers, layer by layer (for the page when the grids are too big to print them)."""
         flagged: dict[int, list[str]] = {}
         for f in self.flags:
-            flagged.setdefault(f.layer, []).append(f"H{f.head}")
+            flagged.setdefault(f.layer, []).append(head_label(f.layer, f.head))
         g = self.grids
         out = []
         for layer in range(self.n_layers):
-            rows = [(head, "" if self.roles is None else str(self.roles[layer, head]).replace("_", " "),
-                     bool(self.significant[layer, head]), *(_known(g[k][layer, head]) for k in LAYER_COLUMNS))
+            rows = [HeadRow(head, head_label(layer, head),
+                            "" if self.roles is None else str(self.roles[layer, head]).replace("_", " "),
+                            bool(self.significant[layer, head]), {k: _known(g[k][layer, head]) for k in g})
                     for head in range(self.n_heads)]
             loss = g["delta_loss"][layer]
             top = int(np.nanargmax(loss)) if np.isfinite(loss).any() else None
@@ -162,11 +176,12 @@ def _flags(raw: Any) -> list[Flag]:
 
 
 def _correlations(raw: Any) -> list[Correlation]:
-    """The document's own rank correlations, {"effect": name, stat: {rho, p_value, n}}, for CORRELATED."""
+    """The document's own rank correlations, {"effect": name, stat: {rho, p_value, n}}, for every
+    attention statistic and grad_importance, in that order."""
     if not isinstance(raw, dict) or not isinstance(raw.get("effect"), str):
         return []
     out = []
-    for stat in CORRELATED:
+    for stat in (*ATTENTION_STATS, "grad_importance"):
         c = raw.get(stat)
         if isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) for k in ("rho", "p_value")):
             out.append(Correlation(stat, raw["effect"], float(c["rho"]), float(c["p_value"]), int(c.get("n") or 0)))
@@ -227,7 +242,7 @@ def _groups(raw: Any, heads: list[dict[str, Any]]) -> list[Group]:
         if not members:
             continue
         singles = [by_head.get(m, {}) for m in members]
-        out.append(Group(" + ".join(f"L{layer}H{head}" for layer, head in members), _num(g.get("accuracy")),
+        out.append(Group(heads_label(members), _num(g.get("accuracy")),
                          _num(g.get("delta_accuracy")), _num(g.get("delta_loss")),
                          sum(_num(h.get("delta_accuracy")) for h in singles),
                          sum(_num(h.get("delta_loss")) for h in singles)))

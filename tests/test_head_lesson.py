@@ -29,7 +29,7 @@ def test_pick_the_first_token_heads_that_matter_and_that_do_not():
     for h in heads:  # what the engine decides from the intervals
         h.negligible = abs(h.delta_loss) < 0.01
     a, b = pick(_result(heads))
-    assert (name(a), name(b)) == ("L0H1", "L0H2")
+    assert (name(a), name(b)) == ("L0.H1", "L0.H2")
     assert pick(_result(heads[2:])) == (None, heads[2])  # nothing carries the task
     assert pick(_result(heads[:2]))[1] is None  # every head matters
 

@@ -31,7 +31,7 @@ def summarise(model: torch.nn.Module, sites: Sequence[AttentionSite], batches: S
             return None, []
         summary = attention_summary(model, mine, keep=keep if ranks.main else 0, sites=list(sites))
         examples = _examples(summary.examples, mine, keep, tokens) if ranks.main else []
-        return (summary.stats, summary.rows), examples
+        return summary.totals, examples
 
     share, examples = ranks.run_local("summarising attention", work)
     parts = ranks.gather((share, examples))

@@ -30,6 +30,7 @@ from scipy.stats import spearmanr
 
 import torch
 
+from .._head_label import heads_label
 from ..adapters.base import AttentionSite
 from .result import ATTENTION_STATS, HeadEffect
 from .together import ablate_together
@@ -218,7 +219,7 @@ def redundant_flag(role: str, members: list[tuple[int, int]], heads: dict[tuple[
     if together["delta_accuracy"] - singles > -VITAL_ACCURACY:
         return None
     shares = [_dominant(h.attention)[1] for h in hs]
-    names = ", ".join(f"L{h.layer}.H{h.head}" for h in hs)
+    names = heads_label(((h.layer, h.head) for h in hs), ", ")
     reason = (f"{names} each put {min(shares):.0%} or more of their attention {_ROLES[role]}, and each alone "
               f"moves accuracy by under {VITAL_ACCURACY:.0%} ({', '.join(f'{h.delta_accuracy:+.1%}' for h in hs)}); "
               f"closed together, accuracy moves {together['delta_accuracy']:+.1%} and loss "
@@ -263,7 +264,7 @@ def backup_test(flag: dict[str, Any], together: dict[str, Any], singles: float |
     """The flag with the redundancy it suspected measured: `together` is the GroupEffect (JSON) of
     the head closed with its twins, `singles` the sum of the group's single-head delta accuracies
     (None if some were not measured); the reason then says what that cost instead of "may"."""
-    names = ", ".join(f"L{layer}.H{head}" for layer, head in flag["twins"])
+    names = heads_label(flag["twins"], ", ")
     reason = flag["reason"].split("; ")[0]
     reason += (f"; closed together with its look-alike(s) {names}, accuracy moves "
                f"{together['delta_accuracy']:+.1%} and loss {together['delta_loss']:+.4f}")

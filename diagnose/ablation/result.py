@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _json
-from .._attention_names import ATTENTION_STATS
+from ..statistics import ATTENTION_STATS
 from .._write import atomic_write
 
 SCHEMA = "diagnose.heads/1"

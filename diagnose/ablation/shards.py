@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._distributed import Ranks
+from ..attention_stats import HeadStats
 from .accumulate import Accumulator
 
 _SUMMED = ("kl", "michel", "linear", "fisher")  # np.ndarray [M] sums over examples
@@ -33,28 +34,8 @@ def merge(acc: Accumulator, r: Ranks) -> Accumulator:
     return out
 
 
-def merge_stats(parts: list[tuple[list[dict[str, list[float]]], list[list[float]]] | None]) -> list[dict]:
-    """Per-site attention statistics over all shards from each shard's (means, rows): each mean times
-    its rows is that shard's sum (prev_token and next_token count their own rows, see HeadStats)."""
-    from ..attention_stats import STATS
-
+def merge_stats(parts: list[list[HeadStats] | None]) -> list[dict[str, list[float]]]:
+    """Per-site attention statistics over all shards, from each shard's per-site HeadStats (None: a
+    rank with no batches): their raw sums and named counts added up, in rank order (HeadStats.merge)."""
     shares = [p for p in parts if p is not None]
-    n_sites = len(shares[0][0])
-    out = []
-    for s in range(n_sites):
-        site: dict[str, list[float]] = {}
-        for k in STATS:
-            i = {"prev_token": 1, "next_token": 2}.get(k, 0)
-            rows = sum(rows_[s][i] for _, rows_ in shares)
-            n_heads = len(shares[0][0][s][k])
-            if not any(rows_[s][0] > 0 for _, rows_ in shares):
-                site[k] = list(shares[0][0][s][k])  # no rows anywhere: what one process reports
-                continue
-            total = np.zeros(n_heads)
-            for stats, rows_ in shares:
-                if rows_[s][i] > 0:
-                    total += np.asarray(stats[s][k], dtype=float) * rows_[s][i]
-            site[k] = (total / max(rows, 1.0)).tolist()
-        out.append(site)
-    return out
-
+    return [HeadStats.merge(site).result() for site in zip(*shares)]

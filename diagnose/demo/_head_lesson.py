@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .._head_label import head_label
 from ..ablation import HeadEffect, HeadsResult, ablate_heads, ablate_together
 from ..ablation.contrast import TINY_ACCURACY
 
@@ -23,7 +24,7 @@ TITLE = "Attention map vs ablation"
 
 
 def name(h: HeadEffect) -> str:
-    return f"L{h.layer}H{h.head}"
+    return head_label(h.layer, h.head)
 
 
 def pick(result: HeadsResult) -> tuple[HeadEffect | None, HeadEffect | None]:

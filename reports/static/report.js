@@ -123,15 +123,15 @@
     var box = $("map-gallery");
     while (box.firstChild) box.removeChild(box.firstChild);
     var s = sources[state.source];
-    var picks = s.flagged.map(function (f) { return { layer: f.layer, head: f.head, kind: f.kind }; })
-      .concat(s.top.map(function (t) { return { layer: t.layer, head: t.head, kind: "top effect" }; }));
+    var picks = s.flagged.map(function (f) { return { layer: f.layer, head: f.head, label: f.label, kind: f.kind }; })
+      .concat(s.top.map(function (t) { return { layer: t.layer, head: t.head, label: t.label, kind: "top effect" }; }));
     picks.slice(0, 12).forEach(function (p) {
       var b = document.createElement("button");
       b.type = "button";
       b.className = p.kind.replace(/[^a-z_ ]/g, "") + (p.layer === state.layer && p.head === state.head ? " current" : "");
       var c = document.createElement("canvas");
       draw(c, state.source, state.example, p.layer, p.head, THUMB, false);
-      setText(b, ["L" + p.layer + "H" + p.head + " ", { data: p.kind }]);
+      setText(b, [p.label + " ", { data: p.kind }]);
       b.insertBefore(c, b.firstChild);
       b.addEventListener("click", function () { state.layer = p.layer; state.head = p.head; update(); });
       box.appendChild(b);

@@ -98,7 +98,7 @@ def test_together_closes_groups_and_matches_the_library(files):
     assert data["together"][1]["delta_loss"] == pytest.approx(single["delta_loss"], abs=loss_tol(single["loss"], depth=2, width=16))  # float32 sums
     assert "Closed together L0.H1 + L1.H0: accuracy" in result.stdout
     html = (files / "t.html").read_text()
-    assert "Heads closed together" in html and "L0H1 + L1H0" in html
+    assert "Heads closed together" in html and "L0.H1 + L1.H0" in html
     for bad, says in (("L0.H9", "no head 9 in layer 0"), ("cat", "L<layer>.H<head>"), (",", "names no head")):
         _assert_clean_error(_run("lm.pt", "--data", "lm_data.pt", "--together", bad, "--json", "x.json"), says)
     assert not (files / "x.json").exists()

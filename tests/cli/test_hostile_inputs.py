@@ -19,6 +19,7 @@ import torch
 from click.testing import CliRunner
 
 import diagnose
+from diagnose._head_label import head_label
 from diagnose.cli.main import cli
 from diagnose.zoo import ModelConfig, Transformer
 
@@ -498,8 +499,8 @@ def test_heads_of_a_70b_class_model_are_drawn_as_images_with_every_layer_listed(
     html = (tmp_path / "r.html").read_text()
     assert html.count('<img class="plot') == 3
     assert html.count('<details class="layer"') == shape[0]
-    last = f"<tr><td>L{shape[0] - 1}H{shape[1] - 1}</td>"
-    assert html.count("<tr><td>L3H") >= shape[1] and html.count(last) == 1 and "· largest Δ loss" in html
+    last = f"<tr><td>{head_label(shape[0] - 1, shape[1] - 1)}</td>"
+    assert html.count("<tr><td>L3.H") >= shape[1] and html.count(last) == 1 and "· largest Δ loss" in html
     assert len(html) < 15e6
 
 

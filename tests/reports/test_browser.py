@@ -88,7 +88,7 @@ def test_loads_clean_and_offline(page, report_file):
 
 def test_selector_changes_the_map(page):
     view0, pixels0 = _map(page)
-    assert view0 == "0,0,1,0"  # the flagged head (L0H1) is shown first
+    assert view0 == "0,0,1,0"  # the flagged head (L0.H1) is shown first
     page.select_option("#map-head", "2")
     view1, pixels1 = _map(page)
     assert view1 == "0,0,2,0" and pixels1 != pixels0
@@ -252,9 +252,9 @@ def test_a_big_model_shows_each_layer_on_demand(browser, tmp_path):
         assert table.is_visible()
         h = doc["heads"][3 * 16 + 5]
         cells = table.locator("tbody tr").nth(5).locator("td").all_inner_texts()
-        assert cells[0] == "L3H5" and cells[2] == "yes", cells
+        assert cells[0] == "L3.H5" and cells[2] == "yes", cells
         assert cells[3] == f"{h['delta_accuracy']:+.3f}" and cells[5] == f"{h['delta_loss']:+.3f}", cells
-        assert "(H5)" in layer.locator("summary").inner_text()
+        assert "(L3.H5)" in layer.locator("summary").inner_text()
         pg.select_option("#map-layer", "19")
         pg.select_option("#map-head", "15")
         assert _map(pg)[0] == "0,19,15,0"

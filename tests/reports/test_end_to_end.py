@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from diagnose import read_run
+from diagnose._head_label import head_label
 from diagnose.reports._sources import load_sources
 from diagnose.reports._view import build_report
 from ..tolerance import approx, magnitude, tol
@@ -22,7 +23,7 @@ def test_report_from_objects_matches_the_results(real, real_report):
     n_sig = sum(bool(h.significant) for h in result.heads)
     assert f"{n_sig} of 4 heads" in html
     top = result.ranked()[0]
-    assert f"the largest effects: L{top.layer}H{top.head} (" in html
+    assert f"the largest effects: {head_label(top.layer, top.head)} (" in html
 
 
 def test_files_give_the_same_views(real):

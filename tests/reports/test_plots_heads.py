@@ -52,7 +52,9 @@ def test_every_layer_lists_every_head():
     three = layers[3]
     assert three.n_significant == 1 and three.top_head == 5
     assert math.isclose(three.top_delta_loss, doc["heads"][3 * 16 + 5]["delta_loss"])
-    head, role, sig, d_acc, p, d_loss, *_ = three.rows[5]
-    assert (head, sig) == (5, True) and d_acc == doc["heads"][3 * 16 + 5]["delta_accuracy"]
-    assert three.rows[6][4] is None  # missing: a dash on the page, not "nan"
-    assert layers[2].flagged == ["H1"]
+    row = three.rows[5]
+    assert (row.head, row.label, row.significant) == (5, "L3.H5", True)
+    assert row.values["delta_accuracy"] == doc["heads"][3 * 16 + 5]["delta_accuracy"]
+    assert row.values["max_weight"] == doc["heads"][3 * 16 + 5]["attention"]["max_weight"]
+    assert three.rows[6].values["p_value"] is None  # missing: a dash on the page, not "nan"
+    assert layers[2].flagged == ["L2.H1"]

@@ -19,7 +19,7 @@ def test_big_report_within_budget(tmp_path):
     assert r["total_s"] < 3 * bench_report.LIMIT_S, r
     assert r["size_mb"] < bench_report.LIMIT_MB, r
     html = (tmp_path / "report.html").read_text()
-    assert html.count("<img class=\"plot") == 7 and "L7H1" in html
+    assert html.count("<img class=\"plot") == 7 and "L7.H1" in html
 
 
 @pytest.mark.slow
@@ -36,5 +36,5 @@ def test_a_48_by_48_model_renders_within_a_memory_and_size_bound(tmp_path):
     assert r["rss_mb"] < 1500, r
     assert r["size_mb"] < 15 / 2, r
     html = (tmp_path / "report.html").read_text()
-    assert html.count('<details class="layer"') == 48 and "<tr><td>L47H47</td>" in html
+    assert html.count('<details class="layer"') == 48 and "<tr><td>L47.H47</td>" in html
     assert html.count('<img class="plot') == 3

@@ -55,7 +55,7 @@ def test_a_group_flag_is_labelled_by_its_heads_and_summarised():
     doc["flags"] = [{"kind": "redundant_group", "layer": 1, "head": 0, "heads": [[1, 0], [1, 1]],
                      "reason": "L1.H0, L1.H1 ... they back each other up"}]
     v = heads_view("m", doc)
-    assert v.flags[0].label == "L1H0 + L1H1"
+    assert v.flags[0].label == "L1.H0 + L1.H1"
     lines = dict(heads_verdict(v).lines)
     assert lines["Matter only together"] == "L1.H0, L1.H1 ... they back each other up." and "Other flags" not in lines
 
@@ -102,9 +102,9 @@ def test_bad_examples_name_the_source():
 def test_heads_verdict_says_what_matters_and_what_does_not():
     v = heads_view("induction", rf.make_heads(2, 4, vital=((1, 2),), inert=((0, 1),)))
     text = " ".join(s for _, s in heads_verdict(v).lines)
-    assert "1 of 8 heads" in text and "L1H2" in text
+    assert "1 of 8 heads" in text and "L1.H2" in text
     labels = dict(heads_verdict(v).lines)
-    assert labels["Looks important but is not"].startswith("L0H1")
+    assert labels["Looks important but is not"].startswith("L0.H1")
 
 
 def test_training_view_and_verdict(tmp_path):

@@ -1,0 +1,145 @@
+"""The per-head attention statistics: one registry that computing, the JSON, the CLI and the report all read.
+
+Each `Statistic` says how to compute it from a chunk of attention rows (a function of a `Chunk`,
+see attention_stats.py), over which query rows it is averaged (its denominator, a named count),
+whether it needs the batch's token ids, and where it is shown: the `diagnose heads` table ("cli"),
+the report's head tables ("table"), the report's grid beside the causal effects ("effect_grid"),
+its grid of attention statistics ("grid") and its scatter against the effect ("scatter").
+
+Adding a statistic is one `register(Statistic(...))` call (with its test and a line in
+docs/heads.md): HeadStats accumulates it, the heads JSON carries it under each head's `attention`,
+the rank correlations include it, and every table and plot that its `show` names draws it.
+
+Torch-free on purpose, so that the report (which reads only files) and `--help` can import it:
+the compute functions below use only the methods of the tensors they are handed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from .errors import ConfigError
+
+LOCAL = 2  # "local": keys at most this many positions away (not the query itself)
+PLACES = ("cli", "table", "effect_grid", "grid", "scatter")  # where a statistic can be shown
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """One per-head attention statistic.
+
+    compute(chunk) -> [B, H, c]: the value on each query row of a chunk of attention rows (see
+    attention_stats.Chunk); HeadStats averages it over the real rows that its `denominator` counts.
+    """
+
+    name: str  # the key in the heads JSON's `attention` and in `attention_summary` stats
+    label: str  # what it measures, in words (plot titles and axes)
+    column: str  # the header of its column in the CLI and report tables
+    compute: Callable[[Any], Any]
+    denominator: str = "rows"  # a key of DENOMINATORS: the query rows it is averaged over
+    fmt: str = ".3f"  # format spec of its values in tables
+    show: frozenset[str] = frozenset()  # a subset of PLACES
+    needs_tokens: bool = False  # reads chunk.query_ids / chunk.key_ids; NaN where the data has no token ids
+
+
+def entropy(p: Any) -> Any:
+    """-sum p log p over the last dim (p = 0 adds 0).  # [..., K] -> [...]
+
+    Two to three times faster than special.entr(p).sum(-1) on CPU, which is not vectorised
+    (einsum was faster still on a few long rows but twice as slow on many short ones)."""
+    return -p.clamp_min(1e-30).log_().mul_(p).sum(-1)
+
+
+def _self(c: Any) -> Any:
+    return c.at(c.q_pos) if c.offset >= 0 else c.zeros()
+
+
+def _padding(c: Any) -> Any:
+    if c.batch.key_mask is None:
+        return c.zeros()
+    pad = (1.0 - c.keys)[:, None, :c.K, None]  # [B, 1, K, 1]
+    return (c.p @ pad)[..., 0]
+
+
+def _mean_distance(c: Any) -> Any:
+    dist = (c.q_pos[:, None] - c.k_pos[None, :]).abs().float()  # [c, K]
+    return (c.p * dist).sum(-1)
+
+
+def _local(c: Any) -> Any:
+    return sum(c.at(c.q_pos + d) + c.at(c.q_pos - d) for d in range(1, LOCAL + 1))
+
+
+# The query rows a statistic is averaged over, as a weight per row of the chunk ([c]; None: every
+# real row). HeadStats counts each, so shards merge their sums and counts by name.
+DENOMINATORS: dict[str, Callable[[Any], Any]] = {
+    "rows": lambda c: None,
+    "with_prev": lambda c: ((c.q_pos >= 1) & (c.q_pos - 1 < c.Tk)).float(),  # rows with a previous position
+    "with_next": lambda c: (c.q_pos + 1 < c.Tk).float(),  # rows with a next position
+}
+
+STATISTICS: dict[str, Statistic] = {}  # name -> entry, in the order they are computed and written
+
+
+def register(stat: Statistic) -> Statistic:
+    """Add a statistic to the registry (a ConfigError for a taken name, an unknown place or denominator)."""
+    if stat.name in STATISTICS:
+        raise ConfigError(f"attention statistic {stat.name!r} is registered already")
+    if stat.denominator not in DENOMINATORS:
+        raise ConfigError(f"attention statistic {stat.name!r}: denominator {stat.denominator!r} is not one of "
+                          f"{', '.join(DENOMINATORS)}")
+    unknown = set(stat.show) - set(PLACES)
+    if unknown:
+        raise ConfigError(f"attention statistic {stat.name!r}: {', '.join(sorted(unknown))} is not a place to "
+                          f"show it; places: {', '.join(PLACES)}")
+    STATISTICS[stat.name] = stat
+    return stat
+
+
+def shown(place: str) -> list[Statistic]:
+    """The statistics shown at `place` (one of PLACES), in registry order."""
+    assert place in PLACES, f"unknown place {place!r}"
+    return [s for s in STATISTICS.values() if place in s.show]
+
+
+class _Names(Sequence):
+    """The registered statistics' names, read from the registry at each use (so a statistic
+    registered after import is seen by everything that iterates them)."""
+
+    def __getitem__(self, i: Any) -> Any:
+        return tuple(STATISTICS)[i]
+
+    def __len__(self) -> int:
+        return len(STATISTICS)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(tuple(STATISTICS))
+
+    def __contains__(self, name: object) -> bool:
+        return name in STATISTICS
+
+    def __repr__(self) -> str:
+        return repr(tuple(STATISTICS))
+
+
+ATTENTION_STATS: Sequence[str] = _Names()  # every name, in registry order
+
+
+_ALL = frozenset({"cli", "table", "grid", "scatter"})
+for _stat in (
+    Statistic("entropy", "entropy (nats)", "entropy", lambda c: entropy(c.p), show=_ALL),
+    Statistic("max_weight", "max weight", "max weight", lambda c: c.p.amax(-1),
+              show=frozenset({"cli", "table", "effect_grid", "scatter"})),
+    Statistic("first_token", "mass on first token", "first token", lambda c: c.p[..., 0], show=_ALL),
+    Statistic("self", "mass on itself", "itself", _self, show=frozenset({"grid"})),
+    Statistic("prev_token", "mass on previous token", "previous", lambda c: c.at(c.q_pos - 1),
+              denominator="with_prev", show=frozenset({"grid"})),
+    Statistic("padding", "mass on padding", "padding", _padding),
+    Statistic("mean_distance", "mean distance", "mean distance", _mean_distance, fmt=".2f"),
+    Statistic("next_token", "mass on next token", "next", lambda c: c.at(c.q_pos + 1), denominator="with_next"),
+    Statistic("last_token", "mass on last token", "last token", lambda c: c.at(c.last)),
+    Statistic("local", f"mass within {LOCAL} positions", "local", _local),
+):
+    register(_stat)
