@@ -17,6 +17,7 @@ from ..ablation.batches import as_batches
 from ..ablation.gate import METHODS, gated
 from ..ablation.sweep import Sweep
 from ..adapters.base import AttentionSite
+from ..adapters.layout import layout_of
 from ..errors import ConfigError, DataError, DiagnoseError
 from ..modes import eval_mode
 from ..objectives import TASKS, default_task
@@ -24,7 +25,7 @@ from ..sites import find_heads
 from . import verify
 from ._measure import Measure
 from .choose import Budget, Choice, Step, choose
-from .cut import MIN_HEADS, check_cuttable, cut, family_of
+from .cut import check_cuttable, cut, family_of, min_heads
 from .result import PruneResult
 
 DEFAULT_MAX_DROP = 1.0  # accuracy points, classification
@@ -58,14 +59,13 @@ def prune_heads(model: nn.Module, data: Any, *, max_drop: float | None = None, m
         if task == "classification" and any(labels is None for _, labels in bs):
             raise DataError(f"the {name} has no labels; classification pruning measures accuracy against them")
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
-    check_cuttable(model, sites, method)
-    family = family_of(sites)
+    layouts = check_cuttable(model, sites, method)
     with eval_mode(model):
         with gated(sites) as gates:
             fills = _fills(model, sites, gates, task, batches) if method == "mean" else None
             measure = Measure(model, gates, task)
             choice = choose(measure, batches, [s.n_heads for s in sites], budget, candidates=candidates,
-                            min_heads=MIN_HEADS.get(family, 0), limit=limit, on_step=on_step)
+                            min_heads=min_heads(layouts), limit=limit, on_step=on_step)
         pruned = cut(model, sites, choice.removed(), fills)  # outside the gates: a copy must not inherit them
         pruned.model.eval()
         closed = _closed(sites, choice.removed())
@@ -145,10 +145,8 @@ def _result(model, pruned, sites, task, method, budget, choice, checked, before,
         speed = verify.forward_time(model, pruned.model, batches[0][0], time_repeats)
     size = {"parameters_before": verify.n_parameters(model), "parameters_after": verify.n_parameters(pruned.model),
             **speed}
-    notes = []
     family = family_of(sites)
-    if family in MIN_HEADS:
-        notes.append("transformers cannot build an attention layer without heads: every layer keeps at least one")
+    notes = list(dict.fromkeys(lay.min_heads_note for lay in map(layout_of, sites) if lay.min_heads_note))
     if any(n == 0 for n in pruned.heads_left):
         notes.append("layers left with no heads keep their output projection's bias: their attention output is "
                      "exactly that bias, as in the gated model")
