@@ -92,33 +92,3 @@ def _check_module(owner: Any, attrs: Any, shapes: dict[str, list[int]], n_heads:
 def _config_int(config: Any, name: str) -> int | None:
     value = getattr(config, name, None)
     return value if _int(value) and value > 0 else None
-
-
-def weight_shapes(folder: Path) -> dict[str, list[int]] | None:
-    """{tensor name: shape} from the safetensors header(s) of a model folder (no tensor is read);
-    None when its weights are not safetensors."""
-    from safetensors import safe_open
-
-    from ..io._read import read_json
-
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        data = read_json(index, "weights index", "re-save the folder with model.save_pretrained(folder)")
-        weight_map = data.get("weight_map") if isinstance(data, dict) else None
-        if not isinstance(weight_map, dict):
-            return None
-        files = sorted({str(v) for v in weight_map.values() if isinstance(v, str) and "/" not in v})
-    elif (folder / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        return None
-    out: dict[str, list[int]] = {}
-    for name in files:
-        try:
-            with safe_open(str(folder / name), "pt") as f:  # the header only
-                for key in f.keys():
-                    out[key] = list(f.get_slice(key).get_shape())
-        except Exception as exc:  # SafetensorError, OSError
-            raise InputFileError(f"{folder / name}: not a readable safetensors file ({type(exc).__name__}); "
-                                 "re-save the folder with model.save_pretrained(folder)") from None
-    return out
