@@ -1,7 +1,7 @@
 """Head pruning: from "which heads matter" to a smaller, faster model (Michel et al. 2019).
 
-Public: `prune_heads` and its `PruneResult` (`.model`, `.save(dir)`, `.to_json()`), and the
-`diagnose.prune/1` SCHEMA.
+Public: `prune_heads` and its `PruneResult` (`.model`, `.save_pretrained(dir)` for the model,
+`.save(path)` and `.to_json()` for the figures), and the `diagnose.prune/1` SCHEMA.
 
 Modules, in the order one `prune_heads` call uses them:
 - api: `prune_heads`: checks the options, runs the steps below, assembles the result.
@@ -10,7 +10,7 @@ Modules, in the order one `prune_heads` call uses them:
 - cut: a copy of the model with the chosen heads sliced out by _slice, the one slicer, from the
   projection layout each family's adapter declares (diagnose/adapters/layout.py).
 - verify: pruned against gated outputs, held-out accuracy and loss, parameters, forward time.
-- result: the dataclass and its JSON.
+- result: the dataclasses and their JSON.
 - save: writes the pruned model in the form it came in; _folder reads a pruned Hugging Face folder
   back (a folder kind registered with io, which never imports prune); _spec checks that folder.
 """

@@ -88,7 +88,7 @@ def test_a_new_family_with_interleaved_qkv_is_cut_from_its_declared_layout():
         result = diagnose.prune_heads(model, data, max_drop=100.0, limit=5)
     finally:
         unregister_adapter(adapter)
-    assert len(result.order) == 5 and result.verify["passed"] and result.info["family"] == "toy-interleaved"
+    assert len(result.order) == 5 and result.verify.passed and result.info.family == "toy-interleaved"
     inputs = {"input_ids": ids}
     assert_close(outputs(result.model, inputs), outputs(zeroed(model, sites, result.removed), inputs), sites)
     for layer, left in zip(result.model.layers, result.heads_left):
