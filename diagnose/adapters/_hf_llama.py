@@ -12,7 +12,9 @@ from .layout import HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
 
 class LlamaAdapter(HFAdapter):
     family = "hf-llama"
-    layout = ProjectionLayout(inputs=(Projection("q_proj"), Projection("k_proj", kv=True), Projection("v_proj", kv=True)),
+    # grouped-query attention: k_proj and v_proj hold the key/value heads, each read by a group of queries
+    layout = ProjectionLayout(inputs=(Projection("q_proj"), Projection("k_proj", kv=True),
+                                      Projection("v_proj", kv=True)),
                               kv_groups=("num_key_value_groups",), min_heads=1, min_heads_note=HF_MIN_HEADS_NOTE)
 
     def site(self, name: str, m: nn.Module):

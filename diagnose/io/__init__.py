@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 # Imported on first use (PEP 562): the report reads files through io._read and must not pay for
 # torch (about 300 MB and seconds) to do so.
-_HOMES = {"can_checkpoint": "_checkpoint", "save_checkpoint": "_checkpoint", "DataSet": "_data", "check_task": "_data", "load_data": "_data",
+_HOMES = {"save_checkpoint": "_checkpoint", "DataSet": "_data", "check_task": "_data", "load_data": "_data",
           "label2id_of": "_model", "load_model": "_model", "max_positions_of": "_model", "tokenizer_of": "_model",
           "describe_data": "_summary", "describe_model": "_summary", "trial_forward": "_summary",
           "FolderKind": "_kinds", "register_folder_kind": "_kinds", "unregister_folder_kind": "_kinds",
-          "weight_shapes": "_hf"}
+          "weight_shapes": "_hf", "can_checkpoint": "_checkpoint"}
 
 if TYPE_CHECKING:
     from ._checkpoint import can_checkpoint, save_checkpoint
@@ -51,7 +51,7 @@ def load_data_for(model, path, *, max_length=None) -> DataSet:
 
 
 __all__ = [
-    "DataSet", "FolderKind", "can_checkpoint", "check_task", "describe_data", "describe_model", "load_data", "load_data_for",
-    "load_model", "register_folder_kind", "save_checkpoint", "trial_forward", "unregister_folder_kind",
-    "weight_shapes",
+    "DataSet", "check_task", "describe_data", "describe_model", "load_data", "load_data_for", "load_model",
+    "save_checkpoint", "trial_forward",
+    "FolderKind", "can_checkpoint", "register_folder_kind", "unregister_folder_kind", "weight_shapes",
 ]

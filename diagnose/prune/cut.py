@@ -26,6 +26,9 @@ from ._slice import FEATURES, cut_heads
 # `diagnose_pruned` may set when it is loaded (_spec.py refuses any other name: a config must not
 # reach a method). _remote_model.ATTRIBUTES repeats it for transformers (a test keeps them equal).
 ATTRIBUTES = frozenset(FEATURES + tuple(a for layout in builtin_layouts() for a in layout.attributes))
+# of those, the head counts (heads kept, query heads per key/value head) and the widths (heads * head_dim)
+HEAD_COUNTS = frozenset(p.rpartition(".")[2] for layout in builtin_layouts() for p in layout.heads + layout.kv_groups)
+WIDTHS = frozenset(p.rpartition(".")[2] for layout in builtin_layouts() for p in layout.widths)
 
 
 @dataclass
