@@ -103,13 +103,11 @@ def _write(result, out_dir: str | None, json_path: str | None, html_path: str | 
     failed = None
     if out_dir:
         try:
-            result.save(out_dir)
+            result.save_pretrained(out_dir)
         except OutputError as exc:  # the model is kept in $TMPDIR (named); the figures still get written
             failed = exc
     if json_path:
-        from diagnose.ablation.result import write_json_atomic
-
-        write_json_atomic(result.to_json(), json_path)
+        result.save(json_path)
     _print(result.to_json(), json_path)
     if html_path:
         from ._report import write_report_noting

@@ -55,6 +55,10 @@ def __dir__() -> list[str]:
 
 __version__ = "0.1.0"
 
+# Folder kinds diagnose writes register with io here, before any io code can run: io never imports
+# the parts that write them (diagnose/io/_kinds.py). Costs no torch.
+from . import prune as _prune  # noqa: E402  (registers the pruned-folder kind)
+
 __all__ = [
     "AttentionSite",
     "AttentionSummary",

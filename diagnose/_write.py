@@ -137,12 +137,26 @@ def atomic_write(path: str | os.PathLike, content: Content, *, keep_on_failure: 
         path.parent.mkdir(parents=True, exist_ok=True)
         _write_replace(path, content)
     except OSError as exc:
-        reason = _reason(exc)
         saved = _fallback(path, content) if keep_on_failure else None
         kept = (f"; the {what} was saved to {saved} instead" if saved else
                 f"; it could not be saved in {tempfile.gettempdir()} either" if keep_on_failure else "")
-        raise OutputError(f"{path}: cannot write the {what} ({reason}){kept}; {_fix(exc)}") from None
+        raise write_error(path, what, exc, kept) from None
     return path
+
+
+def write_error(path: str | os.PathLike, what: str, exc: OSError, kept: str = "") -> OutputError:
+    """The one-line OutputError for an output that could not be written: the path, what it was, the
+    system's reason, `kept` (where the content went instead, "; ..."), and what to do about it.
+    atomic_write raises it; a writer of a whole folder (prune's model) raises the same."""
+    return OutputError(f"{path}: cannot write the {what} ({_reason(exc)}){kept}; {_fix(exc)}")
+
+
+def replace_atomically(path: str | os.PathLike, content: Content) -> None:
+    """The atomic writer's core: `content` goes to a temporary file beside `path`, fsynced, renamed
+    over it; an OSError comes through as it is. For a writer that stages a whole folder and turns
+    an OSError into its own message (prune's model folder); every other write uses atomic_write,
+    which adds the output checks and the one-line OutputError."""
+    _write_replace(Path(path), content)
 
 
 def _write_replace(path: Path, content: Content) -> None:
@@ -153,7 +167,7 @@ def _write_replace(path: Path, content: Content) -> None:
             _fill(f, content)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; outputs are ordinary files
+        os.chmod(tmp, 0o666 & ~process_umask())  # mkstemp makes it private; outputs are ordinary files
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -187,9 +201,11 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _umask() -> int:
+def process_umask() -> int:
     """The process umask, read without changing it where Linux allows (os.umask(0) would briefly
-    let other threads create world-writable files)."""
+    let other threads create world-writable files). A writer that makes a private temporary file or
+    folder (mkstemp, mkdtemp) and renames it into place gives it the permissions the umask allows,
+    as open() and mkdir() would have."""
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:

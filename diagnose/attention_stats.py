@@ -22,7 +22,7 @@ from .adapters._probs import LazyProbs, Probs, float32_only, query_chunks
 from .adapters.base import AttentionSite
 from .objectives import batch_size_of, call_model
 from .stat_context import BatchContext, Chunk
-from .statistics import ATTENTION_STATS, DENOMINATORS, LOCAL, STATISTICS, entropy as _entropy
+from .statistics import ATTENTION_STATS, DENOMINATORS, STATISTICS, entropy as _entropy
 
 STATS = ATTENTION_STATS  # the registry's names (statistics.py), in the order they are written
 SCHEMA = "diagnose.attention/1"

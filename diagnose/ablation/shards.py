@@ -9,7 +9,6 @@ flags see exactly the arrays one process would. Only sums (KL, the gradient sums
 
 from __future__ import annotations
 
-import numpy as np
 
 from .._distributed import Ranks
 from ..attention_stats import HeadStats

@@ -19,9 +19,13 @@ from ..objectives import call_model
 from ._hooks import blocks_around, gate_projection, hooks
 from ._intercept import AttentionMode, watch_probs
 from .base import AttentionSite, HeadOutputFn, PatternCallback
+from .layout import BLOCKED, Projection, ProjectionLayout
 
 _HEAD_DIM_ATTRS = ("head_dim", "head_size", "d_head", "attention_head_size", "hs")
 _HEADS_ATTRS = ("n_heads", "num_heads", "n_head", "num_attention_heads", "nh", "heads")
+# what prune's cut sets to the heads kept, and the q/k/v Linear names it recognises
+_COUNT_NAMES = ("n_head", "n_heads", "num_heads", "num_attention_heads")
+_QKV_NAMES = (("q", "query", "q_proj", "q_lin"), ("k", "key", "k_proj", "k_lin"), ("v", "value", "v_proj", "v_lin"))
 
 
 class InterceptAdapter(ABC):
@@ -157,6 +161,32 @@ class GenericAdapter(InterceptAdapter):
         if self._found is not None and self._found[0] == id(model):
             return blocks_around(model, self._found[1])
         return super().blocks(model)
+
+    def layout(self, site: AttentionSite) -> ProjectionLayout:
+        """What nanoGPT-style attention has: a fused [q; k; v] Linear (out = 3 * H * D) or three Linears
+        named like q/k/v, a Linear output projection, and an attribute holding the head count.
+
+        The module's forward must split by n_head * head_dim, not by the embedding width (nanoGPT's
+        `split(self.n_embd)` would not run once heads are gone), and a layer left with no heads must
+        not split an empty tensor (torch's split(0) returns one piece): prune's verification step
+        catches either and says so."""
+        attn, width = site.module, site.n_heads * site.head_dim
+        counts = tuple(n for n in _COUNT_NAMES if getattr(attn, n, None) == site.n_heads)
+        if not counts or not isinstance(site.out_proj, nn.Linear):
+            raise ConfigError(f"{type(attn).__name__}: cannot be cut: it needs a head-count attribute "
+                              f"({', '.join(_COUNT_NAMES)}) and a Linear output projection")
+        linears = {n: m for n, m in attn.named_children() if isinstance(m, nn.Linear) and m is not site.out_proj}
+        fused = [n for n, m in linears.items() if m.out_features == 3 * width]
+        separate = [next((n for n in names if n in linears and linears[n].out_features == width), None)
+                    for names in _QKV_NAMES]
+        if len(fused) == 1:
+            inputs = (Projection(fused[0], BLOCKED),)
+        elif all(n is not None for n in separate):
+            inputs = tuple(Projection(n) for n in separate)
+        else:
+            raise ConfigError(f"{type(attn).__name__}: cannot be cut: no fused query/key/value Linear of "
+                              f"{3 * width} outputs and no q/k/v Linears of {width} outputs")
+        return ProjectionLayout(inputs=inputs, heads=counts)
 
 
 def glob_match(pattern: str, name: str) -> bool:

@@ -6,10 +6,14 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ._hf import HFAdapter
+from .layout import HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
 
 
 class BertAdapter(HFAdapter):
     family = "hf-bert"
+    layout = ProjectionLayout(inputs=(Projection("self.query"), Projection("self.key"), Projection("self.value")),
+                              heads=("self.num_attention_heads",), widths=("self.all_head_size",),
+                              min_heads=1, min_heads_note=HF_MIN_HEADS_NOTE)
 
     def site(self, name: str, m: nn.Module):
         inner, out = getattr(m, "self", None), getattr(m, "output", None)

@@ -6,10 +6,14 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ._hf import HFAdapter
+from .layout import BLOCKED, HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
 
 
 class GPT2Adapter(HFAdapter):
     family = "hf-gpt2"
+    # c_attn is a Conv1D (weight [in, out]) holding [q; k; v]; split_size follows the new width
+    layout = ProjectionLayout(inputs=(Projection("c_attn", BLOCKED),), conv1d=True, heads=("num_heads",),
+                              widths=("split_size",), min_heads=1, min_heads_note=HF_MIN_HEADS_NOTE)
 
     def site(self, name: str, m: nn.Module):
         if type(m).__name__ != "GPT2Attention":

@@ -7,10 +7,15 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ._hf import HFAdapter
+from .layout import HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
 
 
 class LlamaAdapter(HFAdapter):
     family = "hf-llama"
+    # grouped-query attention: k_proj and v_proj hold the key/value heads, each read by a group of queries
+    layout = ProjectionLayout(inputs=(Projection("q_proj"), Projection("k_proj", kv=True),
+                                      Projection("v_proj", kv=True)),
+                              kv_groups=("num_key_value_groups",), min_heads=1, min_heads_note=HF_MIN_HEADS_NOTE)
 
     def site(self, name: str, m: nn.Module):
         cfg, o_proj = getattr(m, "config", None), getattr(m, "o_proj", None)

@@ -9,10 +9,14 @@ import torch.nn as nn
 from ..zoo.model import SelfAttention, Transformer
 from ._hooks import blocks_around, gate_projection, hooks
 from .base import AttentionSite, HeadOutputFn, PatternCallback
+from .layout import BLOCKED, Projection, ProjectionLayout
 
 
 class ReferenceAdapter:
     family = "reference"
+    # fused [q; k; v]; a layer may lose every head (its output is then exactly proj's bias), and the
+    # checkpoint's config lists the heads per layer so that it rebuilds the pruned shapes
+    layout = ProjectionLayout(inputs=(Projection("qkv", BLOCKED),), heads=("n_heads",), model_heads="cfg.layer_heads")
 
     def find(self, model: nn.Module) -> list[AttentionSite] | None:
         found = [(n, m) for n, m in model.named_modules() if isinstance(m, SelfAttention)]

@@ -4,6 +4,7 @@ built-in families, the generic softmax/SDPA adapter last."""
 from __future__ import annotations
 
 from .base import Adapter
+from .layout import ProjectionLayout
 
 _user: list[Adapter] = []
 
@@ -19,6 +20,12 @@ def builtin_adapters() -> list[Adapter]:
 
     # TransformerLens wraps HF modules, so it goes before the HF families.
     return [ReferenceAdapter(), TransformerLensAdapter(), GPT2Adapter(), BertAdapter(), LlamaAdapter(), MHAAdapter()]
+
+
+def builtin_layouts() -> list[ProjectionLayout]:
+    """The projection layouts the built-in families declare as a class attribute (prune's allowlist
+    of what a pruned folder may set reads them)."""
+    return [a.layout for a in builtin_adapters() if isinstance(getattr(a, "layout", None), ProjectionLayout)]
 
 
 def register_adapter(adapter: Adapter) -> Adapter:

@@ -18,9 +18,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import ConfigError
 from ._hooks import blocks_around, hooks
 from ._probs import LazyProbs
 from .base import AttentionSite, HeadOutputFn, PatternCallback
+from .layout import ProjectionLayout
 
 
 @contextmanager
@@ -112,6 +114,12 @@ class MHAAdapter:
 
     def site(self, layer: int, name: str, m: nn.MultiheadAttention) -> AttentionSite:
         return AttentionSite(layer, name, m.num_heads, m.head_dim, m, self, out_proj=m.out_proj)
+
+    def layout(self, site: AttentionSite) -> ProjectionLayout:
+        """None that prune can cut: MHA holds [q; k; v] in one in_proj_weight [3E, E], but derives the
+        head width from the embedding width (E // num_heads), so it cannot run with fewer heads."""
+        raise ConfigError(f"heads of the {self.family!r} family cannot be cut: torch's MultiheadAttention ties its "
+                          "head count to the embedding width; the heads command still measures them")
 
     def find(self, model: nn.Module) -> list[AttentionSite] | None:
         found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]

@@ -43,6 +43,9 @@ class AttentionSite:
 
 
 class Adapter(Protocol):
+    """Optional besides these: `layout`, the family's projection layout (layout.py), a
+    ProjectionLayout or a method `layout(site)` returning one; prune cuts only families that have it."""
+
     family: str
 
     def find(self, model: nn.Module) -> list[AttentionSite] | None:

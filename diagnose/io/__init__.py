@@ -1,7 +1,9 @@
 """Reading and writing the model and data files named in DESIGN.md.
 
 Exported: the public loaders (load_model, load_data, DataSet, save_checkpoint) and what the CLI
-commands use (load_data_for, check_task, describe_model, describe_data, trial_forward). The rest
+commands use (load_data_for, check_task, describe_model, describe_data, trial_forward), and what
+another part of diagnose uses to teach load_model a folder kind it writes (FolderKind,
+register_folder_kind, weight_shapes: see _kinds.py). The rest
 (save_tensors, the vocabulary and label checks, the tokenizer lookups) stays in its module.
 """
 
@@ -14,11 +16,15 @@ from typing import TYPE_CHECKING, Any
 # torch (about 300 MB and seconds) to do so.
 _HOMES = {"save_checkpoint": "_checkpoint", "DataSet": "_data", "check_task": "_data", "load_data": "_data",
           "label2id_of": "_model", "load_model": "_model", "max_positions_of": "_model", "tokenizer_of": "_model",
-          "describe_data": "_summary", "describe_model": "_summary", "trial_forward": "_summary"}
+          "describe_data": "_summary", "describe_model": "_summary", "trial_forward": "_summary",
+          "FolderKind": "_kinds", "register_folder_kind": "_kinds", "unregister_folder_kind": "_kinds",
+          "weight_shapes": "_hf", "can_checkpoint": "_checkpoint"}
 
 if TYPE_CHECKING:
-    from ._checkpoint import save_checkpoint
+    from ._checkpoint import can_checkpoint, save_checkpoint
     from ._data import DataSet, check_task, load_data
+    from ._hf import weight_shapes
+    from ._kinds import FolderKind, register_folder_kind, unregister_folder_kind
     from ._model import label2id_of, load_model, max_positions_of, tokenizer_of
     from ._summary import describe_data, describe_model, trial_forward
 
@@ -47,4 +53,5 @@ def load_data_for(model, path, *, max_length=None) -> DataSet:
 __all__ = [
     "DataSet", "check_task", "describe_data", "describe_model", "load_data", "load_data_for", "load_model",
     "save_checkpoint", "trial_forward",
+    "FolderKind", "can_checkpoint", "register_folder_kind", "unregister_folder_kind", "weight_shapes",
 ]

@@ -17,9 +17,15 @@ from ._files import one_line
 FORMAT = "diagnose.checkpoint/1"
 
 
+def can_checkpoint(model: Any) -> bool:
+    """Whether save_checkpoint can write `model` (a diagnose.zoo.Transformer): a writer that keeps
+    each model in the form it came in asks this, without knowing the model class."""
+    return isinstance(model, Transformer)
+
+
 def save_checkpoint(model: Transformer, path: str | Path, *, meta: dict[str, Any] | None = None) -> Path:
     """Write `model` (a diagnose.zoo.Transformer) as a diagnose checkpoint; returns the path."""
-    if not isinstance(model, Transformer):
+    if not can_checkpoint(model):
         raise ConfigError(f"save_checkpoint writes diagnose.zoo.Transformer models, not {type(model).__name__}; "
                           "save your own model with torch.save(model.state_dict(), path) and load it with "
                           "--factory module:function")

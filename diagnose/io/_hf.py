@@ -18,6 +18,7 @@ import torch.nn as nn
 from .._numbers import kind
 from ..errors import ConfigError, InputFileError
 from ._files import one_line
+from ._kinds import folder_kind
 from ._read import read_json, special_kind
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -152,8 +153,9 @@ def load_hf_folder(folder: Path, *, attn_implementation: str | None = None) -> n
                                  "--factory function instead") from None
         _check_layer_count(folder, config)
         cls = model_class(transformers, config, folder / "config.json")
-        if hasattr(config, "diagnose_pruned"):  # written by diagnose prune: checked, then rebuilt with
-            cls = _pruned_class(folder, config, cls, transformers)  # diagnose's own code, never the folder's
+        kind = folder_kind(folder, config)  # a diagnose_* field (a pruned folder): checked, then rebuilt
+        if kind is not None:  # with diagnose's own code, never the folder's
+            cls = kind.model_class(folder, config, cls, transformers)
         kwargs: dict[str, Any] = {"config": config, "local_files_only": True, "output_loading_info": True,
                                   "trust_remote_code": False}
         if attn_implementation:
@@ -178,19 +180,6 @@ def load_hf_folder(folder: Path, *, attn_implementation: str | None = None) -> n
     return model.eval()
 
 
-def _pruned_class(folder: Path, config: Any, cls: Any, transformers: Any) -> Any:
-    """The family's class with the pruned shapes, once config.diagnose_pruned has passed its checks."""
-    from ..prune._remote_model import pruned
-    from ..prune._spec import check_pruned, weight_shapes
-
-    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
-        raise InputFileError(f"{folder / 'config.json'}: a pruned folder's `architectures` must name its family's "
-                             f"model class (e.g. BertForSequenceClassification), not {str((config.architectures or [None])[0])[:80]!r}; "
-                             "prune the original model again (diagnose prune ... --out DIR)")
-    check_pruned(folder, config.diagnose_pruned, config, weight_shapes(folder))
-    return pruned(cls)
-
-
 _LAYER_INDEX = re.compile(r"(?:^|\.)(?:h|layer|layers|block|blocks)\.(\d+)\.")
 
 
@@ -211,6 +200,34 @@ def _weight_names(folder: Path) -> list[str] | None:
             raise InputFileError(f"{folder / 'model.safetensors'}: not a readable safetensors file "
                                  f"({one_line(exc)}); re-save the folder with model.save_pretrained(folder)") from None
     return None
+
+
+def weight_shapes(folder: Path) -> dict[str, list[int]] | None:
+    """{tensor name: shape} from the safetensors header(s) of a model folder (no tensor is read);
+    None when its weights are not safetensors."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        data = read_json(index, "weights index", "re-save the folder with model.save_pretrained(folder)")
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict):
+            return None
+        files = sorted({str(v) for v in weight_map.values() if isinstance(v, str) and "/" not in v})
+    elif (folder / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        return None
+    out: dict[str, list[int]] = {}
+    for name in files:
+        try:
+            with safe_open(str(folder / name), "pt") as f:  # the header only
+                for key in f.keys():
+                    out[key] = list(f.get_slice(key).get_shape())
+        except Exception as exc:  # SafetensorError, OSError
+            raise InputFileError(f"{folder / name}: not a readable safetensors file ({type(exc).__name__}); "
+                                 "re-save the folder with model.save_pretrained(folder)") from None
+    return out
 
 
 def _check_layer_count(folder: Path, config: Any) -> None:

@@ -4,8 +4,9 @@ The loader rebuilds a pruned Hugging Face folder by giving parameters the shapes
 lists and setting the module attributes it lists (_remote_model.shrink). The config is input like
 any other: it could name a method (`forward`), a module that is not there, or head counts of 0
 or 10**9. So before anything is built, every entry is checked: attribute names only from what
-the cutters write (cut.ATTRIBUTES), values plain integers, each shape equal to the weights
-file's, each feature count equal to its weight's dimension, head counts within the config's.
+a cut writes (cut.ATTRIBUTES, read from the built-in families' layouts), values plain integers,
+each shape equal to the weights file's, each feature count equal to its weight's dimension, head
+counts (cut.HEAD_COUNTS) within the config's.
 Every refusal is one InputFileError naming config.json, the entry and the fix.
 """
 
@@ -16,12 +17,10 @@ from typing import Any
 
 from .._numbers import kind
 from ..errors import InputFileError
-from .cut import ATTRIBUTES
+from .cut import ATTRIBUTES, HEAD_COUNTS, WIDTHS
 
 _FIX = "prune the original model again (diagnose prune ... --out DIR)"
 _KEYS = ("shapes", "attributes", "heads_left")
-_HEAD_COUNTS = ("num_attention_heads", "num_heads", "n_heads", "num_key_value_groups")
-_WIDTHS = ("all_head_size", "split_size")
 MAX_ENTRIES = 1 << 16
 
 
@@ -83,42 +82,12 @@ def _check_module(owner: Any, attrs: Any, shapes: dict[str, list[int]], n_heads:
         want = {"out_features": 0, "in_features": 1, "nx": 0, "nf": 1}.get(key)  # Linear [out, in], Conv1D [in, out]
         if want is not None and (weight is None or len(weight) != 2 or weight[want] != value):
             raise bad(f"{at} is {value}, but {owner}.weight has shape {weight}")
-        if key in _HEAD_COUNTS and not (1 <= value <= (n_heads or value)):
+        if key in HEAD_COUNTS and not (1 <= value <= (n_heads or value)):
             raise bad(f"{at} is {value}, not a head count from 1 to {n_heads}")
-        if key in _WIDTHS and not (1 <= value <= widest):
+        if key in WIDTHS and not (1 <= value <= widest):
             raise bad(f"{at} is {value}, wider than any weight in the folder")
 
 
 def _config_int(config: Any, name: str) -> int | None:
     value = getattr(config, name, None)
     return value if _int(value) and value > 0 else None
-
-
-def weight_shapes(folder: Path) -> dict[str, list[int]] | None:
-    """{tensor name: shape} from the safetensors header(s) of a model folder (no tensor is read);
-    None when its weights are not safetensors."""
-    from safetensors import safe_open
-
-    from ..io._read import read_json
-
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        data = read_json(index, "weights index", "re-save the folder with model.save_pretrained(folder)")
-        weight_map = data.get("weight_map") if isinstance(data, dict) else None
-        if not isinstance(weight_map, dict):
-            return None
-        files = sorted({str(v) for v in weight_map.values() if isinstance(v, str) and "/" not in v})
-    elif (folder / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        return None
-    out: dict[str, list[int]] = {}
-    for name in files:
-        try:
-            with safe_open(str(folder / name), "pt") as f:  # the header only
-                for key in f.keys():
-                    out[key] = list(f.get_slice(key).get_shape())
-        except Exception as exc:  # SafetensorError, OSError
-            raise InputFileError(f"{folder / name}: not a readable safetensors file ({type(exc).__name__}); "
-                                 "re-save the folder with model.save_pretrained(folder)") from None
-    return out

@@ -16,6 +16,7 @@ from ..ablation.batches import as_batches
 from ..ablation.gate import gated
 from ..ablation.methods import FOLDABLE, DataPass, get_method, install, prepare
 from ..adapters.base import AttentionSite
+from ..adapters.layout import layout_of
 from ..errors import ConfigError, DataError, DiagnoseError
 from ..modes import eval_mode
 from ..objectives import TASKS, default_task
@@ -23,8 +24,9 @@ from ..sites import find_heads
 from . import verify
 from ._measure import Measure
 from .choose import Budget, Choice, Step, choose
-from .cut import MIN_HEADS, check_cuttable, cut, family_of
-from .result import PruneResult
+from .cut import check_cuttable, cut, family_of, min_heads
+from .result import (Change, CurvePoint, Figures, ModelInfo, PruneResult, Removal, Settings, Size, Stop, Timing,
+                     Verification)
 
 DEFAULT_MAX_DROP = 1.0  # accuracy points, classification
 DEFAULT_MAX_LOSS = 0.05  # nats per scored token, language models
@@ -41,7 +43,8 @@ def prune_heads(model: nn.Module, data: Any, *, max_drop: float | None = None, m
     max_loss: mean loss it may gain (language models default 0.05 nats per token). Each round
     verifies `candidates` heads exactly (see choose.py). eval_data: held-out data for the before/after
     figures (choosing on `data` flatters it). limit: at most this many removals. The input model is
-    never modified; `result.model` is a pruned copy and `result.save(dir)` writes it.
+    never modified; `result.model` is a pruned copy; `result.save_pretrained(dir)` writes it and
+    `result.save(path)` the JSON.
     """
     started = time.perf_counter()
     task = task or default_task(model, data)
@@ -59,13 +62,12 @@ def prune_heads(model: nn.Module, data: Any, *, max_drop: float | None = None, m
         if task == "classification" and any(labels is None for _, labels in bs):
             raise DataError(f"the {name} has no labels; classification pruning measures accuracy against them")
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
-    check_cuttable(model, sites, method)
-    family = family_of(sites)
+    layouts = check_cuttable(model, sites, method)
     with eval_mode(model):
         measure = Measure(model, sites, batches, task)
         with gated(sites) as gates:
             fills = prepare(how, DataPass(measure.sweep(gates, []), measure.parts))  # foldable: [H, D] or None per site
-            choice = choose(measure, gates, budget, candidates=candidates, min_heads=MIN_HEADS.get(family, 0),
+            choice = choose(measure, gates, budget, candidates=candidates, min_heads=min_heads(layouts),
                             limit=limit, on_step=on_step)
         pruned = cut(model, sites, choice.removed(), fills)  # outside the gates: a copy must not inherit them
         pruned.model.eval()
@@ -84,8 +86,7 @@ def prune_heads(model: nn.Module, data: Any, *, max_drop: float | None = None, m
         raise DiagnoseError(f"{type(model).__name__}: the pruned model's outputs differ from the gated model's by "
                             f"{checked['max_abs_diff']:.3g} (tolerance {checked['tolerance']:.3g}); nothing was "
                             "saved: please report this with the model's family")
-    settings = {"max_drop": budget.max_drop, "max_loss": budget.max_loss, "candidates": int(candidates),
-                "limit": limit}
+    settings = Settings(budget.max_drop, budget.max_loss, int(candidates), limit)
     return _result(model, pruned, sites, task, method, settings, choice, checked, before, after, held_out,
                    batches, started, forwards, time_repeats)
 
@@ -101,37 +102,27 @@ def _budget(task: str, max_drop: float | None, max_loss: float | None) -> Budget
     return Budget(None if max_drop is None else float(max_drop), None if max_loss is None else float(max_loss))
 
 
-def _result(model, pruned, sites, task, method, budget, choice, checked, before, after, held_out, batches,
+def _result(model, pruned, sites, task, method, settings, choice, checked, before, after, held_out, batches,
             started, forwards, time_repeats) -> PruneResult:
     total = sum(s.n_heads for s in sites)
-    base = choice.baseline
-    curve = [{"n_removed": 0, "fraction_removed": 0.0, "accuracy": base.accuracy, "loss": base.loss}]
-    curve += [{"n_removed": s.n_removed, "fraction_removed": s.n_removed / total, "accuracy": s.accuracy,
-               "loss": s.loss, "layer": s.layer, "head": s.head} for s in choice.steps]
-    order = [{"layer": s.layer, "head": s.head, "estimate": s.estimate, "accuracy": s.accuracy, "loss": s.loss}
-             for s in choice.steps[:choice.kept]]
-    data_fig = {"before": {"accuracy": base.accuracy, "loss": base.loss},
-                "after": {"accuracy": choice.steps[choice.kept - 1].accuracy if choice.kept else base.accuracy,
-                          "loss": choice.steps[choice.kept - 1].loss if choice.kept else base.loss},
-                **verify.paired_noise(before, after),
-                "note": "the heads were chosen on this data, so its figures flatter the pruned model"}
+    base = Figures(choice.baseline.accuracy, choice.baseline.loss)
+    curve = [CurvePoint(0, 0.0, base.accuracy, base.loss)]
+    curve += [CurvePoint(s.n_removed, s.n_removed / total, s.accuracy, s.loss, s.layer, s.head) for s in choice.steps]
+    order = [Removal(s.layer, s.head, s.estimate, s.accuracy, s.loss) for s in choice.steps[:choice.kept]]
+    last = choice.steps[choice.kept - 1] if choice.kept else base
+    data_fig = Change(base, Figures(last.accuracy, last.loss), **verify.paired_noise(before, after),
+                      note="the heads were chosen on this data, so its figures flatter the pruned model")
     eval_fig = None
     if held_out is not None:
         with eval_mode(model):
-            b = verify.accuracy_and_loss(model, held_out, task)
-            a = verify.accuracy_and_loss(pruned.model, held_out, task)
-        eval_fig = {"n_examples": int(len(b["per_example"])),
-                    "before": {"accuracy": b["accuracy"], "loss": b["loss"]},
-                    "after": {"accuracy": a["accuracy"], "loss": a["loss"]},
-                    **verify.paired_noise(b["per_example"], a["per_example"])}
+            b, a = verify.accuracy_and_loss(model, held_out, task), verify.accuracy_and_loss(pruned.model, held_out, task)
+        eval_fig = Change(Figures(b["accuracy"], b["loss"]), Figures(a["accuracy"], a["loss"]),
+                          **verify.paired_noise(b["per_example"], a["per_example"]),
+                          n_examples=int(len(b["per_example"])))
     with eval_mode(model):
         speed = verify.forward_time(model, pruned.model, batches[0][0], time_repeats)
-    size = {"parameters_before": verify.n_parameters(model), "parameters_after": verify.n_parameters(pruned.model),
-            **speed}
-    notes = []
-    family = family_of(sites)
-    if family in MIN_HEADS:
-        notes.append("transformers cannot build an attention layer without heads: every layer keeps at least one")
+    size = Size(verify.n_parameters(model), verify.n_parameters(pruned.model), **speed)
+    notes = list(dict.fromkeys(lay.min_heads_note for lay in map(layout_of, sites) if lay.min_heads_note))
     if any(n == 0 for n in pruned.heads_left):
         notes.append("layers left with no heads keep their output projection's bias: their attention output is "
                      "exactly that bias, as in the gated model")
@@ -139,14 +130,10 @@ def _result(model, pruned, sites, task, method, budget, choice, checked, before,
         if note.get("kv_copies"):
             notes.append(f"layer {layer}: the query groups left differ in size, so {note['kv_copies']} key/value "
                          f"head(s) were copied to keep grouped-query attention exact")
-    n_heads = [s.n_heads for s in sites]
-    info = {"family": family, "class": type(model).__name__, "n_layers": len(sites), "n_heads": n_heads,
-            "format": getattr(model, "diagnose_format", None)}
+    info = ModelInfo(family_of(sites), type(model).__name__, len(sites), [s.n_heads for s in sites],
+                     getattr(model, "diagnose_format", None))
     return PruneResult(
-        model=pruned.model, info=info, task=task, method=method,
-        budget=budget,
-        n_examples=int(len(before)), baseline={"accuracy": base.accuracy, "loss": base.loss}, curve=curve,
-        order=order, heads_left=pruned.heads_left, stop=choice.stop, verify=checked, data=data_fig, eval=eval_fig,
-        size=size, timing={"seconds": time.perf_counter() - started, "rounds": choice.rounds,
-                           "forward_passes": forwards},
-        notes=notes, cut=pruned)
+        model=pruned.model, info=info, task=task, method=method, settings=settings, n_examples=int(len(before)),
+        baseline=base, curve=curve, order=order, heads_left=pruned.heads_left, stop=Stop.from_choice(choice.stop),
+        verify=Verification(**checked), data=data_fig, eval=eval_fig, size=size,
+        timing=Timing(time.perf_counter() - started, choice.rounds, forwards), notes=notes, cut=pruned)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import os
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,10 +20,10 @@ from typing import Any, Iterable
 
 import torch
 
-from .._write import _fix, _reason, _umask, check_output
+from .._json import dumps
+from .._write import check_output, process_umask, replace_atomically, write_error
 from ..errors import OutputError
-from ..io import save_checkpoint
-from ..zoo.model import Transformer
+from ..io import can_checkpoint, save_checkpoint
 
 REMOTE_FILE = "pruned_heads.py"
 _AUTO = (("ForSequenceClassification", "AutoModelForSequenceClassification"), ("ForCausalLM", "AutoModelForCausalLM"),
@@ -59,7 +58,7 @@ def save_pruned(result, folder: Path, *, tokenizer: Any = None) -> dict[str, Any
         raise _kept(result, folder, tokenizer, exc) from None
     try:
         saved = _write(result, work, tokenizer)
-        work.chmod(0o777 & ~_umask())  # mkdtemp's folder is private; the user's umask decides, as for mkdir
+        work.chmod(0o777 & ~process_umask())  # mkdtemp's folder is private; the user's umask decides, as for mkdir
         if folder.exists():
             folder.rmdir()  # empty (check_folder): a folder can only be renamed onto an empty one
         work.rename(folder)
@@ -83,23 +82,25 @@ def _kept(result, folder: Path, tokenizer: Any, exc: OSError) -> OutputError:
         if spare is not None:
             shutil.rmtree(spare, ignore_errors=True)
         kept = f"; it could not be saved in {tempfile.gettempdir()} either"
-    return OutputError(f"{folder}: cannot write the pruned model ({_reason(exc)}){kept}; {_fix(exc)}")
+    return write_error(folder, "pruned model", exc, kept)
 
 
 def _write(result, folder: Path, tokenizer: Any) -> dict[str, Any]:
+    """Every file of the pruned model into `folder` (a staging folder save_pruned renames into place)."""
     model = result.model
     if hasattr(model, "save_pretrained") and hasattr(model, "config"):
         form = "Hugging Face folder"
         _save_hf(result, folder, tokenizer if tokenizer is not None else getattr(model, "diagnose_tokenizer", None))
-    elif isinstance(model, Transformer):
+    elif can_checkpoint(model):
         form = "diagnose checkpoint"
         save_checkpoint(model, folder / "model.pt", meta=dict(getattr(model, "diagnose_meta", None) or {}))
     else:
         form = "state_dict + factory"
-        torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, folder / "model.pt")
-    (folder / "heads.json").write_text(json.dumps({"schema": "diagnose.pruned_heads/1", "heads_left": result.heads_left,
-                                                   "removed": [list(h) for h in result.removed]}, indent=1) + "\n",
-                                       encoding="utf-8")
+        state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        replace_atomically(folder / "model.pt", lambda f: torch.save(state, f))
+    heads = {"schema": "diagnose.pruned_heads/1", "heads_left": result.heads_left,
+             "removed": [list(h) for h in result.removed]}
+    replace_atomically(folder / "heads.json", dumps(heads, indent=1) + "\n")
     return {"form": form, "files": sorted(p.name for p in folder.iterdir())}
 
 
@@ -118,7 +119,6 @@ def _save_hf(result, folder: Path, tokenizer: Any) -> None:
     finally:
         model.config = original_config
     source = (Path(__file__).parent / "_remote_model.py").read_text(encoding="utf-8")
-    (folder / REMOTE_FILE).write_text(source.replace("BASE = None", f'BASE = "{arch}"', 1),
-                                      encoding="utf-8")
+    replace_atomically(folder / REMOTE_FILE, source.replace("BASE = None", f'BASE = "{arch}"', 1))
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)

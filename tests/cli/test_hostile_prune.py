@@ -138,7 +138,7 @@ def pruned_folder(tmp_path_factory):
     ids = torch.randint(1, 20, (8, 6), generator=torch.Generator().manual_seed(0))
     data = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.arange(8) % 2}
     folder = tmp_path_factory.mktemp("pruned") / "pruned"
-    diagnose.prune_heads(model, data, max_drop=100.0, candidates=1).save(folder)
+    diagnose.prune_heads(model, data, max_drop=100.0, candidates=1).save_pretrained(folder)
     return folder
 
 

@@ -73,8 +73,8 @@ def test_three_families_cut_equal_the_zeroed_model_and_load_without_diagnose(tmp
         pruned = outputs(result.model, inputs)
         sites = find_heads(model)
         assert_close(pruned, outputs(zeroed(model, sites, result.removed), inputs), sites)
-        assert result.size["parameters_after"] < result.size["parameters_before"]
-        result.save(tmp_path / name)
+        assert result.size.parameters_after < result.size.parameters_before
+        result.save_pretrained(tmp_path / name)
         # the policy's tolerance travels with the logits: the subprocess must not import diagnose
         torch.save({"inputs": inputs, "logits": pruned, "tol": tol(output_scale(pruned), **size(sites))},
                    tmp_path / f"{name}.pt")
@@ -143,7 +143,7 @@ def test_diagnose_reloads_a_pruned_folder_with_its_own_code(tmp_path):
     model = bert()
     data = _data(model, classify=True)
     result = diagnose.prune_heads(model, data, max_drop=100.0, limit=3, candidates=1)
-    result.save(tmp_path / "pruned")
+    result.save_pretrained(tmp_path / "pruned")
     (tmp_path / "pruned" / "pruned_heads.py").write_text("raise SystemExit('the folder code ran')\n")
     again = load_model(tmp_path / "pruned")  # the folder's own file is never run
     assert type(again).__name__ == "BertForSequenceClassification"

@@ -32,16 +32,16 @@ def test_prunes_to_empty_layers_and_matches_the_zeroed_model(tmp_path):
     result = diagnose.prune_heads(model, data, max_drop=100.0, eval_data=data)
     assert state_hash(model) == before and not model._forward_pre_hooks  # the input is untouched
     assert result.heads_left == [0, 0] and len(result.order) == 8  # a budget of 100 points lets every head go
-    assert result.stop["reason"].startswith("every layer is down to 0")
+    assert result.stop.reason.startswith("every layer is down to 0")
     sites = find_heads(model)
     reference = zeroed(model, sites, result.removed)
     inputs = {k: v for k, v in data.items() if k != "labels"}
     assert_close(outputs(result.model, inputs), outputs(reference, inputs), sites)
     blocks = result.model.blocks
     assert all(b.attn.qkv.weight.shape[0] == 0 and b.attn.proj.weight.shape[1] == 0 for b in blocks)
-    assert result.size["parameters_after"] < result.size["parameters_before"]
+    assert result.size.parameters_after < result.size.parameters_before
     assert any("bias" in note for note in result.notes)
-    result.save(tmp_path / "out")
+    result.save_pretrained(tmp_path / "out")
     again = load_model(tmp_path / "out" / "model.pt")
     assert again.cfg.layer_heads == [0, 0]
     assert_exact(outputs(again, inputs), outputs(result.model, inputs))  # a reload computes the same
@@ -55,8 +55,8 @@ def test_budget_is_kept_and_the_curve_is_monotone_in_removals():
     assert d["schema"] == "diagnose.prune/1" and d["curve"][0]["n_removed"] == 0
     assert [p["n_removed"] for p in d["curve"]] == list(range(len(d["curve"])))
     assert all(base - p["accuracy"] <= 0.10 + tol(1.0, dtype=F64) for p in d["curve"])  # never past the budget
-    if d["stop"]["reason"].startswith("removing one more"):
-        assert base - d["stop"]["next"]["accuracy"] > 0.10  # the head it refused would have broken it
+    assert d["stop"]["reason"].startswith("removing one more")  # on this model the budget, not the heads, runs out
+    assert base - d["stop"]["next"]["accuracy"] > 0.10  # the head it refused would have broken it
     assert sum(d["heads_left"]) == 8 - d["n_removed"]
     assert d["verify"]["passed"]
 
@@ -65,7 +65,7 @@ def test_mean_method_folds_the_means_into_the_bias():
     model, data = _model_and_data(kind="lm")
     result = diagnose.prune_heads(model, data, max_loss=10.0, method="mean", limit=3)
     assert result.task == "lm" and len(result.order) == 3
-    assert result.verify["passed"] and result.verify["max_abs_diff"] <= result.verify["tolerance"]
+    assert result.verify.passed and result.verify.max_abs_diff <= result.verify.tolerance
 
 
 def test_every_point_of_the_curve_is_measured_with_the_earlier_removals_in_place():
@@ -78,5 +78,5 @@ def test_every_point_of_the_curve_is_measured_with_the_earlier_removals_in_place
     removed = result.removed
     for k, point in enumerate(result.curve):
         acc, loss = evaluate(zeroed(model, sites, removed[:k]), batches, "classification")
-        assert point["accuracy"] == approx(acc, scale=1.0, dtype=F64)  # exact counts over float64
-        assert point["loss"] == pytest.approx(loss, abs=loss_tol(loss, **size(sites)))
+        assert point.accuracy == approx(acc, scale=1.0, dtype=F64)  # exact counts over float64
+        assert point.loss == pytest.approx(loss, abs=loss_tol(loss, **size(sites)))
