@@ -38,7 +38,9 @@ def escape_json(obj: Any) -> str:
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
-def _num(value: Any, spec: str = ".3f") -> str:
+def _format_number(value: Any, spec: str = ".3f") -> str:
+    """The templates' `num` filter: a number in `spec`, "nan"/"inf" as such, a dash for a missing
+    or non-numeric value."""
     if isinstance(value, jinja2.Undefined) or value is None:
         return "–"
     try:
@@ -65,7 +67,7 @@ def _plain(value: Any) -> str:
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters["num"] = _num
+    env.filters["num"] = _format_number
     env.filters["bdi"] = _bdi
     env.filters["plain"] = _plain
     return env
