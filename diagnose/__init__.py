@@ -10,9 +10,8 @@ TrainingMonitor's hooks live until its close() (or the end of its `with` block).
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from .errors import (ConfigError, DataError, DiagnoseError, DistributedError, InputFileError, NoAttentionFoundError,
-                     NonFiniteError, OutputError, RunFolderError, StateError, TrainingAlertError, UnsafePickleError,
-                     UsageError)
+from . import errors
+from .errors import *  # noqa: F403 -- every error class (errors.__all__), so a new one is exported as it is made
 
 # Public names and the module each lives in. They are imported on first use (PEP 562), so
 # that `import diagnose` and `diagnose --help` do not pay for torch, scipy and pandas.
@@ -61,28 +60,15 @@ __all__ = [
     "AttentionSite",
     "AttentionSummary",
     "Capture",
-    "ConfigError",
-    "DataError",
     "DataSet",
-    "DiagnoseError",
-    "DistributedError",
     "Finding",
     "GroupEffect",
     "HeadEffect",
     "HeadsResult",
-    "InputFileError",
-    "NoAttentionFoundError",
-    "NonFiniteError",
-    "OutputError",
     "PruneResult",
     "Run",
-    "RunFolderError",
-    "StateError",
     "Thresholds",
-    "TrainingAlertError",
     "TrainingMonitor",
-    "UnsafePickleError",
-    "UsageError",
     "__version__",
     "ablate_heads",
     "ablate_together",
@@ -100,3 +86,4 @@ __all__ = [
     "save_checkpoint",
     "write_report",
 ]
+__all__ += errors.__all__
