@@ -11,21 +11,23 @@ from diagnose._terminal import plain
 from ._options import check_outputs, html_option
 
 
-def _num(x, fmt: str) -> str:
+def _format_field(x, fmt: str) -> str:
+    """One field of a step record as text: numbers in `fmt`, a list (one lr per group) joined by
+    commas, "-" for a missing value, anything else as it is."""
     if isinstance(x, list):  # one lr per parameter group
-        return ",".join(_num(v, fmt) for v in x)
+        return ",".join(_format_field(v, fmt) for v in x)
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return "-" if x is None else str(x)
     return format(x, fmt)
 
 
 def _step_line(rec: dict) -> str:
-    line = (f"step {rec.get('step')}  loss {_num(rec.get('loss'), '.6g')}  grad norm {_num(rec.get('grad_norm'), '.4g')}"
-            f"  lr {_num(rec.get('lr'), '.4g')}")
+    line = (f"step {rec.get('step')}  loss {_format_field(rec.get('loss'), '.6g')}  grad norm {_format_field(rec.get('grad_norm'), '.4g')}"
+            f"  lr {_format_field(rec.get('lr'), '.4g')}")
     if rec.get("step_time") is not None:
-        line += f"  {_num(rec['step_time'], '.3g')} s/step"
+        line += f"  {_format_field(rec['step_time'], '.3g')} s/step"
     if rec.get("tokens_per_s") is not None:
-        line += f"  {_num(rec['tokens_per_s'], '.4g')} tokens/s"
+        line += f"  {_format_field(rec['tokens_per_s'], '.4g')} tokens/s"
     return plain(line)
 
 

@@ -10,7 +10,8 @@ TrainingMonitor's hooks live until its close() (or the end of its `with` block).
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from .errors import DiagnoseError
+from . import errors
+from .errors import *  # noqa: F403 -- every error class (errors.__all__), so a new one is exported as it is made
 
 # Public names and the module each lives in. They are imported on first use (PEP 562), so
 # that `import diagnose` and `diagnose --help` do not pay for torch, scipy and pandas.
@@ -21,7 +22,7 @@ _EXPORTS = {
     "AttentionSummary": ".attention_stats", "attention_summary": ".attention_stats",
     "Capture": "._capture", "capture": "._capture",
     "Finding": ".checks", "check_model": ".checks", "check_training_setup": ".checks",
-    "DataSet": ".io", "load_data": ".io", "load_model": ".io", "save_checkpoint": ".io",
+    "DataSet": ".io", "load_data": ".io", "load_data_for": ".io", "load_model": ".io", "save_checkpoint": ".io",
     "Run": ".monitor", "Thresholds": ".monitor", "TrainingMonitor": ".monitor", "read_run": ".monitor",
     "PruneResult": ".prune", "prune_heads": ".prune",
     "write_report": ".reports",
@@ -34,7 +35,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .attention_stats import AttentionSummary, attention_summary
     from ._capture import Capture, capture
     from .checks import Finding, check_model, check_training_setup
-    from .io import DataSet, load_data, load_model, save_checkpoint
+    from .io import DataSet, load_data, load_data_for, load_model, save_checkpoint
     from .monitor import Run, Thresholds, TrainingMonitor, read_run
     from .prune import PruneResult, prune_heads
     from .reports import write_report
@@ -64,7 +65,6 @@ __all__ = [
     "AttentionSummary",
     "Capture",
     "DataSet",
-    "DiagnoseError",
     "Finding",
     "GroupEffect",
     "HeadEffect",
@@ -82,6 +82,7 @@ __all__ = [
     "check_training_setup",
     "find_heads",
     "load_data",
+    "load_data_for",
     "load_model",
     "prune_heads",
     "read_run",
@@ -89,3 +90,4 @@ __all__ = [
     "save_checkpoint",
     "write_report",
 ]
+__all__ += errors.__all__

@@ -21,6 +21,8 @@ import json
 import math
 from typing import Any
 
+from .errors import DataError
+
 NONFINITE_KEY = "nonfinite"
 _NAMES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
@@ -113,8 +115,11 @@ def _child(node: Any, part: str) -> Any:
     return value if isinstance(value, (dict, list)) else None
 
 
-class TooLargeError(ValueError):
-    """A JSON integer no float can hold; `field` is where it sits (`heads[1].delta_loss`)."""
+class TooLargeError(DataError):
+    """A JSON integer no float can hold; `field` is where it sits (`heads[1].delta_loss`).
+
+    A DataError (so also a ValueError): the readers name the file, but a caller of loads sees
+    a diagnose error too."""
 
     def __init__(self, field: str, digits: int):
         super().__init__(f"`{field}` is an integer of {digits} digits, too large for a number")
@@ -150,7 +155,7 @@ def _find_huge(node: Any, where: str) -> tuple[str, int] | None:
 def loads(text: str | bytes) -> Any:
     """Parse JSON written by any diagnose version: bare NaN/Infinity tokens, or null plus `nonfinite`.
 
-    Raises TooLargeError (a ValueError) for an integer too large for a float."""
+    Raises TooLargeError (a DataError, so a ValueError) for an integer too large for a float."""
     huge: list[bool] = []
 
     def parse_int(s: str) -> int:

@@ -1,4 +1,10 @@
-"""One exception family: the CLI turns any DiagnoseError into one line and exit code 2."""
+"""One exception family: every user mistake raises a DiagnoseError, and the CLI turns any
+DiagnoseError into one line and exit code 2.
+
+DataError and ConfigError are also ValueErrors, UsageError a TypeError and StateError a
+RuntimeError, so callers who catch the built-in for a bad value, a wrong type or a call out of
+order catch these too. Every class here is exported from `diagnose` as well (`diagnose.DataError`).
+"""
 
 from __future__ import annotations
 
@@ -65,3 +71,8 @@ class DistributedError(DiagnoseError):
     """Another rank of a torch.distributed group failed; this rank stops too, with that rank's message."""
 
     _diagnose_ranks_told = True  # the other ranks know already: do not tell them again (see _distributed.py)
+
+
+__all__ = ["ConfigError", "DataError", "DiagnoseError", "DistributedError", "InputFileError", "NoAttentionFoundError",
+           "NonFiniteError", "OutputError", "RunFolderError", "StateError", "TrainingAlertError", "UnsafePickleError",
+           "UsageError"]

@@ -39,7 +39,9 @@ def escape_json(obj: Any) -> str:
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
-def _num(value: Any, spec: str = ".3f") -> str:
+def _format_number(value: Any, spec: str = ".3f") -> str:
+    """The templates' `num` filter: a number in `spec`, "nan"/"inf" as such, a dash for a missing
+    or non-numeric value."""
     if isinstance(value, jinja2.Undefined) or value is None:
         return "–"
     try:
@@ -66,7 +68,7 @@ def _plain(value: Any) -> str:
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters["num"] = _num
+    env.filters["num"] = _format_number
     env.filters["bdi"] = _bdi
     env.filters["plain"] = _plain
     env.filters["head_label"] = head_label  # {{ layer|head_label(head) }}: "L0.H1", as everywhere

@@ -43,7 +43,7 @@ class CompareSection:
 
 
 @dataclass
-class Finding:
+class FindingView:
     check: str
     severity: str
     title: str
@@ -55,13 +55,13 @@ class Finding:
 @dataclass
 class ChecksSection:
     name: str
-    findings: list[Finding]
+    findings: list[FindingView]
     passed: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (check, why)
 
 
 @dataclass
-class Lesson:
+class LessonView:
     title: str
     claim: str
     a: str  # the textbook choice
@@ -73,7 +73,7 @@ class Lesson:
 @dataclass
 class LessonsSection:
     name: str
-    lessons: list[Lesson]
+    lessons: list[LessonView]
 
 
 @dataclass
@@ -90,7 +90,7 @@ class Report:
     blob: dict[str, Any] = field(default_factory=dict)
 
 
-def _finding(raw: dict[str, Any]) -> Finding:
+def _finding(raw: dict[str, Any]) -> FindingView:
     ev = raw.get("evidence")
     rows: list[tuple[str, str]] = []
     text = ""
@@ -100,7 +100,7 @@ def _finding(raw: dict[str, Any]) -> Finding:
         rows = [("", str(v)) for v in ev]
     elif ev is not None:
         text = str(ev)
-    return Finding(str(raw.get("check", "")), str(raw.get("severity", "warning")),
+    return FindingView(str(raw.get("check", "")), str(raw.get("severity", "warning")),
                    str(raw.get("title") or raw.get("check") or "finding"), text, rows, str(raw.get("fix", "")))
 
 
@@ -108,10 +108,10 @@ def _cell(value: Any, fmt: Any) -> str:
     return format_cell(value, fmt)
 
 
-def _lesson(raw: dict[str, Any]) -> Lesson:
+def _lesson(raw: dict[str, Any]) -> LessonView:
     rows = [(str(r.get("metric", "")), _cell(r.get("a"), r.get("fmt")), _cell(r.get("b"), r.get("fmt")))
             for r in raw.get("rows", []) if isinstance(r, dict)]
-    return Lesson(str(raw.get("title") or raw.get("key") or ""), str(raw.get("claim") or ""),
+    return LessonView(str(raw.get("title") or raw.get("key") or ""), str(raw.get("claim") or ""),
                   str(raw.get("a") or "a"), str(raw.get("b") or "b"), rows, [str(r) for r in raw.get("runs") or []])
 
 

@@ -140,7 +140,7 @@ class HeadsView:
         return out
 
 
-def _num(value: Any) -> float:
+def _plot_float(value: Any) -> float:
     """A float; beyond +-1e300 (where matplotlib's axis arithmetic overflows) it is taken as infinite."""
     try:
         out = float(value)
@@ -160,7 +160,7 @@ def _harm_key(head: dict[str, Any]) -> tuple[float, float]:
     def finite(v: float) -> float:
         return v if math.isfinite(v) else math.inf
 
-    return finite(-_num(head.get("delta_loss"))), finite(_num(head.get("delta_accuracy")))
+    return finite(-_plot_float(head.get("delta_loss"))), finite(_plot_float(head.get("delta_accuracy")))
 
 
 def _flags(raw: Any) -> list[Flag]:
@@ -242,10 +242,10 @@ def _groups(raw: Any, heads: list[dict[str, Any]]) -> list[Group]:
         if not members:
             continue
         singles = [by_head.get(m, {}) for m in members]
-        out.append(Group(heads_label(members), _num(g.get("accuracy")),
-                         _num(g.get("delta_accuracy")), _num(g.get("delta_loss")),
-                         sum(_num(h.get("delta_accuracy")) for h in singles),
-                         sum(_num(h.get("delta_loss")) for h in singles)))
+        out.append(Group(heads_label(members), _plot_float(g.get("accuracy")),
+                         _plot_float(g.get("delta_accuracy")), _plot_float(g.get("delta_loss")),
+                         sum(_plot_float(h.get("delta_accuracy")) for h in singles),
+                         sum(_plot_float(h.get("delta_loss")) for h in singles)))
     return out
 
 
@@ -272,9 +272,9 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
         at = (h["layer"], h["head"])
         roles[at] = h.get("role") if isinstance(h.get("role"), str) else ""
         for k in HEAD_NUMBERS:
-            grids[k][at] = _num(h.get(k))
+            grids[k][at] = _plot_float(h.get(k))
         for k in ATTENTION_STATS:
-            grids[k][at] = _num((h.get("attention") or {}).get(k))
+            grids[k][at] = _plot_float((h.get("attention") or {}).get(k))
         significant[at] = h.get("significant") is True
     ranked = sorted(data["heads"], key=_harm_key)
     examples, texts, note = _pack_examples(data.get("examples"), n_layers, n_heads, name, budget)
@@ -284,7 +284,7 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
         shared=shared_note(model),
         task=str(data.get("task", "")), method=str(data.get("method", "")),
         n_examples=data.get("n_examples") if isinstance(data.get("n_examples"), int) else None,
-        baseline=data.get("baseline") or {}, seconds=_num(timing.get("seconds")) if timing else None,
+        baseline=data.get("baseline") or {}, seconds=_plot_float(timing.get("seconds")) if timing else None,
         grids=grids, significant=significant, ranked=ranked, flags=_flags(data.get("flags")),
         correlations=_correlations(data.get("correlations")), examples=examples, example_texts=texts,
         examples_note=note, together=_groups(data.get("together"), data["heads"]),

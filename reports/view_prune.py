@@ -166,7 +166,7 @@ def prune_verdict_lines(s: PruneSection) -> list[tuple[str, str]]:
         lines.append(("held-out accuracy", f"{_pct(ev['before'].get('accuracy'))} → {_pct(ev['after'].get('accuracy'))} "
                                            f"(sampling noise ±{_pct(ev.get('noise'))})"))
     size = d.get("size") or {}
-    if _num(size.get("parameters_before")) and _num(size.get("parameters_after")):
+    if _is_number(size.get("parameters_before")) and _is_number(size.get("parameters_after")):
         lines.append(("parameters", f"{size['parameters_before']:,} → {size['parameters_after']:,}"))
     return lines
 
@@ -174,9 +174,9 @@ def prune_verdict_lines(s: PruneSection) -> list[tuple[str, str]]:
 def _rows(d: dict[str, Any]) -> list[tuple[str, str]]:
     rows = []
     budget = d.get("budget") or {}
-    if _num(budget.get("max_drop")):
+    if _is_number(budget.get("max_drop")):
         rows.append(("budget", f"at most {budget['max_drop']:g} accuracy points on the choice data"))
-    if _num(budget.get("max_loss")):
+    if _is_number(budget.get("max_loss")):
         rows.append(("budget", f"at most +{budget['max_loss']:g} loss on the choice data"))
     data = d.get("data") or {}
     for label, part in (("choice data", data), ("held-out data", d.get("eval") or {})):
@@ -186,14 +186,14 @@ def _rows(d: dict[str, Any]) -> list[tuple[str, str]]:
                                                f"(noise ±{_pct(part.get('noise'))})"))
             rows.append((f"{label}: loss", f"{_fmt(b.get('loss'))} → {_fmt(a.get('loss'))}"))
     size = d.get("size") or {}
-    if _num(size.get("parameters_before")) and _num(size.get("parameters_after")):
+    if _is_number(size.get("parameters_before")) and _is_number(size.get("parameters_after")):
         rows.append(("parameters", f"{size['parameters_before']:,} → {size['parameters_after']:,}"))
-    if _num(size.get("forward_seconds_before")) and _num(size.get("forward_seconds_after")):
+    if _is_number(size.get("forward_seconds_before")) and _is_number(size.get("forward_seconds_after")):
         rows.append(("forward time", f"{size['forward_seconds_before'] * 1e3:.1f} ms → "
                                      f"{size['forward_seconds_after'] * 1e3:.1f} ms (batch {size.get('batch')}, "
                                      f"{size.get('threads')} threads)"))
     v = d.get("verify") or {}
-    if _num(v.get("max_abs_diff")):
+    if _is_number(v.get("max_abs_diff")):
         rows.append(("pruned vs gated outputs", f"max |diff| {v['max_abs_diff']:.2g}"))
     stop = d.get("stop") or {}
     if isinstance(stop.get("reason"), str):
@@ -209,15 +209,15 @@ def _curve(d: dict[str, Any]) -> str:
     ax.plot(x, [_plotted(100 * p["accuracy"]) for p in pts], marker=".", color="#1565c0")
     base = _plotted(100 * pts[0]["accuracy"])
     drop = (d.get("budget") or {}).get("max_drop")
-    if _num(drop) and 0 <= drop <= 100 and math.isfinite(base):  # accuracy points: a line on the plot
+    if _is_number(drop) and 0 <= drop <= 100 and math.isfinite(base):  # accuracy points: a line on the plot
         ax.axhline(base - drop, color="#c62828", lw=0.8, ls="--")
     ax.set_xlabel("heads removed (%)")
     ax.set_ylabel("accuracy (%)")
     ax2 = fig.add_subplot(1, 2, 2)
     ax2.plot(x, [_plotted(p["loss"]) for p in pts], marker=".", color="#ef8f00")
     nxt, total = (d.get("stop") or {}).get("next"), sum(d["model"]["n_heads"])
-    if isinstance(nxt, dict) and _num(nxt.get("accuracy")) and _num(nxt.get("loss")) and total:
-        at = 100 * (pts[-1]["n_removed"] + 1) / total if _num(pts[-1].get("n_removed")) else x[-1]
+    if isinstance(nxt, dict) and _is_number(nxt.get("accuracy")) and _is_number(nxt.get("loss")) and total:
+        at = 100 * (pts[-1]["n_removed"] + 1) / total if _is_number(pts[-1].get("n_removed")) else x[-1]
         ax.plot([_plotted(at)], [_plotted(100 * nxt["accuracy"])], "x", color="#c62828")  # the removal it refused
         ax2.plot([_plotted(at)], [_plotted(nxt["loss"])], "x", color="#c62828")
     ax2.set_xlabel("heads removed (%)")
@@ -225,8 +225,9 @@ def _curve(d: dict[str, Any]) -> str:
     return to_data_uri(fig)
 
 
-def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def _is_number(v: Any) -> bool:
+    """Whether a field holds a number a float can hold (the one test, `diagnose._numbers.number`)."""
+    return number(v) is not None
 
 
 def _plotted(v: float) -> float:
@@ -236,8 +237,8 @@ def _plotted(v: float) -> float:
 
 
 def _pct(v: Any) -> str:
-    return f"{100 * v:.1f} %" if _num(v) else "–"
+    return f"{100 * v:.1f} %" if _is_number(v) else "–"
 
 
 def _fmt(v: Any) -> str:
-    return f"{v:.4f}" if _num(v) else "–"
+    return f"{v:.4f}" if _is_number(v) else "–"

@@ -1,18 +1,15 @@
 """Long contexts: statistics by chunks of query rows give what the whole maps give, and a
-16k-token example is summarised without any [H, T, T] map (peak resident memory measured
-in a fresh process)."""
+16k-token example is summarised without any [T, T] map (no operation returns a tensor that large;
+peak resident memory is bench/bench_long_context.py's figure)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
+import math
 from contextlib import ExitStack
-from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import diagnose
 from diagnose import attention_stats
@@ -127,38 +124,34 @@ def test_kept_maps_are_windowed():
     assert diagnose.attention_summary(model, [ids], keep=1).window is None  # 40 < 512: whole maps
 
 
-_PEAK = textwrap.dedent("""
-    import json, sys, torch
-    sys.path.insert(0, {root!r})
-    sys.path.insert(0, {root!r} + "/bench")
-    torch.set_num_threads(1)
-    import diagnose
-    from _peak import peak_bytes
-    from tests.long_model import LongLM
-    torch.manual_seed(0)
-    model = LongLM().eval()
-    ids = torch.randint(0, 64, (1, {T}))
-    before = peak_bytes() / 2**30  # torch's own libraries: 0.2 GiB for a CPU build, 0.5 for a CUDA build
-    s = diagnose.attention_summary(model, [ids], keep=1)
-    print(json.dumps({{"peak_gib": peak_bytes() / 2**30, "before_gib": before, "window": s.window,
-                       "entropy": s.stats[0]["entropy"], "kept": list(s.examples[0].shape)}}))
-""")
+class _LargestTensor(TorchDispatchMode):
+    """Records the most elements of any tensor an operation returns while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for x in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(x, torch.Tensor):
+                self.numel = max(self.numel, x.numel())
+        return out
 
 
 @pytest.mark.slow
-def test_16k_tokens_peak_under_2_gib():
+def test_16k_tokens_without_any_whole_map():
+    """One head's whole map at T = 16,384 would be T * T floats (1 GiB): no operation of the summary
+    makes a tensor that large, whatever the machine. (Its peak resident memory, 0.68 GiB here, is
+    bench/bench_long_context.py's figure.)"""
     T = 16384
-    root = str(Path(__file__).resolve().parents[1])
-    out = subprocess.run([sys.executable, "-c", _PEAK.format(root=root, T=T)], capture_output=True, text=True,
-                         timeout=600, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
-    # one head's whole map alone would be T * T * 4 bytes = 1 GiB, the four heads of a layer 4 GiB; the
-    # peak is this process's own (VmHWM: ru_maxrss would report the pytest worker that forked it)
-    assert got["peak_gib"] - got["before_gib"] < 1.0, got
-    assert got["peak_gib"] < 2.0, got
-    assert got["window"] == attention_stats.WINDOW and got["kept"] == [1, 4, 512, 512]
-    assert all(0.0 < e < torch.log(torch.tensor(float(T))).item() for e in got["entropy"])
+    model = LongLM().eval()
+    ids = torch.randint(0, 64, (1, T))
+    with _LargestTensor() as seen:
+        s = diagnose.attention_summary(model, [ids], keep=1)
+    assert seen.numel < T * T, f"a tensor of {seen.numel:,} elements: a whole [T, T] map was made"
+    assert s.window == attention_stats.WINDOW and list(s.examples[0].shape) == [1, 4, 512, 512]
+    assert all(0.0 < e < math.log(T) for e in s.stats[0]["entropy"])
 
 
 def test_report_examples_from_windowed_maps_label_the_window():

@@ -1,5 +1,6 @@
 """The README is a first read that must stay true: its Python example runs, every command has an
-example whose flags exist, and every page under docs/ is reachable from it."""
+example whose flags exist, every page under docs/ is reachable from it, and every figure it quotes
+is the figure of a page that says how it was measured."""
 
 from __future__ import annotations
 
@@ -84,9 +85,8 @@ def test_every_command_has_an_example_and_every_example_flag_exists():
         assert name in main.commands, f"README runs `diagnose {name}`, which does not exist"
         flags = {opt for p in main.commands[name].params for opt in p.opts + p.secondary_opts}
         for words in uses:
-            for w in words:
-                if w.startswith("-"):
-                    assert w in flags, f"README: `diagnose {name} {w}` is not an option of {name}"
+            for w in (w for w in words if w.startswith("-")):
+                assert w in flags, f"README: `diagnose {name} {w}` is not an option of {name}"
 
 
 def test_every_docs_page_is_reachable_from_the_readme():
@@ -121,3 +121,28 @@ def test_files_and_names_the_pages_mention_exist():
                     assert hasattr(obj, attr), f"{page.name} names {dotted}: no {attr}"
                     obj = getattr(obj, attr)
                 break
+
+
+# A figure: a number with a unit of measure (seconds, bytes, a percentage, points, millions) or a
+# ratio written as 1.71x. "80 x 64" (a shape) and bare counts are not figures.
+_FIGURE = re.compile(r"(?<![\w.,])(\d+(?:[.,]\d+)*)(?:\s?(%|ms|s|min|minutes|MB|GB|GiB|MiB|M|points)|(x))(?![\w])")
+
+
+def _figures(text: str) -> set[str]:
+    """Each figure of `text` outside code blocks, spelled "<number> <unit>" ("1.71x" for ratios)."""
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return {f"{n}x" if x else f"{n} {unit}" for n, unit, x in _FIGURE.findall(prose)}
+
+
+def test_every_figure_the_readme_quotes_is_on_a_page_that_measured_it():
+    pages = [ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    measured = set().union(*(_figures(p.read_text()) for p in pages))
+    quoted = _figures(README)
+    assert len(quoted) > 20, sorted(quoted)  # the pattern still finds the README's figures
+    missing = sorted(quoted - measured)
+    assert not missing, f"README quotes figures no page of docs/ or bench/README.md gives: {missing}"
+
+
+def test_the_figure_pattern():
+    text = "in 12.6 s and 609 MB, 1.71x faster, 56 %, 80 x 64 heads, 4 GiB, ±2.3 points\n```\n9.9 s\n```\n"
+    assert _figures(text) == {"12.6 s", "609 MB", "1.71x", "56 %", "4 GiB", "2.3 points"}

@@ -20,3 +20,11 @@ def make_tokenizer(words=WORDS):
                                            special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
     return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
                                    sep_token="[SEP]", model_input_names=["input_ids", "token_type_ids", "attention_mask"])
+
+
+def saved_with_tokenizer(model, folder):
+    """`folder` holding `model` (save_pretrained) with the word-level tokenizer beside it, as a user
+    would save a Hugging Face model for diagnose."""
+    model.save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)
+    return folder

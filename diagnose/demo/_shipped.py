@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .._write import atomic_write
 from ..errors import DiagnoseError
 from ..zoo import ModelConfig, TaskData, Transformer
 
@@ -94,5 +95,5 @@ def copy_run(src: Path, run_dir: Path) -> Path:
     run_dir.mkdir(parents=True)
     for name in RUN_FILES:
         if (src / name).is_file():
-            shutil.copyfile(src / name, run_dir / name)
+            atomic_write(run_dir / name, (src / name).read_bytes(), what="demo run")
     return run_dir

@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import platform
 import tempfile
 from pathlib import Path
 
 import torch
 
+from .. import _json
+from .._write import atomic_write
 from . import _shipped
 from ._lessons import train_variant
 from ._run import demo_variants
 
 
 def make(out: Path) -> Path:
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     out.mkdir(parents=True, exist_ok=True)
     threads = torch.get_num_threads()
@@ -36,7 +37,8 @@ def make(out: Path) -> Path:
             for v in demo_variants():
                 t = train_variant(v, Path(tmp), {})
                 weights, run = f"{v.name}.safetensors", f"{v.name}-run"
-                save_file({k: w.detach().contiguous() for k, w in t.model.state_dict().items()}, str(out / weights))
+                atomic_write(out / weights, save({k: w.detach().contiguous() for k, w in t.model.state_dict().items()}),
+                             what="demo weights")
                 _shipped.copy_run(t.run_dir, out / run)
                 files = [weights] + [f"{run}/{f}" for f in _shipped.RUN_FILES if (out / run / f).is_file()]
                 models[v.name] = {"recipe": _shipped.recipe(v), "weights": weights, "run": run,
@@ -51,8 +53,8 @@ def make(out: Path) -> Path:
             "python": platform.python_version(), "machine": platform.machine(),
             "date": _dt.date.today().isoformat()}
     path = out / _shipped.MANIFEST
-    path.write_text(json.dumps({"schema": _shipped.SCHEMA, "made": made, "models": models}, indent=1) + "\n")
-    return path
+    return atomic_write(path, _json.dumps({"schema": _shipped.SCHEMA, "made": made, "models": models}, indent=1) + "\n",
+                        what="demo manifest")
 
 
 def main(argv: list[str] | None = None) -> None:

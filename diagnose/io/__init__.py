@@ -1,7 +1,7 @@
 """Reading and writing the model and data files named in DESIGN.md.
 
-Exported: the public loaders (load_model, load_data, DataSet, save_checkpoint) and what the CLI
-commands use (load_data_for, check_task, describe_model, describe_data, trial_forward), and what
+Exported: the public loaders (load_model, load_data, load_data_for, DataSet, save_checkpoint),
+what the CLI commands use (check_task, describe_model, describe_data, trial_forward), and what
 another part of diagnose uses to teach load_model a folder kind it writes (FolderKind,
 register_folder_kind, weight_shapes: see _kinds.py). The rest
 (save_tensors, the vocabulary and label checks, the tokenizer lookups) stays in its module.
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 # Imported on first use (PEP 562): the report reads files through io._read and must not pay for
 # torch (about 300 MB and seconds) to do so.
 _HOMES = {"save_checkpoint": "_checkpoint", "DataSet": "_data", "check_task": "_data", "load_data": "_data",
+          "load_data_for": "_data",
           "label2id_of": "_model", "load_model": "_model", "max_positions_of": "_model", "tokenizer_of": "_model",
           "describe_data": "_summary", "describe_model": "_summary", "trial_forward": "_summary",
           "FolderKind": "_kinds", "register_folder_kind": "_kinds", "unregister_folder_kind": "_kinds",
@@ -22,7 +23,7 @@ _HOMES = {"save_checkpoint": "_checkpoint", "DataSet": "_data", "check_task": "_
 
 if TYPE_CHECKING:
     from ._checkpoint import can_checkpoint, save_checkpoint
-    from ._data import DataSet, check_task, load_data
+    from ._data import DataSet, check_task, load_data, load_data_for
     from ._hf import weight_shapes
     from ._kinds import FolderKind, register_folder_kind, unregister_folder_kind
     from ._model import label2id_of, load_model, max_positions_of, tokenizer_of
@@ -35,19 +36,6 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def load_data_for(model, path, *, max_length=None) -> DataSet:
-    """load_data with the model's tokenizer and label names (what the CLI commands use).
-
-    Text is truncated to max_length tokens, by default the model's maximum positions (and the
-    tokenizer's limit, when lower).
-    """
-    from ._data import load_data
-    from ._model import label2id_of, max_positions_of, tokenizer_of
-
-    return load_data(path, tokenizer=tokenizer_of(model), max_length=max_length, label2id=label2id_of(model),
-                     model_max_length=max_positions_of(model))
 
 
 __all__ = [

@@ -96,6 +96,20 @@ def load_data(path: str | Path, *, tokenizer: Any = None, max_length: int | None
     return data
 
 
+def load_data_for(model: Any, path: str | Path, *, tokenizer: Any = None, max_length: int | None = None) -> DataSet:
+    """load_data for `model`, as the CLI commands read data: text through the model's tokenizer,
+    label names through its config's label2id, truncated to its maximum positions.
+
+    The tokenizer is `tokenizer` when given, else the one load_model attached to a Hugging Face
+    folder; a model built in memory has none attached, so text data for it needs `tokenizer=`.
+    max_length truncates text (default: the lower of the model's and the tokenizer's limits).
+    """
+    from ._model import label2id_of, max_positions_of, tokenizer_of
+
+    return load_data(path, tokenizer=tokenizer if tokenizer is not None else tokenizer_of(model),
+                     max_length=max_length, label2id=label2id_of(model), model_max_length=max_positions_of(model))
+
+
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
@@ -156,7 +170,8 @@ def _check_npz_sizes(path: Path, fix: str) -> None:
                 with zf.open(info) as f:
                     version = npy.read_magic(f)
                     if version not in ((1, 0), (2, 0), (3, 0)):
-                        raise ValueError(f"unknown .npy version {version}")
+                        raise InputFileError(f"{path}: not a readable .npz of plain arrays (unknown .npy "
+                                             f"version {version}); {fix}")
                     reader = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
                     shape, _, dtype = reader(f, max_header_size=10_000)
                 declared = int(np.prod(shape, dtype=object)) * dtype.itemsize

@@ -100,7 +100,8 @@ def read_text_data(path: Path, *, tokenizer: Any, max_length: int | None = None,
         raise DataError(f"{path}: has a {lookalike[0]!r} column but no 'label' column; rename it to 'label'")
     if tokenizer is None:
         raise DataError(f"{path}: is text, and the model has no tokenizer to turn it into token ids; save one "
-                        "into the model folder with tokenizer.save_pretrained(folder), or pass token ids as .pt")
+                        "into the model folder with tokenizer.save_pretrained(folder), pass it in Python "
+                        "(diagnose.load_data_for(model, path, tokenizer=tok)), or pass token ids as .pt")
     texts = [_field(row, "text", where) for where, row in rows]
     pairs = [_field(row, "text_pair", where) for where, row in rows] if "text_pair" in columns else None
     labels = [_label(_field(row, "label", where), label2id, where) for where, row in rows] \

@@ -15,7 +15,7 @@ from ._summary_more import more, render_more
 SUMMARY_SCHEMA = "diagnose.run-summary/1"
 
 
-def _num(x: Any) -> float | None:
+def _float_or_none(x: Any) -> float | None:
     """A float, NaN/Inf kept (strict JSON writes them as null plus a `nonfinite` entry); None for missing."""
     if x is None or x is pd.NA:
         return None
@@ -38,11 +38,11 @@ def summarize(run: Run) -> dict[str, Any]:
     for name in run.layers:
         row = {"name": name}
         for f in layer_fields(df.columns):
-            row[f] = _num(_last(df, f"layers/{name}/{f}"))
+            row[f] = _float_or_none(_last(df, f"layers/{name}/{f}"))
         col = f"layers/{name}/grad_norm"
         finite = pd.to_numeric(df[col], errors="coerce") if col in df else pd.Series(dtype=float)
         finite = finite[finite.map(lambda v: math.isfinite(v) if isinstance(v, float) else False)]
-        row["grad_norm_median"] = _num(finite.median()) if len(finite) else None
+        row["grad_norm_median"] = _float_or_none(finite.median()) if len(finite) else None
         layers.append(row)
     attention = []
     if len(run.attention):
@@ -50,8 +50,8 @@ def summarize(run: Run) -> dict[str, Any]:
         at = run.attention[run.attention["step"] == last_step]
         for site, g in at.groupby("site", sort=False):
             attention.append({"site": site, "step": int(last_step),
-                              "entropy": [_num(v) for v in g["entropy"]],
-                              "max_weight": [_num(v) for v in g["max_weight"]]})
+                              "entropy": [_float_or_none(v) for v in g["entropy"]],
+                              "max_weight": [_float_or_none(v) for v in g["max_weight"]]})
     loss = pd.to_numeric(df.get("loss"), errors="coerce") if "loss" in df else pd.Series(dtype=float)
     return {
         "schema": SUMMARY_SCHEMA,
@@ -62,10 +62,10 @@ def summarize(run: Run) -> dict[str, Any]:
         "steps_logged": int(len(df)),
         "first_step": int(df["step"].iloc[0]),
         "last_step": int(df["step"].iloc[-1]),
-        "final_loss": _num(_last(df, "loss")),
-        "min_loss": _num(loss.min()) if len(loss.dropna()) else None,
-        "final_lr": _num(_last(df, "lr")),
-        "final_grad_norm": _num(_last(df, "grad_norm")),
+        "final_loss": _float_or_none(_last(df, "loss")),
+        "min_loss": _float_or_none(loss.min()) if len(loss.dropna()) else None,
+        "final_lr": _float_or_none(_last(df, "lr")),
+        "final_grad_norm": _float_or_none(_last(df, "grad_norm")),
         "layers": layers,
         "attention": attention,
         "alerts": run.alerts,

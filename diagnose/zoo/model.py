@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import DataError
 from .config import ModelConfig
 
 
@@ -174,7 +175,8 @@ class Transformer(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T = input_ids.shape
         if T > self.cfg.max_len:
-            raise ValueError(f"sequence length {T} exceeds max_len {self.cfg.max_len}")
+            raise DataError(f"sequence length {T} exceeds max_len {self.cfg.max_len}: cut the inputs to "
+                            f"{self.cfg.max_len} tokens or build the model with a larger max_len")
         x = self.tok_emb(input_ids)  # [B, T, C]
         if self.cfg.positions == "learned":
             x = x + self.pos_emb(torch.arange(T, device=input_ids.device))

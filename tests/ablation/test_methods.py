@@ -21,7 +21,7 @@ from diagnose.prune._measure import Measure
 from diagnose.sites import find_heads
 
 from .helpers import evaluate, loss_tol, with_head_weights_zeroed
-from .test_engine import D, H, N, data, model  # noqa: F401  (the reference model and its padded data)
+from .test_engine import D, H, N  # noqa: F401  (the reference model and its padded data)
 from ..tolerance import F64, approx, assert_close, size_of
 
 STEP = 0.05  # the toy fill: every coordinate of a closed head's output becomes STEP * (the example's index)

@@ -20,21 +20,6 @@ from ..tolerance import approx, size_of
 V, T, N, H, D = 20, 7, 12, 4, 8
 
 
-@pytest.fixture
-def model():
-    torch.manual_seed(0)
-    return Transformer(ModelConfig(kind="lm", vocab_size=V, max_len=16, n_layers=2, n_heads=H, d_model=H * D,
-                                   init_std=0.2)).eval()
-
-
-@pytest.fixture
-def data():
-    g = torch.Generator().manual_seed(3)
-    mask = torch.ones(N, T, dtype=torch.long)
-    mask[::2, 5:] = 0  # [N, T]
-    return {"input_ids": torch.randint(1, V, (N, T), generator=g) * mask, "attention_mask": mask}
-
-
 def test_parse_size():
     assert parse_size(None) is None
     assert parse_size(1000) == 1000

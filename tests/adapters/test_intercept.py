@@ -55,8 +55,8 @@ def test_lazy_rows_in_chunks_are_the_whole_map(name):
     chunks = list(query_chunks(lazy, lazy.shape[0] * lazy.shape[1] * lazy.shape[-1] * 2))  # two rows a step
     assert [s for s, _ in chunks] == list(range(0, lazy.shape[-2], 2))
     Tk = lazy.shape[-1]
-    if name == "causal":  # keys no row of a chunk can see are left out
-        assert [c.shape[-1] for _, c in chunks] == [min(s + 2, lazy.shape[-2], Tk) for s, _ in chunks]
+    causal = name == "causal"  # keys no row of a chunk can see are left out; otherwise every key is read
+    assert [c.shape[-1] for _, c in chunks] == [min(s + 2, lazy.shape[-2], Tk) if causal else Tk for s, _ in chunks]
     padded = [F.pad(c, (0, Tk - c.shape[-1])) for _, c in chunks]  # the keys left out weigh 0
     assert_close(torch.cat(padded, -2), whole, width=whole.shape[-1])
 

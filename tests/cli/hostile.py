@@ -1,5 +1,6 @@
-"""Builders of hostile and broken inputs for tests/cli/test_hostile_inputs.py: model folders
-that ship their own code, malicious pickles, special files, .npz bombs, damaged run folders."""
+"""Builders of hostile and broken inputs for the tests/cli/test_hostile_*.py files: model folders
+that ship their own code, malicious pickles, special files, .npz bombs, damaged run folders; and
+the two helpers they share: invoke (the CLI in-process) and assert_refused (the one-line error)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,30 @@ import sys
 from pathlib import Path
 
 import torch
+from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reports"))
 import report_fixtures as rf  # noqa: E402
+
+
+def invoke(*args, input=None):
+    """The CLI run in-process with `args` (any of them a Path)."""
+    from diagnose.cli.main import cli
+
+    return CliRunner().invoke(cli, [str(a) for a in args], input=input)
+
+
+def assert_refused(res, *names: str, fix: str | None = None) -> str:
+    """Exit 2, one `error:` line on stderr naming every one of `names` (and `fix`), no traceback."""
+    assert res.exit_code == 2, (res.exit_code, res.output, res.exception)
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert "Traceback" not in res.output
+    for name in names:
+        assert str(name) in lines[0], (name, lines[0])
+    if fix is not None:
+        assert fix in lines[0], (fix, lines[0])
+    return lines[0]
 
 
 def tree(folder: Path) -> dict[str, bytes]:

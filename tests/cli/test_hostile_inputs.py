@@ -16,37 +16,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
 import diagnose
 from diagnose._head_label import head_label
-from diagnose.cli.main import cli
 from diagnose.zoo import ModelConfig, Transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reports"))
 import report_fixtures as rf  # noqa: E402
 
 from .hostile import (  # noqa: E402
-    FACTORY_EMB, edit_info, edit_record, jsonl, npz_bomb, own_code_folder, pickles, run_folder, special,
-    special_in_run, tree,
+    FACTORY_EMB, assert_refused, edit_info, edit_record, invoke, jsonl, npz_bomb, own_code_folder, pickles,
+    run_folder, special, special_in_run, tree,
 )
-
-
-def _invoke(*args, input=None):
-    return CliRunner().invoke(cli, [str(a) for a in args], input=input)
-
-
-def assert_refused(res, *names: str, fix: str | None = None) -> str:
-    """Exit 2, one `error:` line on stderr naming every one of `names` (and `fix`), no traceback."""
-    assert res.exit_code == 2, (res.exit_code, res.output, res.exception)
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    assert "Traceback" not in res.output
-    for name in names:
-        assert str(name) in lines[0], (name, lines[0])
-    if fix is not None:
-        assert fix in lines[0], (fix, lines[0])
-    return lines[0]
 
 
 # --- code that must not run --------------------------------------------------------------
@@ -57,7 +38,7 @@ def test_own_code_folder_refused_without_prompt_or_running_it(tmp_path, monkeypa
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-home" / "modules"))
     folder, marker = own_code_folder(tmp_path)
     before = tree(folder)
-    res = _invoke("info", folder, input="y\n" * 20)  # a user who would answer yes to any prompt
+    res = invoke("info", folder, input="y\n" * 20)  # a user who would answer yes to any prompt
     line = assert_refused(res, folder, "evilnet", fix="--factory")
     assert "built-in" in line
     assert "custom code" not in res.output and "[y/N]" not in res.output
@@ -78,7 +59,7 @@ def test_builtin_family_with_auto_map_loads_the_builtin_class_and_runs_nothing(t
     GPT2LMHeadModel(GPT2Config(vocab_size=16, n_embd=8, n_layer=1, n_head=2, n_positions=8)).save_pretrained(base)
     make_tokenizer().save_pretrained(base)
     folder, marker = own_code_folder(tmp_path, model_type="gpt2", base=base)
-    res = _invoke("info", folder, input="y\n" * 20)
+    res = invoke("info", folder, input="y\n" * 20)
     assert "[y/N]" not in res.output
     assert not marker.exists(), "a file of the model folder ran"
     assert not (tmp_path / "modules").exists()
@@ -118,18 +99,6 @@ def test_hf_loader_passes_trust_remote_code_false_everywhere():
 
 # --- checkpoints ----------------------------------------------------------------------------
 
-@pytest.fixture
-def files(tmp_path, monkeypatch):
-    """A tiny classifier checkpoint and matching data in a cwd of their own."""
-    monkeypatch.chdir(tmp_path)
-    model = Transformer(ModelConfig(kind="classifier", vocab_size=12, n_classes=3, max_len=8, n_layers=1,
-                                    n_heads=2, d_model=16))
-    diagnose.save_checkpoint(model, tmp_path / "model.pt")
-    ids = torch.randint(1, 12, (10, 6))  # [N, T]
-    torch.save({"input_ids": ids, "labels": torch.arange(10) % 3}, tmp_path / "eval.pt")
-    return tmp_path
-
-
 def _edit_checkpoint(src: Path, dst: Path, **changes) -> Path:
     obj = torch.load(src, weights_only=True)
     for key, value in changes.items():
@@ -154,21 +123,22 @@ def _edit_checkpoint(src: Path, dst: Path, **changes) -> Path:
     ({"meta": [1, 2]}, "meta is a list"),
     ({"meta": "x"}, "meta is a str"),
 ], ids=lambda v: str(v)[:30])
-def test_damaged_checkpoint_config_one_line_before_building(files, changes, words):
-    import time
-
+def test_damaged_checkpoint_config_one_line_before_building(files, changes, words, monkeypatch):
     bad = _edit_checkpoint(files / "model.pt", files / "bad.pt", **changes)
-    start = time.perf_counter()
-    res = _invoke("info", bad)
+
+    def built(self, *args, **kwargs):
+        raise AssertionError("the model was built before the config was checked")
+
+    monkeypatch.setattr(Transformer, "__init__", built)
+    res = invoke("info", bad)
     assert_refused(res, bad, words, fix="diagnose.save_checkpoint")
-    assert time.perf_counter() - start < 5, "the model was built before the config was checked"
 
 
 def test_checkpoint_state_dict_not_tensors(files):
     obj = torch.load(files / "model.pt", weights_only=True)
     obj["state_dict"] = {"tok_emb.weight": [1, 2]}
     torch.save(obj, files / "bad.pt")
-    assert_refused(_invoke("info", "bad.pt"), "bad.pt", "state_dict", fix="save_checkpoint")
+    assert_refused(invoke("info", "bad.pt"), "bad.pt", "state_dict", fix="save_checkpoint")
 
 
 # --- pickles --------------------------------------------------------------------------------
@@ -177,7 +147,7 @@ def test_checkpoint_state_dict_not_tensors(files):
 @pytest.mark.parametrize("kind", ["zip", "raw", "proto0"])
 def test_malicious_pickle_refused_naming_trust_pickle_not_torch_advice(files, kind):
     path = pickles(files)[kind]
-    line = assert_refused(_invoke("info", path), path, fix="--trust-pickle")
+    line = assert_refused(invoke("info", path), path, fix="--trust-pickle")
     assert "weights_only" not in line and "Re-running" not in line
     assert not (files / "PWNED").exists()
 
@@ -186,9 +156,9 @@ def test_factory_with_trust_pickle_is_not_told_to_pass_trust_pickle(files):
     (files / "fac_hostile.py").write_text("import torch.nn as nn\ndef build():\n    return nn.Linear(2, 2)\n")
     weird = files / "weird.pt"  # a state_dict pickled with a class of its own
     torch.save({"weight": torch.zeros(2, 2), "bias": torch.zeros(2), "extra": _HolderLike()}, weird)
-    res = _invoke("info", weird, "--factory", "fac_hostile:build")
+    res = invoke("info", weird, "--factory", "fac_hostile:build")
     assert_refused(res, weird, fix="--trust-pickle")
-    res = _invoke("info", weird, "--factory", "fac_hostile:build", "--trust-pickle")
+    res = invoke("info", weird, "--factory", "fac_hostile:build", "--trust-pickle")
     line = assert_refused(res, weird)
     assert "--trust-pickle" not in line
     sys.modules.pop("fac_hostile", None)
@@ -209,7 +179,7 @@ def test_fifo_or_device_as_model_or_data_is_not_called_a_folder(files, kind, wor
     path = special(files, kind, name)
     args = {"model": ["info", path], "data": ["info", "model.pt", "--data", path],
             "factory-weights": ["info", path, "--factory", "fac_special:build"]}[role]
-    line = assert_refused(_invoke(*args), path, words, fix="regular file")
+    line = assert_refused(invoke(*args), path, words, fix="regular file")
     assert "folder" not in line
     sys.modules.pop("fac_special", None)
 
@@ -227,7 +197,7 @@ def test_special_file_inside_a_model_folder(tmp_path, kind, words, name):
     make_tokenizer().save_pretrained(folder)
     (folder / name).unlink()
     path = special(folder, kind, name)
-    assert_refused(_invoke("info", folder), path, words)
+    assert_refused(invoke("info", folder), path, words)
 
 
 @pytest.mark.slow
@@ -259,7 +229,7 @@ DATA_CASES = [
 def test_hostile_data_files_one_line(files, hf_folder, name, make, words):
     path = make(files)
     model = hf_folder if path.suffix == ".jsonl" else "model.pt"
-    res = _invoke("info", model, "--data", path)
+    res = invoke("info", model, "--data", path)
     assert_refused(res, path, words)
 
 
@@ -268,42 +238,36 @@ def test_npz_over_the_size_limit_refused_before_reading(files, monkeypatch):
 
     np.savez(files / "big.npz", input_ids=np.ones((64, 8), dtype=np.int64))
     monkeypatch.setattr(data_mod, "MAX_DATA_BYTES", 1024)
-    assert_refused(_invoke("info", "model.pt", "--data", "big.npz"), "big.npz", "split it")
-
-
-@pytest.fixture(scope="module")
-def hf_folder(tmp_path_factory):
-    """A tiny BERT classifier folder with the word-level tokenizer (max 16 positions)."""
-    from transformers import BertConfig, BertForSequenceClassification
-
-    from ..wordlevel import WORDS, make_tokenizer
-
-    folder = tmp_path_factory.mktemp("bert")
-    cfg = BertConfig(vocab_size=len(WORDS) + 4, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                     intermediate_size=16, max_position_embeddings=16, num_labels=2)
-    BertForSequenceClassification(cfg).save_pretrained(folder)
-    make_tokenizer().save_pretrained(folder)
-    return folder
+    assert_refused(invoke("info", "model.pt", "--data", "big.npz"), "big.npz", "split it")
 
 
 def test_jsonl_with_u2028_inside_a_string_is_valid(files, hf_folder):
     path = jsonl(files / "d.jsonl", ['{"text": "the cat\u2028sat", "label": 0}', {"text": "a dog ran", "label": 1}])
-    res = _invoke("info", hf_folder, "--data", path)
+    res = invoke("info", hf_folder, "--data", path)
     assert res.exit_code == 0, res.output
     assert "N=2" in res.output
 
 
-def test_huge_jsonl_line_is_cut_to_the_models_length_before_tokenising(files, hf_folder):
-    """A 20 MB example costs what 16 tokens cost: default --max-length is max_position_embeddings."""
-    import time
+def test_huge_jsonl_line_is_cut_to_the_models_length_before_tokenising(files, hf_folder, monkeypatch):
+    """A 20 MB example costs what 16 tokens cost: default --max-length is max_position_embeddings,
+    and the tokenizer is handed at most what 16 tokens can take, never the whole line."""
+    from transformers import PreTrainedTokenizerBase
+
+    from diagnose.io import _text
 
     big = " ".join(["the cat sat on the mat"] * 700_000)  # ~15.4 MB of text
     path = jsonl(files / "d.jsonl", [{"text": big, "label": 0}, {"text": "a dog", "label": 1}])
-    start = time.perf_counter()
-    res = _invoke("info", hf_folder, "--data", path)
+    given, real = [], PreTrainedTokenizerBase.__call__
+
+    def call(self, text=None, *args, **kwargs):
+        given.extend(len(t) for t in ([text] if isinstance(text, str) else text or []))
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedTokenizerBase, "__call__", call)
+    res = invoke("info", hf_folder, "--data", path)
     assert res.exit_code == 0, res.output
     assert "T=16" in res.output
-    assert time.perf_counter() - start < 20
+    assert given and max(given) <= 16 * _text._CHARS_PER_TOKEN
 
 
 def test_jsonl_line_over_the_cap_refused_without_reading_it_whole(files, hf_folder, monkeypatch):
@@ -311,7 +275,7 @@ def test_jsonl_line_over_the_cap_refused_without_reading_it_whole(files, hf_fold
 
     monkeypatch.setattr(text, "MAX_LINE_BYTES", 1000)
     path = jsonl(files / "d.jsonl", [{"text": "a dog", "label": 1}, {"text": "the cat " * 200, "label": 0}])
-    assert_refused(_invoke("info", hf_folder, "--data", path), path, "line 2", fix="split or shorten")
+    assert_refused(invoke("info", hf_folder, "--data", path), path, "line 2", fix="split or shorten")
 
 
 def test_cut_text_encodes_as_the_whole_text_does(hf_folder):
@@ -336,7 +300,7 @@ def test_lm_data_with_one_token_per_example(files):
     lm = Transformer(ModelConfig(kind="lm", vocab_size=12, max_len=8, n_layers=1, n_heads=2, d_model=16))
     diagnose.save_checkpoint(lm, files / "lm.pt")
     torch.save({"input_ids": torch.randint(0, 12, (6, 1))}, files / "t1.pt")  # [N, T=1]
-    assert_refused(_invoke("heads", "lm.pt", "--data", "t1.pt"), "t1.pt", "two tokens")
+    assert_refused(invoke("heads", "lm.pt", "--data", "t1.pt"), "t1.pt", "two tokens")
 
 
 def test_token_id_out_of_range_after_the_first_examples_of_a_factory_model(files):
@@ -353,7 +317,7 @@ def test_token_id_out_of_range_after_the_first_examples_of_a_factory_model(files
     ids = torch.randint(0, 12, (10, 6))  # [N, T]
     ids[7, 3] = 40  # beyond the 12-token vocabulary, in the 8th example
     torch.save({"input_ids": ids, "labels": torch.arange(10) % 3}, files / "oov.pt")
-    res = _invoke("heads", "w.pt", "--factory", "fac_vocab:build", "--data", "oov.pt")
+    res = invoke("heads", "w.pt", "--factory", "fac_vocab:build", "--data", "oov.pt")
     assert_refused(res, "oov.pt", "example 7", fix="tokenise")
     sys.modules.pop("fac_vocab", None)
 
@@ -384,7 +348,7 @@ RUN_CASES = [
 def test_broken_run_folders_one_line(tmp_path, command, name, edit, file, words):
     run = run_folder(tmp_path, edit)
     args = ["stats", run] if command == "stats" else ["report", run, "-o", tmp_path / "r.html"]
-    assert_refused(_invoke(*args), file, words)
+    assert_refused(invoke(*args), file, words)
     assert not (tmp_path / "r.html").exists()
 
 
@@ -401,12 +365,12 @@ def test_unreadable_metrics(tmp_path, monkeypatch):
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr("diagnose.io._read.open", deny, raising=False)
-    assert_refused(_invoke("stats", run), "metrics.jsonl", "Permission denied", fix="permissions")
+    assert_refused(invoke("stats", run), "metrics.jsonl", "Permission denied", fix="permissions")
 
 
 def test_string_lr_in_check_run(files):
     run = run_folder(files, edit_record(1, lr="fast"))
-    assert_refused(_invoke("check", "model.pt", "--run", run), "metrics.jsonl, line 2", "`lr` is a string")
+    assert_refused(invoke("check", "model.pt", "--run", run), "metrics.jsonl, line 2", "`lr` is a string")
 
 
 # --- report sources ---------------------------------------------------------------------------
@@ -443,25 +407,25 @@ def test_broken_heads_json_one_line_nothing_written(tmp_path, name, edit, words)
     src = tmp_path / "heads.json"
     src.write_text(json.dumps(_heads_doc(edit)))
     out = tmp_path / "r.html"
-    assert_refused(_invoke("report", src, "-o", out), src, words, fix="diagnose heads")
+    assert_refused(invoke("report", src, "-o", out), src, words, fix="diagnose heads")
     assert not out.exists()
 
 
 def test_heads_json_nested_deep_and_lessons_template(tmp_path):
     deep = tmp_path / "deep.json"
     deep.write_text('{"schema": "diagnose.heads/1", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
-    assert_refused(_invoke("report", deep, "-o", tmp_path / "r.html"), deep, "nested too deeply")
+    assert_refused(invoke("report", deep, "-o", tmp_path / "r.html"), deep, "nested too deeply")
     lessons = tmp_path / "lessons.json"
     lessons.write_text(json.dumps({"schema": "diagnose.lessons/1", "lessons": [
         {"title": "t", "claim": "c", "a": "a", "b": "b",
          "rows": [{"metric": "m", "a": 1.0, "b": 2.0, "fmt": "{0.__class__}"}]}]}))
-    assert_refused(_invoke("report", lessons, "-o", tmp_path / "r.html"), lessons, "fmt")
+    assert_refused(invoke("report", lessons, "-o", tmp_path / "r.html"), lessons, "fmt")
 
 
 def test_report_source_fifo_and_devzero(tmp_path):
     for kind, words in (("fifo", "named pipe"), ("devzero", "character device")):
         path = special(tmp_path, kind, f"{kind}.json")
-        assert_refused(_invoke("report", path, "-o", tmp_path / "r.html"), path, words)
+        assert_refused(invoke("report", path, "-o", tmp_path / "r.html"), path, words)
 
 
 @pytest.mark.slow
@@ -481,7 +445,7 @@ def test_heads_with_nothing_finite_render(tmp_path, only_layer_head):
             h["attention"] = {k: math.nan for k in h["attention"]}
     src = tmp_path / "heads.json"
     src.write_text(json.dumps(doc))  # bare NaN / Infinity tokens, as older files hold
-    res = _invoke("report", src, "-o", tmp_path / "r.html")
+    res = invoke("report", src, "-o", tmp_path / "r.html")
     assert res.exit_code == 0, res.output
     assert "No head has a finite causal effect" in (tmp_path / "r.html").read_text()
 
@@ -493,7 +457,7 @@ def test_heads_of_a_70b_class_model_are_drawn_as_images_with_every_layer_listed(
     doc["examples"] = []
     src = tmp_path / "heads.json"
     src.write_text(json.dumps(doc))
-    res = _invoke("report", src, "-o", tmp_path / "r.html")
+    res = invoke("report", src, "-o", tmp_path / "r.html")
     assert res.exit_code == 0, res.output
     assert not [line for line in res.stderr.splitlines() if line.startswith("note: ")], res.stderr
     html = (tmp_path / "r.html").read_text()
@@ -519,25 +483,25 @@ def test_numbers_near_float_max_are_drawn_as_infinite_not_a_crash(tmp_path):
         h["delta_loss"], h["attention"]["max_weight"] = 1e308, -1e308
     src = tmp_path / "heads.json"
     src.write_text(json.dumps(doc))
-    res = _invoke("report", src, run, "-o", tmp_path / "r.html")
+    res = invoke("report", src, run, "-o", tmp_path / "r.html")
     assert res.exit_code == 0, res.output
 
 
 def test_lone_surrogate_and_long_csv_cell(files, hf_folder):
     path = files / "s.jsonl"
     path.write_text('{"text": "the \\ud800 cat", "label": 0}\n')
-    assert_refused(_invoke("info", hf_folder, "--data", path), path, "line 1", "surrogate")
+    assert_refused(invoke("info", hf_folder, "--data", path), path, "line 1", "surrogate")
     csv_path = files / "long.csv"  # one 320 KB cell: over csv's default 128 KiB field limit, still valid
     csv_path.write_text("text,label\n\"" + "the cat " * 40_000 + "\",1\na dog,0\n")
-    res = _invoke("info", hf_folder, "--data", csv_path)
+    res = invoke("info", hf_folder, "--data", csv_path)
     assert res.exit_code == 0, res.output
     assert "N=2" in res.output
 
 
-def test_hf_config_claiming_more_layers_than_the_weights_hold(tmp_path):
-    """100,000 claimed layers took minutes to build before transformers found them missing."""
-    import time
-
+def test_hf_config_claiming_more_layers_than_the_weights_hold(tmp_path, monkeypatch):
+    """100,000 claimed layers took minutes to build before transformers found them missing: the
+    config is refused before any model is built."""
+    import transformers
     from transformers import GPT2Config, GPT2LMHeadModel
 
     folder = tmp_path / "gpt2"
@@ -545,12 +509,14 @@ def test_hf_config_claiming_more_layers_than_the_weights_hold(tmp_path):
     config = json.loads((folder / "config.json").read_text())
     config["n_layer"] = 100_000
     (folder / "config.json").write_text(json.dumps(config))
-    start = time.perf_counter()
-    assert_refused(_invoke("info", folder), folder / "config.json", "num_hidden_layers=100000", "2 layers")
-    assert time.perf_counter() - start < 10
+    def built(self, *args, **kwargs):
+        raise AssertionError("the model was built before its config was checked against its weights")
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "__init__", built)
+    assert_refused(invoke("info", folder), folder / "config.json", "num_hidden_layers=100000", "2 layers")
 
 
 def test_follow_refuses_a_fifo_metrics_file(tmp_path):
     """`stats --follow` reads the log again and again: a FIFO there would block it at once."""
     run = run_folder(tmp_path, special_in_run("metrics.jsonl", "fifo"))
-    assert_refused(_invoke("stats", run, "--follow"), "metrics.jsonl", "named pipe")
+    assert_refused(invoke("stats", run, "--follow"), "metrics.jsonl", "named pipe")

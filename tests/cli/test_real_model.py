@@ -37,9 +37,9 @@ def test_the_verdicts_are_few_and_powered(real):
     assert [f["rank"] for f in flags] == list(range(1, len(flags) + 1))
     for f in flags:
         h = next(h for h in data["heads"] if (h["layer"], h["head"]) == (f["layer"], f["head"]))
-        if f["kind"] == "striking_but_inert":  # inert by equivalence: both intervals inside the band
-            band = data["significance"]["negligible_band"]
-            assert max(map(abs, h["delta_loss_ci"])) < band["loss"] and max(map(abs, h["delta_accuracy_ci"])) < 0.02
+        band = data["significance"]["negligible_band"]  # striking_but_inert: both intervals inside the band
+        inside = max(map(abs, h["delta_loss_ci"])) < band["loss"] and max(map(abs, h["delta_accuracy_ci"])) < 0.02
+        assert f["kind"] != "striking_but_inert" or inside, (f, h)
     top = max(data["heads"], key=lambda h: h["delta_loss"])
     assert top["significant"] and top["p_value_loss_adjusted"] < 0.05, top
     sig = data["significance"]

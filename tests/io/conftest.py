@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..wordlevel import WORDS, make_tokenizer
+from ..wordlevel import WORDS, make_tokenizer, saved_with_tokenizer
 
 VOCAB = len(WORDS) + 4
 
@@ -32,10 +32,7 @@ def bert_folder(tmp_path_factory):
 
 def _saved(tmp_path_factory, name, model):
     """(folder, model): the model saved with the test tokenizer beside it, as a user would."""
-    folder = tmp_path_factory.mktemp(name)
-    model.save_pretrained(folder)
-    make_tokenizer().save_pretrained(folder)
-    return folder, model
+    return saved_with_tokenizer(model, tmp_path_factory.mktemp(name)), model
 
 
 @pytest.fixture(scope="module")

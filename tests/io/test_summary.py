@@ -46,7 +46,7 @@ def test_probe_catches_misfits():
         trial_forward(model, _data(torch.tensor([0, 2]), T=4))
     with pytest.raises(DataError, match="mem.pt: labels of shape .N, T. do not match"):
         trial_forward(model, _data(torch.zeros(2, 4, dtype=torch.long), T=4))
-    with pytest.raises(DataError, match="mem.pt: the model fails on the first examples .ValueError: sequence length 5"):
+    with pytest.raises(DataError, match="mem.pt: the model fails on the first examples .DataError: sequence length 5"):
         trial_forward(model, _data(torch.tensor([0, 1]), T=5))
 
 
