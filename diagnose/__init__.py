@@ -7,8 +7,9 @@ attention_summary), causal evidence by head ablation (ablate_heads), head prunin
 TrainingMonitor's hooks live until its close() (or the end of its `with` block).
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_names
 
 from . import errors
 from .errors import *  # noqa: F403 -- every error class (errors.__all__), so a new one is exported as it is made
@@ -42,16 +43,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .sites import find_heads, register_adapter
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(import_module(_EXPORTS[name], __name__), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module 'diagnose' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
 
 
 __version__ = "0.1.0"

@@ -28,14 +28,6 @@ ALLOWED = {
     ("diagnose/monitor/hf.py", "ImportError"): (1, "an optional dependency is missing, as Python says it"),
     ("diagnose/monitor/lightning.py", "ImportError"): (1, "an optional dependency is missing, as Python says it"),
 }
-# Raises in files part C of issue 24 rewrites (the monitor): they become DiagnoseErrors there.
-# Remove each entry when that part lands; nothing else may join this list.
-PENDING = {
-    ("diagnose/monitor/_monitor.py", "ValueError"): 2,
-    ("diagnose/monitor/_monitor.py", "RuntimeError"): 2,
-    ("diagnose/monitor/_evals.py", "TypeError"): 2,
-    ("diagnose/monitor/_layout.py", "ValueError"): 2,
-}
 INTERNAL_EXCEPTIONS = {
     ("diagnose/checks/_finding.py", "SkipCheck"): "a check's signal to the runner, which records it as skipped",
 }
@@ -68,7 +60,7 @@ def test_no_bare_builtin_raise_for_a_user_mistake():
     found = _builtin_raises()
     allowed = {key: n for key, (n, _why) in ALLOWED.items()}
     for key, n in found.items():
-        limit = allowed.get(key, 0) + PENDING.get(key, 0)
+        limit = allowed.get(key, 0)
         assert n <= limit, (f"{key[0]} raises a bare {key[1]} ({n}x, {limit} allowed): raise a "
                             f"diagnose.errors class (DataError/ConfigError are ValueErrors, UsageError a "
                             f"TypeError, StateError a RuntimeError), or list it in ALLOWED with its reason")

@@ -10,17 +10,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CLOCKS = {"perf_counter", "monotonic", "process_time", "time", "perf_counter_ns", "monotonic_ns", "getrusage"}
-# Files other parts of issue 24 rewrite (the monitor's tests, part C; prune's, part D; part A's new
-# test_methods.py): remove each entry when it is fixed there; nothing else may join this list.
-PENDING = {
-    ("ablation/test_methods.py", "assert under if"): 1,
-    ("monitor/test_failures.py", "assert under if"): 2,
-    ("monitor/test_layout.py", "assert under if"): 3,
-    ("monitor/test_sigkill.py", "clock"): 2,
-    ("monitor/test_trainer_parity.py", "assert under if"): 4,
-    ("prune/test_hf.py", "assert under if"): 1,
-    ("prune/test_reference.py", "assert under if"): 1,
-}
 
 
 def _test_files() -> list[tuple[str, ast.Module]]:
@@ -60,7 +49,7 @@ def _found() -> Counter:
 
 def test_no_budget_on_a_clock_and_no_assertion_under_an_if():
     found = _found()
-    over = {key: n for key, n in found.items() if n > PENDING.get(key, 0)}
+    over = {key: n for key, n in found.items() if n > 0}
     assert not over, (f"{over}: measure time and memory in bench/ (with figures in bench/README.md), and "
                       "assert what does not depend on the machine; an assertion under an `if` may never run")
 

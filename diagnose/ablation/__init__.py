@@ -26,8 +26,9 @@ Modules, in the order one `ablate_heads` call uses them:
 - result: the dataclasses, the JSON (`to_json`, `save`) and a DataFrame.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
 
 from .methods import METHODS, AblationMethod, register_method
 
@@ -44,12 +45,7 @@ if TYPE_CHECKING:
     from .together import GroupEffect, ablate_together
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(import_module(_EXPORTS[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
 
 
 __all__ = ["METHODS", "SCHEMA", "AblationConfig", "AblationMethod", "GroupEffect", "HeadEffect", "HeadsResult",

@@ -9,8 +9,9 @@ register_folder_kind, weight_shapes: see _kinds.py). The rest
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
 
 # Imported on first use (PEP 562): the report reads files through io._read and must not pay for
 # torch (about 300 MB and seconds) to do so.
@@ -30,12 +31,7 @@ if TYPE_CHECKING:
     from ._summary import describe_data, describe_model, trial_forward
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOMES:
-        value = getattr(import_module(f".{_HOMES[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_names(__name__, {k: f".{v}" for k, v in _HOMES.items()})
 
 
 __all__ = [

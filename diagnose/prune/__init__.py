@@ -18,8 +18,9 @@ Modules, in the order one `prune_heads` call uses them:
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
 
 from . import _folder  # noqa: F401  registers the pruned-folder kind with io; costs no torch
 
@@ -31,12 +32,7 @@ if TYPE_CHECKING:
     from .result import SCHEMA, PruneResult
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOMES:
-        value = getattr(import_module(_HOMES[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)
 
 
 __all__ = ["SCHEMA", "PruneResult", "prune_heads"]
