@@ -11,8 +11,8 @@ import diagnose
 
 ROOT = Path(diagnose.__file__).parent
 # the house's shared helpers: top-level modules of diagnose (one JSON policy, one writer, the
-# tolerance policy, number checks, the torch.distributed ranks) whose public names every package uses
-SHARED = {"_json", "_write", "_tolerance", "_numbers", "_distributed"}
+# tolerance policy, number checks, the torch.distributed ranks, PEP 562 exports) whose public names every package uses
+SHARED = {"_json", "_write", "_tolerance", "_numbers", "_distributed", "_lazy"}
 
 
 def _imports(path: Path) -> list[tuple[str, list[str]]]:
