@@ -18,6 +18,7 @@ the run folder, `diagnose stats` and the report pick its alerts up by their `kin
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 import statistics
 from collections import deque
 from typing import Any, Callable, ClassVar, Mapping
@@ -89,7 +90,7 @@ class Context:
         return self.streak[key] >= patience
 
 
-class Detector:
+class Detector(ABC):
     """One alert kind. Subclasses set the class attributes and implement check()."""
 
     kind: ClassVar[str]
@@ -100,9 +101,9 @@ class Detector:
     lr_first: ClassVar[bool] = False  # a rising loss puts "lower the lr" first in its hint
     gate: ClassVar[bool] = False  # when its condition holds, the other detectors do not run
 
+    @abstractmethod
     def check(self, rec: dict[str, Any], ctx: Context, emit: Emit) -> bool | None:
         """Call emit(condition, where, message, hint=None) once; a gate returns True when it holds."""
-        raise NotImplementedError
 
 
 DETECTORS: list[type[Detector]] = []
