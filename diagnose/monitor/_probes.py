@@ -8,6 +8,7 @@ watchers of _signals.py, which own the hooks.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -58,6 +59,7 @@ class ActivationProbe(_Quiet):
         self.block_names = monitor.block_names
         self.watch = ActivationWatch(monitor.model, monitor.blocks)
         self.present: list[bool] = []
+        self.compiled, self.warned = monitor.compiled, False
 
     def arm(self, step: int, logged: bool, sampled: bool) -> None:
         self.watch.armed = logged
@@ -67,6 +69,14 @@ class ActivationProbe(_Quiet):
 
     def collect(self, inputs: StepInputs) -> torch.Tensor | None:
         acts, self.present = self.watch.collect()  # [L_present, S] (variance as E[x^2])
+        if self.compiled and self.present and not any(self.present) and not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"diagnose: no block ran diagnose's hooks at step {inputs.step} under torch.compile: the "
+                "graph was traced before the TrainingMonitor was created, and dynamo does not see hooks "
+                "added later. Lost: activation and attention statistics for this run. Fix: create the "
+                "TrainingMonitor before the compiled model's first forward, or call "
+                "torch._dynamo.reset() after creating it.", RuntimeWarning, stacklevel=4)
         return acts
 
     def write(self, record: dict[str, Any], units: list[dict[str, list[float]]]) -> None:
@@ -83,22 +93,49 @@ class ActivationProbe(_Quiet):
 
 
 class AttentionProbe(_Quiet):
-    """Per sampled site: per-head entropy and max weight, and the uniform entropy, into attention."""
+    """Per sampled site: per-head entropy and max weight, and the uniform entropy, into attention.
+
+    Under torch.compile (the model given compiled, or compiled after the monitor was attached,
+    which the block hooks notice while dynamo traces them) the attention hooks stay in place and
+    a switch samples (AttentionWatch.hold). A sampled step whose blocks ran but whose attention
+    hooks did not (a graph traced before they were added) warns once, naming the fix."""
 
     def __init__(self, monitor: Any):
         self.site_names = monitor.site_names
-        self.watch = AttentionWatch(monitor.sites, monitor.probe("activations").watch)
+        self.acts = monitor.probe("activations")
+        self.watch = AttentionWatch(monitor.sites, self.acts.watch)
+        if monitor.compiled:
+            self.watch.hold()
         self.seen: list = []
+        self.warned = False
 
     def arm(self, step: int, logged: bool, sampled: bool) -> None:
         if sampled:
             self.watch.arm()
 
+    def _follow_compile(self) -> None:
+        """Once dynamo traced the hooks, keep them (those in the graph now run on every call)."""
+        if not self.watch.held and self.acts.watch.traced:
+            self.watch.hold()
+
     def discard(self) -> None:
+        self._follow_compile()
         self.watch.discard()
 
     def collect(self, inputs: StepInputs) -> list:
-        self.seen = self.watch.collect() if self.watch.armed else []  # per site [3, H] or None
+        self._follow_compile()
+        sampled = self.watch.armed
+        self.seen = self.watch.collect() if sampled else []  # per site [3, H] or None
+        if (sampled and self.acts.watch.traced and not self.warned and any(self.acts.present)
+                and self.seen and all(a is None for a in self.seen)):
+            self.warned = True
+            warnings.warn(
+                f"diagnose: no attention statistics at step {inputs.step} under torch.compile: the graph "
+                "was traced before diagnose's attention hooks were added, and dynamo does not see hooks "
+                "added later. Lost: per-head entropy and max weight (and entropy_collapse) for this run. "
+                "Fix: create the TrainingMonitor before the compiled model's first forward (or pass it "
+                "torch.compile(model)), or call torch._dynamo.reset() after creating it.",
+                RuntimeWarning, stacklevel=4)
         return self.seen
 
     def write(self, record: dict[str, Any], units: list[dict[str, list[float]]]) -> None:
