@@ -140,3 +140,68 @@ def test_mlflow_sink_file_store_reads_back(tmp_path, monkeypatch):
     assert "diagnose/loss" not in logged.get(NAN_STEP, {})  # NaN left out of MLflow, kept in the run folder
     assert logged[NAN_STEP]["diagnose/alerts/nonfinite"] == 2.0
     assert run.data.tags["diagnose/alert_text/nonfinite"].startswith(f"step {NAN_STEP}: loss")
+
+
+@pytest.mark.slow
+def test_lightning_callback_streams_into_the_trainers_own_logger(tmp_path):
+    L = pytest.importorskip("lightning.pytorch")
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from diagnose.monitor.lightning import DiagnoseCallback
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = Transformer(CFG)
+
+        def training_step(self, batch, _):
+            (ids,) = batch
+            return F.cross_entropy(self.net(ids)[:, :-1].reshape(-1, 11), ids[:, 1:].reshape(-1))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    ids = torch.randint(1, 11, (12, 8), generator=torch.Generator().manual_seed(0))  # [N, T]
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=4)
+    logger = CSVLogger(str(tmp_path / "logs"), name="csv")
+    trainer = L.Trainer(max_steps=3, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu", default_root_dir=str(tmp_path),
+                        callbacks=[DiagnoseCallback(tmp_path / "diag", echo=False, loggers=True)])
+    trainer.fit(Module(), loader)
+    records = [json.loads(x) for x in (tmp_path / "diag" / "metrics.jsonl").read_text().splitlines()]
+    rows = list(csv.DictReader(open(tmp_path / "logs" / "csv" / "version_0" / "metrics.csv")))
+    by_step = {int(r["step"]): r for r in rows if r.get("diagnose/loss")}
+    assert sorted(by_step) == [r["step"] for r in records] == [0, 1, 2]
+    for r in records:
+        assert float(by_step[r["step"]]["diagnose/loss"]) == approx(r["loss"])
+        assert float(by_step[r["step"]]["diagnose/layers/net.blocks.1/grad_norm"]) == approx(
+            r["layers"]["net.blocks.1"]["grad_norm"])
+
+
+@pytest.mark.slow
+def test_hf_callback_streams_into_the_trainers_tensorboard(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from diagnose.monitor.hf import DiagnoseHFCallback
+
+    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=11, n_positions=8)
+    ids = torch.randint(0, 11, (12, 8), generator=torch.Generator().manual_seed(0))  # [N, T]
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=4,
+                                          report_to=["tensorboard"], save_strategy="no", logging_steps=1,
+                                          use_cpu=True, disable_tqdm=True)
+    trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(cfg), args=args,
+                                   train_dataset=[{"input_ids": x, "labels": x} for x in ids],
+                                   callbacks=[DiagnoseHFCallback(tmp_path / "diag", echo=False, trackers=True)])
+    trainer.train()
+    records = [json.loads(x) for x in (tmp_path / "diag" / "metrics.jsonl").read_text().splitlines()]
+    (logdir,) = list((tmp_path / "out" / "runs").glob("**/diagnose"))
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    got = {ev.step: ev.value for ev in acc.Scalars("diagnose/loss")}
+    assert sorted(got) == [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert got[r["step"]] == approx(r["loss"])
