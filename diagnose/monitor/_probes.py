@@ -73,7 +73,8 @@ class ActivationProbe(_Quiet):
             self.warned = True
             warnings.warn(
                 f"diagnose: no block ran diagnose's hooks at step {inputs.step} under torch.compile: the "
-                "graph was traced before the TrainingMonitor was created, and dynamo does not see hooks "
+                "graph was traced without them (before the TrainingMonitor was created, or for another "
+                "instance of this model's class, whose graph dynamo reuses), and dynamo does not see hooks "
                 "added later. Lost: activation and attention statistics for this run. Fix: create the "
                 "TrainingMonitor before the compiled model's first forward, or call "
                 "torch._dynamo.reset() after creating it.", RuntimeWarning, stacklevel=4)
@@ -97,25 +98,56 @@ class AttentionProbe(_Quiet):
 
     Under torch.compile (the model given compiled, or compiled after the monitor was attached,
     which the block hooks notice while dynamo traces them) the attention hooks stay in place and
-    a switch samples (AttentionWatch.hold). A sampled step whose blocks ran but whose attention
-    hooks did not (a graph traced before they were added) warns once, naming the fix."""
+    a switch samples (AttentionWatch.hold). Until the first forward shows whether dynamo traces
+    it, the hooks are in place with the switch off (a trainer may compile the model and start on
+    an unsampled step: the graph must have them). A sampled step whose blocks ran but whose
+    attention hooks did not (a graph traced before they were added) warns once, naming the fix."""
 
     def __init__(self, monitor: Any):
         self.site_names = monitor.site_names
         self.acts = monitor.probe("activations")
         self.watch = AttentionWatch(monitor.sites, self.acts.watch)
-        if monitor.compiled:
+        self.safe = all(getattr(site.adapter, "compile_safe", False) for site in monitor.sites)
+        self.off = False  # attention is not sampled (a compiled model whose attention would break the graph)
+        self.pending = bool(monitor.attention_every) and not monitor.compiled and self.safe  # compiled: unknown yet
+        if monitor.compiled and not self.safe:
+            self._give_up()
+        if monitor.compiled or self.pending:
             self.watch.hold()
+        if self.pending:
+            self.watch.enter()
         self.seen: list = []
         self.warned = False
 
     def arm(self, step: int, logged: bool, sampled: bool) -> None:
-        if sampled:
+        if sampled and not self.off:
             self.watch.arm()
 
+    def _give_up(self) -> None:
+        """Under torch.compile with a family whose attention hook would break the graph: no samples."""
+        self.off = True
+        self.watch.held = False
+        self.watch.disarm()
+        families = sorted({site.adapter.family for site in self.watch.sites})
+        warnings.warn(
+            f"diagnose: attention statistics are not sampled under torch.compile for {', '.join(families)}: "
+            "its attention probabilities are read through a torch function mode that dynamo cannot trace "
+            "without breaking the graph. Lost: per-head entropy and max weight (and entropy_collapse); "
+            "activations and gradient norms are kept. Fix: sample attention from an eager run of the "
+            "model, or register an adapter whose watch_pattern is a plain module hook "
+            "(compile_safe = True, see diagnose/adapters/base.py).", RuntimeWarning, stacklevel=4)
+
     def _follow_compile(self) -> None:
-        """Once dynamo traced the hooks, keep them (those in the graph now run on every call)."""
-        if not self.watch.held and self.acts.watch.traced:
+        """Once dynamo traced the hooks, keep them (those in the graph now run on every call); once
+        a forward ran eagerly, go back to hooks on sampled steps only."""
+        if self.off:
+            return
+        if self.acts.watch.traced and not self.safe:
+            self._give_up()
+        elif self.pending and self.acts.watch.ran:
+            self.pending = False
+            self.watch.held = self.acts.watch.traced
+        elif not self.watch.held and self.acts.watch.traced:
             self.watch.hold()
 
     def discard(self) -> None:

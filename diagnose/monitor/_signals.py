@@ -107,6 +107,7 @@ class ActivationWatch:
         self._stats: list[list[tuple]] = [[] for _ in blocks]  # per block, per forward: hidden_partial's
         self.forwards = 0  # armed forwards with grad since the last collect (micro-batches), from block 0
         self.traced = False  # set once dynamo (torch.compile) traced these hooks into a graph
+        self.ran = False  # set by the first forward through the hooks (compiled or not)
         self.positions = 0  # batch x positions of those forwards (padding included): host ints, no sync
         self._handles = [model.register_forward_pre_hook(self._catch_mask, with_kwargs=True)]
         try:
@@ -121,8 +122,10 @@ class ActivationWatch:
 
     def _hook(self, i: int):
         def hook(module, args, out):
-            if i == 0 and torch.compiler.is_compiling():
-                self.traced = True  # a constant in the graph; the attribute is set each time it runs
+            if i == 0:
+                self.ran = True
+                if torch.compiler.is_compiling():
+                    self.traced = True  # a constant in the graph; the attribute is set each time it runs
             if not self.armed or not torch.is_grad_enabled():
                 return
             x = _first_tensor(out)
@@ -218,6 +221,10 @@ class AttentionWatch:
 
     def arm(self) -> None:
         self.sampling = True
+        self.enter()
+
+    def enter(self) -> None:
+        """Put the hooks in place (recording only while `sampling`)."""
         if self._stack is not None or not self.sites:
             return
         stack = ExitStack()

@@ -120,3 +120,53 @@ def test_graph_traced_without_the_hooks_warns_once(tmp_path):
     lost = [str(w.message) for w in caught if "torch.compile" in str(w.message)]
     assert len(lost) == 1 and "Lost:" in lost[0], lost
     assert "act_mean" in record["layers"]["blocks.0"] and "attention" in record
+
+
+def _lightning_run(run_dir, compiled: bool) -> list[dict]:
+    L = pytest.importorskip("lightning.pytorch")
+    from diagnose.monitor.lightning import DiagnoseCallback
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = Transformer(CFG)
+
+        def training_step(self, batch, _):
+            (ids,) = batch
+            logits = self.net(ids)  # [B, T, V]
+            return F.cross_entropy(logits[:, :-1].reshape(-1, CFG.vocab_size), ids[:, 1:].reshape(-1))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    module = Module()
+    ids = torch.randint(0, CFG.vocab_size, (4 * STEPS, CFG.max_len), generator=torch.Generator().manual_seed(1))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=4)
+    trainer = L.Trainer(max_steps=STEPS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu", default_root_dir=str(run_dir),
+                        callbacks=[DiagnoseCallback(run_dir / "diag", echo=False, attention_every=ATTENTION_EVERY)])
+    trainer.fit(torch.compile(module) if compiled else module, loader)
+    return _records(run_dir / "diag")
+
+
+@pytest.mark.slow
+def test_lightning_callback_with_compile_equals_eager(tmp_path):
+    from torch._dynamo.utils import counters
+
+    eager = _lightning_run(tmp_path / "eager", False)
+    torch._dynamo.reset()
+    counters.clear()
+    got = _lightning_run(tmp_path / "compiled", True)
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    torch._dynamo.reset()
+    assert 1 <= graphs <= 2 and breaks == 0, (graphs, dict(counters["graph_break"]))
+    assert list(got[0]["layers"]) == list(eager[0]["layers"]) == ["net.blocks.0", "net.blocks.1"]
+    assert [r["step"] for r in got if "attention" in r] == [r["step"] for r in eager if "attention" in r] == \
+        list(range(0, STEPS, ATTENTION_EVERY))
+    for a, b in zip(got, eager, strict=True):
+        na, nb = _numbers(a), _numbers(b)
+        assert na.keys() == nb.keys()
+        for key in nb:
+            assert na[key] == approx(nb[key], scale=max(1.0, abs(nb[key])), depth=CFG.n_layers * (b["step"] + 1),
+                                     width=CFG.d_model), key
