@@ -24,6 +24,8 @@ class ReferenceAdapter:
             return None
         return [AttentionSite(i, n, m.n_heads, m.head_dim, m, self, out_proj=m.proj) for i, (n, m) in enumerate(found)]
 
+    compile_safe = True  # watch_pattern is a forward hook on an identity module: no graph break
+
     def watch_pattern(self, site: AttentionSite, callback: PatternCallback):
         def hook(_module: nn.Module, _args: tuple, probs: torch.Tensor) -> None:
             callback(probs.detach().float())  # [B, H, Tq, Tk]

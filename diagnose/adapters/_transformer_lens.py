@@ -34,6 +34,8 @@ class TransformerLensAdapter:
                                        n_kv_heads=Hkv if Hkv and Hkv != H else None, out_proj=attn.o))
         return sites or None
 
+    compile_safe = True  # watch_pattern is a forward hook on an identity module: no graph break
+
     def watch_pattern(self, site: AttentionSite, callback: PatternCallback):
         def hook(_m, _args, probs: torch.Tensor) -> None:
             callback(probs.detach().float())  # [B, H, Tq, Tk]

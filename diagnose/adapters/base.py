@@ -44,7 +44,9 @@ class AttentionSite:
 
 class Adapter(Protocol):
     """Optional besides these: `layout`, the family's projection layout (layout.py), a
-    ProjectionLayout or a method `layout(site)` returning one; prune cuts only families that have it."""
+    ProjectionLayout or a method `layout(site)` returning one; prune cuts only families that have it.
+    `compile_safe = True` when watch_pattern is a plain module hook that dynamo traces into a graph
+    without a break (the monitor then keeps it under torch.compile); absent means False."""
 
     family: str
 

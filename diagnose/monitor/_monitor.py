@@ -29,7 +29,7 @@ from ._layout import StepLayout
 from ._measure import MEASUREMENTS, Probe, StepInputs
 from ._sinks import RunFolderSink, check_sinks, close_all
 from ._spikes import SPIKE_KINDS
-from ._signals import find_blocks, find_sites, scaler_divisor, unwrap
+from ._signals import find_blocks, find_sites, is_compiled, scaler_divisor, unwrap
 
 # a record's keys in this order (the measurements write them in theirs), then any other
 _KEY_ORDER = ("step", "time", "loss", "lr", "grad_norm", "clip_coef", "layers", "attention", "nonfinite_param")
@@ -87,7 +87,8 @@ class TrainingMonitor:
             raise_on = (raise_on,)
         if spike_bytes < 0 or spike_limit < 0:
             raise ConfigError("spike_bytes and spike_limit must be >= 0")
-        self.model = unwrap(model)
+        self.model = unwrap(model)  # names are the eager model's under DDP and torch.compile
+        self.compiled = is_compiled(model)  # the attention hooks then stay (_probes.AttentionProbe)
         self.every, self.attention_every, self.clip, self.echo = every, attention_every, clip, echo
         self.raise_on, self.on_alert = frozenset(raise_on), on_alert
         self.save_spikes, self.spike_bytes, self.spike_limit = save_spikes, int(spike_bytes), int(spike_limit)

@@ -8,6 +8,7 @@ watchers of _signals.py, which own the hooks.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -58,6 +59,7 @@ class ActivationProbe(_Quiet):
         self.block_names = monitor.block_names
         self.watch = ActivationWatch(monitor.model, monitor.blocks)
         self.present: list[bool] = []
+        self.compiled, self.warned = monitor.compiled, False
 
     def arm(self, step: int, logged: bool, sampled: bool) -> None:
         self.watch.armed = logged
@@ -67,6 +69,15 @@ class ActivationProbe(_Quiet):
 
     def collect(self, inputs: StepInputs) -> torch.Tensor | None:
         acts, self.present = self.watch.collect()  # [L_present, S] (variance as E[x^2])
+        if self.compiled and self.present and not any(self.present) and not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"diagnose: no block ran diagnose's hooks at step {inputs.step} under torch.compile: the "
+                "graph was traced without them (before the TrainingMonitor was created, or for another "
+                "instance of this model's class, whose graph dynamo reuses), and dynamo does not see hooks "
+                "added later. Lost: activation and attention statistics for this run. Fix: create the "
+                "TrainingMonitor before the compiled model's first forward, or call "
+                "torch._dynamo.reset() after creating it.", RuntimeWarning, stacklevel=4)
         return acts
 
     def write(self, record: dict[str, Any], units: list[dict[str, list[float]]]) -> None:
@@ -83,22 +94,80 @@ class ActivationProbe(_Quiet):
 
 
 class AttentionProbe(_Quiet):
-    """Per sampled site: per-head entropy and max weight, and the uniform entropy, into attention."""
+    """Per sampled site: per-head entropy and max weight, and the uniform entropy, into attention.
+
+    Under torch.compile (the model given compiled, or compiled after the monitor was attached,
+    which the block hooks notice while dynamo traces them) the attention hooks stay in place and
+    a switch samples (AttentionWatch.hold). Until the first forward shows whether dynamo traces
+    it, the hooks are in place with the switch off (a trainer may compile the model and start on
+    an unsampled step: the graph must have them). A sampled step whose blocks ran but whose
+    attention hooks did not (a graph traced before they were added) warns once, naming the fix."""
 
     def __init__(self, monitor: Any):
         self.site_names = monitor.site_names
-        self.watch = AttentionWatch(monitor.sites, monitor.probe("activations").watch)
+        self.acts = monitor.probe("activations")
+        self.watch = AttentionWatch(monitor.sites, self.acts.watch)
+        self.safe = all(getattr(site.adapter, "compile_safe", False) for site in monitor.sites)
+        self.off = False  # attention is not sampled (a compiled model whose attention would break the graph)
+        self.pending = bool(monitor.attention_every) and not monitor.compiled and self.safe  # compiled: unknown yet
+        if monitor.compiled and not self.safe:
+            self._give_up()
+        if monitor.compiled or self.pending:
+            self.watch.hold()
+        if self.pending:
+            self.watch.enter()
         self.seen: list = []
+        self.warned = False
 
     def arm(self, step: int, logged: bool, sampled: bool) -> None:
-        if sampled:
+        if sampled and not self.off:
             self.watch.arm()
 
+    def _give_up(self) -> None:
+        """Under torch.compile with a family whose attention hook would break the graph: no samples."""
+        self.off = True
+        self.watch.held = False
+        self.watch.disarm()
+        families = sorted({site.adapter.family for site in self.watch.sites})
+        warnings.warn(
+            f"diagnose: attention statistics are not sampled under torch.compile for {', '.join(families)}: "
+            "its attention probabilities are read through a torch function mode that dynamo cannot trace "
+            "without breaking the graph. Lost: per-head entropy and max weight (and entropy_collapse); "
+            "activations and gradient norms are kept. Fix: sample attention from an eager run of the "
+            "model, or register an adapter whose watch_pattern is a plain module hook "
+            "(compile_safe = True, see diagnose/adapters/base.py).", RuntimeWarning, stacklevel=4)
+
+    def _follow_compile(self) -> None:
+        """Once dynamo traced the hooks, keep them (those in the graph now run on every call); once
+        a forward ran eagerly, go back to hooks on sampled steps only."""
+        if self.off:
+            return
+        if self.acts.watch.traced and not self.safe:
+            self._give_up()
+        elif self.pending and self.acts.watch.ran:
+            self.pending = False
+            self.watch.held = self.acts.watch.traced
+        elif not self.watch.held and self.acts.watch.traced:
+            self.watch.hold()
+
     def discard(self) -> None:
+        self._follow_compile()
         self.watch.discard()
 
     def collect(self, inputs: StepInputs) -> list:
-        self.seen = self.watch.collect() if self.watch.armed else []  # per site [3, H] or None
+        self._follow_compile()
+        sampled = self.watch.armed
+        self.seen = self.watch.collect() if sampled else []  # per site [3, H] or None
+        if (sampled and self.acts.watch.traced and not self.warned and any(self.acts.present)
+                and self.seen and all(a is None for a in self.seen)):
+            self.warned = True
+            warnings.warn(
+                f"diagnose: no attention statistics at step {inputs.step} under torch.compile: the graph "
+                "was traced before diagnose's attention hooks were added, and dynamo does not see hooks "
+                "added later. Lost: per-head entropy and max weight (and entropy_collapse) for this run. "
+                "Fix: create the TrainingMonitor before the compiled model's first forward (or pass it "
+                "torch.compile(model)), or call torch._dynamo.reset() after creating it.",
+                RuntimeWarning, stacklevel=4)
         return self.seen
 
     def write(self, record: dict[str, Any], units: list[dict[str, list[float]]]) -> None:

@@ -19,9 +19,30 @@ from ._layout import ATTENTION_ROWS, pool, to_pooled
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside DistributedDataParallel / DataParallel, so names stay stable."""
+    """The user's module inside DistributedDataParallel / DataParallel and torch.compile's
+    OptimizedModule (`_orig_mod`), in any nesting, so that names are the eager model's."""
     wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
-    return model.module if isinstance(model, wrappers) else model
+    while True:
+        if isinstance(model, wrappers):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile(model)
+            model = model._orig_mod
+        else:
+            return model
+
+
+def is_compiled(model: nn.Module) -> bool:
+    """Whether `model` is torch.compile's wrapper (or holds one inside DDP / DataParallel)."""
+    wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
+    while isinstance(model, wrappers):
+        model = model.module
+    return isinstance(getattr(model, "_orig_mod", None), nn.Module)
+
+
+def compiling() -> bool:
+    """True while dynamo traces the calling code (torch.compile), False when it runs eagerly."""
+    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(check()) if check is not None else False
 
 
 def at_end_of_backward(fn) -> None:
@@ -85,6 +106,8 @@ class ActivationWatch:
         self.mask: torch.Tensor | None = None  # [B, T] of the current forward, 1 real 0 padding
         self._stats: list[list[tuple]] = [[] for _ in blocks]  # per block, per forward: hidden_partial's
         self.forwards = 0  # armed forwards with grad since the last collect (micro-batches), from block 0
+        self.traced = False  # set once dynamo (torch.compile) traced these hooks into a graph
+        self.ran = False  # set by the first forward through the hooks (compiled or not)
         self.positions = 0  # batch x positions of those forwards (padding included): host ints, no sync
         self._handles = [model.register_forward_pre_hook(self._catch_mask, with_kwargs=True)]
         try:
@@ -99,6 +122,10 @@ class ActivationWatch:
 
     def _hook(self, i: int):
         def hook(module, args, out):
+            if i == 0:
+                self.ran = True
+                if torch.compiler.is_compiling():
+                    self.traced = True  # a constant in the graph; the attribute is set each time it runs
             if not self.armed or not torch.is_grad_enabled():
                 return
             x = _first_tensor(out)
@@ -168,6 +195,12 @@ class AttentionWatch:
     arm() enters each adapter's watch_pattern (so nothing is hooked on other steps);
     collect() leaves them and returns per site [3, H] pooled over the forwards it saw (the third
     row: the entropy of uniform attention over the visible keys, the same for every head).
+
+    Under torch.compile the hooks must stay: dynamo bakes the hooks a module has when it traces
+    into the graph and, by default, does not guard on them (`skip_nnmodule_hook_guards`), so hooks
+    added later never run and hooks removed still look present. `hold()` keeps the watch entered
+    for good and samples by the `sampling` switch instead, which dynamo does guard on: one graph
+    with the statistics and one without, each compiled once, not a recompile per sample.
     """
 
     def __init__(self, sites: list, activations: ActivationWatch | None = None):
@@ -175,12 +208,23 @@ class AttentionWatch:
         self._acts = activations
         self._stack: ExitStack | None = None
         self._seen: list[list[torch.Tensor]] = [[] for _ in sites]
+        self.sampling = False  # whether the callbacks record (the hooks may stay in place, see hold())
+        self.held = False
 
     @property
     def armed(self) -> bool:
-        return self._stack is not None
+        return self._stack is not None and self.sampling
+
+    def hold(self) -> None:
+        """Keep the hooks in place from now on (a compiled model); sample by the switch."""
+        self.held = True
 
     def arm(self) -> None:
+        self.sampling = True
+        self.enter()
+
+    def enter(self) -> None:
+        """Put the hooks in place (recording only while `sampling`)."""
         if self._stack is not None or not self.sites:
             return
         stack = ExitStack()
@@ -196,7 +240,7 @@ class AttentionWatch:
         from ..attention_stats import entropy_and_max, uniform_entropy
 
         def callback(probs: torch.Tensor) -> None:  # probs [B, H, Tq, Tk]
-            if not torch.is_grad_enabled():
+            if not self.sampling or not torch.is_grad_enabled():
                 return
             mask = self._acts.mask if self._acts is not None else None
             if mask is not None and mask.shape != (probs.shape[0], probs.shape[-1]):
@@ -209,19 +253,27 @@ class AttentionWatch:
 
     def collect(self) -> list[torch.Tensor | None]:
         """Per site [3, H] (entropy, max weight, uniform entropy) averaged over forwards, None if it never ran."""
-        self.disarm()
+        self._leave()
         out = [torch.stack(s).mean(0) if s else None for s in self._seen]
         self._seen = [[] for _ in self.sites]
         return out
 
+    def _leave(self) -> None:
+        """Stop sampling: leave the watch, or only turn the switch off when the hooks are held."""
+        self.sampling = False
+        if not self.held:
+            self.disarm()
+
     def disarm(self) -> None:
+        """Remove the hooks (also held ones: the monitor closes)."""
+        self.sampling = False
         if self._stack is not None:
             stack, self._stack = self._stack, None
             stack.close()
 
     def discard(self) -> None:
         """Leave the watch and drop what it saw (an unlogged step)."""
-        self.disarm()
+        self._leave()
         self._seen = [[] for _ in self.sites]
 
 

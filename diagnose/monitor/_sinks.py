@@ -71,12 +71,16 @@ class RunFolderSink(Sink):
 
 
 def check_sinks(sinks: Iterable[Any] | None) -> list[Any]:
-    """The user's sinks as a list; UsageError for one that lacks a sink's methods."""
+    """The user's sinks as a list (a plain function f(scalars, step) becomes a CallableSink);
+    UsageError for one that lacks a sink's methods."""
+    from ._live import CallableSink
+
     if sinks is None:
         return []
     if isinstance(sinks, (str, bytes, os.PathLike)) or not isinstance(sinks, Iterable):
         raise UsageError(f"sinks must be a list of Sink objects, got {type(sinks).__name__}")
-    out = list(sinks)
+    out = [CallableSink(s) if callable(s) and not isinstance(s, Sink) and not hasattr(s, "step") else s
+           for s in sinks]
     for s in out:
         missing = [m for m in _METHODS if not callable(getattr(s, m, None))]
         if missing:

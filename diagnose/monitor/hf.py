@@ -64,11 +64,33 @@ def _per_example(logits: Any, labels: Any, shift: int) -> torch.Tensor | None:
         return tok.sum(1) / (labels != -100).sum(1).clamp(min=1)
 
 
-class DiagnoseHFCallback(_base()):
-    """Runs a TrainingMonitor inside the Hugging Face Trainer loop."""
+def _tracker_sinks(args: Any) -> list:
+    """Live sinks for the trackers the Trainer reports to (args.report_to): the wandb run and the
+    MLflow run its own callbacks opened, and TensorBoard next to its logs (TENSORBOARD_LOGGING_DIR
+    or output_dir/runs, in a run folder named `diagnose`)."""
+    from ._live_trackers import MLflowSink, TensorBoardSink, WandbSink
 
-    def __init__(self, run_dir: str | os.PathLike, *, stop_on: Iterable[str] = (), **monitor_kwargs: Any):
-        self.run_dir, self.kwargs = run_dir, monitor_kwargs
+    report = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
+    sinks: list = []
+    if "wandb" in report:
+        sinks.append(WandbSink())
+    if "mlflow" in report:
+        sinks.append(MLflowSink())
+    if "tensorboard" in report:
+        root = getattr(args, "logging_dir", None) or os.getenv("TENSORBOARD_LOGGING_DIR") or \
+            os.path.join(args.output_dir, "runs")
+        sinks.append(TensorBoardSink(os.path.join(root, "diagnose")))
+    return sinks
+
+
+class DiagnoseHFCallback(_base()):
+    """Runs a TrainingMonitor inside the Hugging Face Trainer loop. trackers=True also streams
+    diagnose's scalars, under `diagnose/`, into the trackers of args.report_to (wandb, MLflow,
+    TensorBoard); other keyword arguments (sinks= among them) go to TrainingMonitor."""
+
+    def __init__(self, run_dir: str | os.PathLike, *, stop_on: Iterable[str] = (), trackers: bool = False,
+                 **monitor_kwargs: Any):
+        self.run_dir, self.kwargs, self.trackers = run_dir, monitor_kwargs, trackers
         self.stop_on = frozenset((stop_on,) if isinstance(stop_on, str) else stop_on)
         self.monitor: TrainingMonitor | None = None
         self._hooks: list = []
@@ -87,6 +109,8 @@ class DiagnoseHFCallback(_base()):
         # every rank runs a monitor (its step joins the cross-rank reduction); rank 0 writes
         kwargs_ = dict(self.kwargs)
         kwargs_.setdefault("clip", args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None)
+        if self.trackers:
+            kwargs_["sinks"] = [*(kwargs_.get("sinks") or []), *_tracker_sinks(args)]
         self.monitor = TrainingMonitor(model, self.run_dir, settings={"grad_norm_post_clip": False,
                                                                       "integration": "hf"}, **kwargs_)
         self._scaler = getattr(optimizer, "scaler", None)  # accelerate's GradScaler (fp16), else None

@@ -7,6 +7,7 @@ from typing import Any, Iterable
 
 import torch
 
+from ._live_trackers import LightningLoggersSink
 from ._monitor import TrainingMonitor
 from ._evals import log_trainer_eval
 from ._spikes import join_micro_batches
@@ -33,12 +34,15 @@ class DiagnoseCallback(_base()):
     division is undone). Steps are the trainer's global step. Validation metrics logged with
     self.log during validation go to evals.jsonl (a metric named like `val_loss` / `val/loss`
     / `loss` is the eval loss). stop_on=("nonfinite",) sets trainer.should_stop when such an
-    alert fires; other keyword arguments go to TrainingMonitor.
+    alert fires; loggers=True also streams diagnose's scalars, under `diagnose/`, into the trainer's
+    own loggers (trainer.loggers: TensorBoard, wandb, MLflow, CSV); other keyword arguments
+    (sinks= among them) go to TrainingMonitor.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, *, stop_on: Iterable[str] = (), **monitor_kwargs: Any):
+    def __init__(self, run_dir: str | os.PathLike, *, stop_on: Iterable[str] = (), loggers: bool = False,
+                 **monitor_kwargs: Any):
         super().__init__()
-        self.run_dir, self.kwargs = run_dir, monitor_kwargs
+        self.run_dir, self.kwargs, self.loggers = run_dir, monitor_kwargs, loggers
         self.stop_on = frozenset((stop_on,) if isinstance(stop_on, str) else stop_on)
         self.monitor: TrainingMonitor | None = None
         self._losses: list[torch.Tensor] = []
@@ -48,6 +52,8 @@ class DiagnoseCallback(_base()):
     def on_fit_start(self, trainer, pl_module) -> None:
         kwargs = dict(self.kwargs)
         kwargs.setdefault("clip", trainer.gradient_clip_val or None)
+        if self.loggers:
+            kwargs["sinks"] = [*(kwargs.get("sinks") or []), LightningLoggersSink(trainer)]
         self.monitor = TrainingMonitor(pl_module, self.run_dir, settings={"integration": "lightning"}, **kwargs)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:

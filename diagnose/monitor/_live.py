@@ -1,0 +1,111 @@
+"""Live sinks: stream the monitor's scalars and alerts into a tracker the user already has open.
+
+A `LiveSink` flattens each step record into scalars named under `diagnose/` (the same names as
+Run.steps: `diagnose/loss`, `diagnose/layers/<block>/act_var`, `diagnose/attention/<site>/entropy/
+head0`), each alert into a `diagnose/alerts/<kind>` scalar (1 a warning, 2 an error) and, where the
+tracker shows text, its message and hint under `diagnose/alert_text/<kind>`; evaluations go under `diagnose/eval/<name>`. The run
+folder stays the source of truth: a live sink is one more copy, for watching. The trackers'
+subclasses are in _live_trackers.py; here is the base and the plain callable.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from ._sinks import Sink
+
+PREFIX = "diagnose/"
+SEVERITY = {"warning": 1.0, "error": 2.0}  # an alert's scalar
+_SKIP = ("step", "time", "session")  # a record's keys that are not signals
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def flatten(record: dict[str, Any], prefix: str = PREFIX) -> dict[str, float]:
+    """Every number of a step record by its path, `/`-joined under `prefix`; null (None) left out.
+
+    Top-level numbers keep their key; `layers` and `attention` nest by block or site, then by
+    statistic; a list (one number per head) ends in `/head<h>`. Whatever a registered measurement
+    writes is picked up: nothing here names a statistic."""
+    out: dict[str, float] = {}
+
+    def walk(path: str, v: Any) -> None:
+        if _number(v):
+            out[path] = float(v)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                walk(f"{path}/{k}", x)
+        elif isinstance(v, (list, tuple)):
+            for h, x in enumerate(v):
+                if _number(x):
+                    out[f"{path}/head{h}"] = float(x)
+
+    for key, value in record.items():
+        if key not in _SKIP:
+            walk(prefix + key, value)
+    return out
+
+
+def alert_scalar(alert: dict[str, Any], prefix: str = PREFIX) -> dict[str, float]:
+    """{`diagnose/alerts/<kind>`: 1 (warning) or 2 (error)}."""
+    return {f"{prefix}alerts/{alert.get('kind')}": SEVERITY.get(alert.get("severity"), 1.0)}
+
+
+def alert_text(alert: dict[str, Any]) -> str:
+    """One alert as a line of text: where, message and hint."""
+    return f"step {alert.get('step')}: {alert.get('where')}: {alert.get('message')} (hint: {alert.get('hint')})"
+
+
+def eval_scalars(record: dict[str, Any], prefix: str = PREFIX) -> dict[str, float]:
+    """An evaluation record's loss and metrics under `diagnose/eval/`."""
+    out = {f"{prefix}eval/loss": float(record["loss"])} if _number(record.get("loss")) else {}
+    for k, v in (record.get("metrics") or {}).items():
+        if _number(v):
+            out[f"{prefix}eval/{k}"] = float(v)
+    return out
+
+
+class LiveSink(Sink):
+    """Base of the live sinks: subclasses write scalars (`log`) and, optionally, text (`text`)."""
+
+    prefix = PREFIX
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        """Write these scalars at this step (the tracker's own call)."""
+        raise NotImplementedError
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        """Write a line of text (alerts); trackers without text ignore it."""
+
+    def step(self, record: dict[str, Any]) -> None:
+        self.log(flatten(record, self.prefix), int(record["step"]))
+
+    def alert(self, alert: dict[str, Any]) -> None:
+        step = int(alert.get("step") or 0)
+        self.log(alert_scalar(alert, self.prefix), step)
+        self.text(f"{self.prefix}alert_text/{alert.get('kind')}", alert_text(alert), step)
+
+    def eval(self, record: dict[str, Any]) -> None:
+        scalars = eval_scalars(record, self.prefix)
+        if scalars:
+            self.log(scalars, int(record["step"]))
+
+
+class CallableSink(LiveSink):
+    """fn(scalars, step) for each logged step, alert and evaluation: scalars {name: float} under
+    `diagnose/` (NaN kept: a non-finite loss is the news). A plain function passed in
+    TrainingMonitor(sinks=[fn]) is wrapped in one."""
+
+    def __init__(self, fn: Callable[[dict[str, float], int], Any]):
+        self.fn = fn
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        self.fn(scalars, step)
+
+
+def finite_or_none(v: float) -> float | None:
+    """v, or None when it is NaN or infinite (for trackers that refuse them)."""
+    return v if math.isfinite(v) else None

@@ -1,0 +1,64 @@
+"""Read back what wandb wrote offline: the records of a run's `.wandb` file (its LevelDB-style log:
+a 7-byte header, then 32 KiB blocks of records each with a 7-byte header, split across blocks
+as FIRST/MIDDLE/LAST pieces), parsed with wandb's own protobuf classes. Newer wandb releases
+dropped the Python reader, so the tests carry this one (about the format of wandb's datastore)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+BLOCK, HEADER = 32768, 7
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def _payloads(data: bytes):
+    assert data[:4] == b":W&B", "not a wandb log file"
+    pos, part = HEADER, b""
+    while pos + HEADER <= len(data):
+        left = BLOCK - pos % BLOCK
+        if left < HEADER:  # the rest of a block too short for a header is padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + HEADER])
+        if kind == 0 and length == 0:  # zero padding
+            pos += left
+            continue
+        chunk = data[pos + HEADER:pos + HEADER + length]
+        pos += HEADER + length
+        if kind == FULL:
+            yield chunk
+        elif kind == FIRST:
+            part = chunk
+        elif kind == MIDDLE:
+            part += chunk
+        elif kind == LAST:
+            yield part + chunk
+            part = b""
+
+
+def history(path: str | Path) -> list[dict]:
+    """The run's history rows (run.log calls) as {key: value}, in order."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    rows = []
+    for payload in _payloads(Path(path).read_bytes()):
+        record = pb.Record()
+        record.ParseFromString(payload)
+        if record.WhichOneof("record_type") == "history":
+            rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item})
+    return rows
+
+
+def summary(path: str | Path) -> dict:
+    """The run's summary updates, the last value of each key."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    out = {}
+    for payload in _payloads(Path(path).read_bytes()):
+        record = pb.Record()
+        record.ParseFromString(payload)
+        if record.WhichOneof("record_type") == "summary":
+            out.update({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.summary.update})
+    return out
