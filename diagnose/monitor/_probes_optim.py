@@ -31,7 +31,7 @@ from ._measure import Measurement, StepInputs
 def _bias_correction(state: dict, beta2: float) -> torch.Tensor | float:
     """1 - beta2^step; step is a CPU tensor (or a device tensor when capturable): no host sync."""
     step = state.get("step", 1)
-    if isinstance(step, torch.Tensor):
+    if isinstance(step, torch.Tensor) and step.device.type != "cpu":
         return 1 - beta2 ** step.double()
     return 1 - beta2 ** float(step)
 
@@ -65,6 +65,7 @@ class OptimizerProbe:
         self._index: torch.Tensor | None = None  # [P] the block of each
         self._before: list[torch.Tensor] | None = None
         self._out: torch.Tensor | None = None  # [L, 2] from the last armed step
+        self._adam_index: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _attach(self, optimizer: Any) -> None:
         optimizer = _torch_optimizer(optimizer)
@@ -101,9 +102,11 @@ class OptimizerProbe:
         self._before = None
 
     def _adam(self, optimizer: Any, dev: torch.device, L: int) -> torch.Tensor:
-        """[L] sqrt(mean v_hat) / eps per block; NaN where the optimizer keeps no exp_avg_sq."""
-        vs, n, eps = [], [], []
-        idx = []
+        """[L] sqrt(mean v_hat) / eps per block; NaN where the optimizer keeps no exp_avg_sq.
+        Nothing is copied from the host (a CPU-to-GPU copy would wait for the GPU): the per-parameter
+        divisors are Python floats (or device tensors for a capturable step count), and the block
+        index tensor is built once per set of parameters."""
+        vs, dens, idx = [], [], []
         for g in optimizer.param_groups:
             beta2, e = g.get("betas", (None, None))[1], g.get("eps")
             if beta2 is None or not e:
@@ -114,17 +117,21 @@ class OptimizerProbe:
                 if id(p) not in self._owner or type(v) is not torch.Tensor or v.is_sparse:
                     continue
                 vs.append(v)
-                n.append(v.numel() * _bias_correction(st, beta2) * e * e)  # mean(v_hat) / eps^2 divides by this
+                dens.append(v.numel() * _bias_correction(st, beta2) * e * e)  # mean(v_hat) / eps^2 divides by this
                 idx.append(self._owner[id(p)])
         out = torch.full((L,), math.nan, dtype=torch.float64, device=dev)
         if not vs:
             return out
-        sums = torch.stack([s.to(dev, torch.float64) for s in torch._foreach_norm(vs, 1)])  # [P] sum(v), v >= 0
-        den = torch.stack([torch.as_tensor(x, dtype=torch.float64).to(dev) for x in n])  # [P]
-        ix = torch.tensor(idx, device=dev)
-        num = torch.zeros(L, dtype=torch.float64, device=dev).index_add_(0, ix, sums)
-        cnt = torch.zeros(L, dtype=torch.float64, device=dev).index_add_(0, ix, den)
-        has = torch.zeros(L, dtype=torch.bool, device=dev).index_fill_(0, ix, True)
+        key = tuple(idx)
+        if key not in self._adam_index:
+            ix = torch.tensor(idx, device=dev)
+            has = torch.zeros(L, dtype=torch.bool, device=dev).index_fill_(0, ix, True)
+            self._adam_index = {key: (ix, has)}  # one set at a time
+        ix, has = self._adam_index[key]
+        sums = [s.to(dev, torch.float64) for s in torch._foreach_norm(vs, 1)]  # sum(v) per parameter, v >= 0
+        num = torch.zeros(L, dtype=torch.float64, device=dev).index_add_(0, ix, torch.stack(sums))
+        cnt = torch.zeros(L, dtype=torch.float64, device=dev).index_add_(
+            0, ix, torch.stack([torch.ones_like(s) * d for s, d in zip(sums, dens)]))  # [P] the divisors
         return torch.where(has, (num / cnt).sqrt(), out)
 
     def arm(self, step: int, logged: bool, sampled: bool) -> None:
