@@ -60,6 +60,13 @@ class LazyProbs:
         narrow=True leaves out the keys no query of the chunk can see (is_causal): the result
         then has extent(stop) <= Tk columns, and the keys after them have weight 0.
         """
+        probs = torch.softmax(self.scores(start, stop, narrow=narrow), dim=-1)
+        return probs.nan_to_num_(0.0) if self.masks else probs  # only a mask can hide every key of a row
+
+    @torch.no_grad()
+    def scores(self, start: int, stop: int, *, narrow: bool = False) -> torch.Tensor:
+        """The pre-softmax logits q k^T * scale of queries start..stop-1, hidden keys at -inf (the
+        monitor's max attention logit reads them).  # [B, H, stop - start, Tk or extent(stop)] float32"""
         Tk = self.extent(stop) if narrow else self.shape[-1]
         q = self.q[..., start:stop, :]  # [B, H, c, D]
         k = self.k[..., :Tk, :]  # [B, Hkv, Tk, D]
@@ -76,8 +83,7 @@ class LazyProbs:
             if m.dim() >= 2 and m.shape[-2] != 1:
                 m = m[..., start:stop, :]  # a mask with one row per query: this chunk's rows
             scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.float()
-        probs = torch.softmax(scores, dim=-1)
-        return probs.nan_to_num_(0.0) if self.masks else probs  # only a mask can hide every key of a row
+        return scores
 
     def full(self) -> torch.Tensor:
         """Every row at once.  # [B, H, Tq, Tk] float32"""

@@ -13,11 +13,15 @@ from ._detect_attention import EntropyCollapse
 from ._detect_layers import ActivationGrowth, NoWarmup, RankCollapse, VanishingGrad
 from ._detect_loss import Divergence, GradSpike, LossSpike, Nonfinite
 from ._measure import register_measurement
+from ._detect_signals import AdamEps, AttentionLogitGrowth, LogitDivergence, UpdateSize
 from ._probes import ACTIVATIONS, ATTENTION, GRAD_NORMS, LOSS
+from ._probes_logits import ATTENTION_LOGIT, LOGIT_Z
+from ._probes_optim import OPTIMIZER
 
-BUILTIN_MEASUREMENTS = (LOSS, ACTIVATIONS, ATTENTION, GRAD_NORMS)
+BUILTIN_MEASUREMENTS = (LOSS, ACTIVATIONS, ATTENTION, ATTENTION_LOGIT, LOGIT_Z, GRAD_NORMS, OPTIMIZER)
 BUILTIN_DETECTORS = (Nonfinite, GradSpike, LossSpike, Divergence, VanishingGrad, ActivationGrowth,
-                     EntropyCollapse, RankCollapse, NoWarmup)
+                     EntropyCollapse, AttentionLogitGrowth, LogitDivergence, RankCollapse, NoWarmup,
+                     UpdateSize, AdamEps)
 
 for _m in BUILTIN_MEASUREMENTS:
     register_measurement(_m)

@@ -51,7 +51,8 @@ SCENARIOS = [
              dict(steps=60, warmup=20, lr=3e-3), {"entropy_collapse": 50},
              {"grad_spike", "loss_spike", "activation_growth"}),
     Scenario("lr 0.1: attention entropy collapse", BASE, dict(steps=60, warmup=10, lr=0.1),
-             {"entropy_collapse": 50}, {"rank_collapse", "activation_growth", "grad_spike", "loss_spike"}),
+             {"entropy_collapse": 50}, {"rank_collapse", "activation_growth", "grad_spike", "loss_spike",
+                                        "attention_logit_growth"}),
     # PyTorch's default Linear init (std ~0.05) without 1/sqrt(d_k): one-hot from step 0, so the
     # comparison with the first sample never sees it; the uniform-attention criterion must, at once
     Scenario("collapsed from initialisation", {**BASE, "attn_scale": "none", "n_heads": 2, "d_model": 256,
@@ -59,10 +60,12 @@ SCENARIOS = [
              dict(steps=30, warmup=10, lr=3e-3), {"entropy_collapse": 0}),
     # slow divergence: the spike detectors compare with a recent median that climbs with the loss
     Scenario("lr 1.0: the loss climbs 30x in 18 steps", BASE, dict(steps=70, warmup=10, lr=1.0),
-             {"divergence": 20}, {"entropy_collapse", "rank_collapse", "activation_growth", "grad_spike", "loss_spike"},
+             {"divergence": 20}, {"entropy_collapse", "rank_collapse", "activation_growth", "grad_spike", "loss_spike",
+                                  "attention_logit_growth", "logit_divergence"},  # high lr grows both logits
              from_doubling={"divergence"}),
     Scenario("lr ramped to 1.0 over 60 steps: a slow climb", BASE, dict(steps=80, warmup=60, lr=1.0),
-             {"divergence": 20}, {"entropy_collapse", "rank_collapse", "activation_growth", "grad_spike", "loss_spike"},
+             {"divergence": 20}, {"entropy_collapse", "rank_collapse", "activation_growth", "grad_spike", "loss_spike",
+                                  "attention_logit_growth", "logit_divergence"},  # high lr grows both logits
              from_doubling={"divergence"}),
     Scenario("8 layers, no residuals", {**BASE, "residual": False, "n_layers": 8},
              # collapsed from initialisation on: fires once the streak reaches rank_patience (5) steps

@@ -1,0 +1,159 @@
+"""Two logit signals of the published instabilities, measured on the device with no host sync.
+
+- attention_logit: per sampled attention site, the largest pre-softmax logit q.k * scale of
+  each head over the step's visible (query, key) pairs. Attention-logit growth is the divergence
+  qk-layernorm cures (Dehghani et al. 2023, ViT-22B; Wortsman et al. 2023). It is read from the
+  q and k the adapters already keep to recompute SDPA's probabilities (`LazyProbs.scores`), so it
+  is taken where the model calls scaled_dot_product_attention; a model that writes its own
+  softmax hands over probabilities only, and its sites then have no `max_logit`.
+- logit_z: per logged step, the log-partition z = logsumexp(logits) of the model's output
+  logits over the vocabulary, per position: its mean, the largest |z| and the mean of z^2 (what
+  the z-loss of PaLM and Wortsman et al. 2023 penalises). Output-logit divergence shows as z
+  drifting far from 0.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+
+from ..adapters._probs import LazyProbs
+from ._measure import Measurement, StepInputs
+
+_CHUNK = 1 << 22  # score elements per chunk: the max logit never holds more than this
+
+
+def max_logit(probs: Any) -> torch.Tensor | None:
+    """Per head, the largest visible pre-softmax logit of one SDPA call; None for a model's own
+    softmax (its logits are not handed over).  # [H] float32 on the device, no sync"""
+    if not isinstance(probs, LazyProbs):
+        return None
+    B, H, Tq, Tk = probs.shape
+    step = max(1, _CHUNK // max(1, B * H * Tk))
+    best = None
+    for s in range(0, Tq, step):
+        sc = probs.scores(s, min(Tq, s + step), narrow=True)  # [B, H, c, K]
+        m = sc.amax(dim=(0, 2, 3))  # [H]
+        best = m if best is None else torch.maximum(best, m)
+    return best
+
+
+class AttentionLogitProbe:
+    """On sampled steps: per site, per head, the largest pre-softmax logit (the max over the step's forwards)."""
+
+    def __init__(self, monitor: Any):
+        self.sites, self.site_names = monitor.sites, monitor.site_names
+        self._stack: ExitStack | None = None
+        self._seen: list[list[torch.Tensor]] = [[] for _ in self.sites]
+        self.ran: list[bool] = []
+
+    def arm(self, step: int, logged: bool, sampled: bool) -> None:
+        if not sampled or self._stack is not None or not self.sites:
+            return
+        stack = ExitStack()
+        try:
+            for i, site in enumerate(self.sites):
+                stack.enter_context(site.adapter.watch_pattern(site, self._callback(i)))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+
+    def _callback(self, i: int):
+        def callback(probs: Any) -> None:
+            if torch.is_grad_enabled():
+                m = max_logit(probs)
+                if m is not None:
+                    self._seen[i].append(m.float())
+        return callback
+
+    def discard(self) -> None:
+        self.remove()
+        self._seen = [[] for _ in self.sites]
+
+    def collect(self, inputs: StepInputs) -> list[torch.Tensor | None]:
+        self.remove()
+        out = [torch.stack(s).amax(0)[None] if s else None for s in self._seen]  # per site [1, H]
+        self._seen = [[] for _ in self.sites]
+        self.ran = [o is not None for o in out]
+        return out
+
+    def write(self, record: dict[str, Any], units: list[dict[str, list[float]]]) -> None:
+        names = [n for n, r in zip(self.site_names, self.ran) if r]
+        for site, unit in zip(names, units):
+            record.setdefault("attention", {}).setdefault(site, {})["max_logit"] = unit["max_logit"]
+
+    def remove(self) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            stack.close()
+
+
+def _logits(out: Any) -> torch.Tensor | None:
+    """The output logits [B, T, V] of a forward: a tensor, a `.logits` attribute, or a tuple's first."""
+    x = getattr(out, "logits", None)
+    if x is None and isinstance(out, (tuple, list)) and out:
+        x = out[0]
+    if x is None:
+        x = out
+    return x if isinstance(x, torch.Tensor) and x.dim() == 3 and x.is_floating_point() else None
+
+
+def z_stats(logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """[3]: mean z, max |z| and mean z^2 of z = logsumexp(logits, -1) over the (real) positions.
+    logits [B, T, V]; mask [B, T] with 1 for real tokens. No sync."""
+    z = torch.logsumexp(logits.detach().float(), dim=-1)  # [B, T]
+    w = torch.ones_like(z) if mask is None else mask.to(z.dtype)
+    n = w.sum().clamp_min(1.0)
+    mean = (z * w).sum() / n
+    sq = (z * z * w).sum() / n
+    mx = (z.abs() * w).amax()
+    return torch.stack([mean, mx, sq])  # [3]
+
+
+class LogitZProbe:
+    """A forward hook on the model: z statistics of its output logits on logged steps (pooled over
+    forwards: the mean of the means and of z^2, the max of |z|)."""
+
+    def __init__(self, monitor: Any):
+        self.armed = True
+        self._acts = monitor.probe("activations").watch  # its pre-hook keeps the attention_mask
+        self._seen: list[torch.Tensor] = []
+        self._handle = monitor.model.register_forward_hook(self._hook)
+
+    def _hook(self, module, args, out) -> None:
+        if not self.armed or not torch.is_grad_enabled():
+            return
+        x = _logits(out)
+        if x is None:
+            return
+        mask = self._acts.mask
+        self._seen.append(z_stats(x, mask if mask is not None and mask.shape == x.shape[:2] else None))
+
+    def arm(self, step: int, logged: bool, sampled: bool) -> None:
+        self.armed = logged
+
+    def discard(self) -> None:
+        self._seen = []
+
+    def collect(self, inputs: StepInputs) -> torch.Tensor | None:
+        if not self._seen:
+            return None
+        s = torch.stack(self._seen)  # [forwards, 3]
+        self._seen = []
+        return torch.stack([s[:, 0].mean(), s[:, 1].amax(), s[:, 2].mean()])[None]  # [1 unit, 3 rows]
+
+    def write(self, record: dict[str, Any], units: list[dict[str, list[float]]]) -> None:
+        if units:
+            record.update({k: units[0][k][0] for k in LOGIT_Z.rows})
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+ATTENTION_LOGIT = Measurement("attention_logit", ("max_logit",), "head", ("attention.*.max_logit",),
+                              AttentionLogitProbe, reduce={"max_logit": "max"})
+LOGIT_Z = Measurement("logit_z", ("z_mean", "z_abs_max", "z_sq_mean"), "model",
+                      ("z_mean", "z_abs_max", "z_sq_mean"), LogitZProbe, reduce={"z_abs_max": "max"})

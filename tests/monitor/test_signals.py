@@ -1,0 +1,178 @@
+"""The instability signals (max attention logit, output log-partition z, update-to-weight ratio,
+Adam's sqrt(v) / eps), each against an independent computation on a tiny model, and their
+detectors on hand-made records."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from diagnose.monitor import TrainingMonitor
+from diagnose.monitor._alerts import AlertEngine, Thresholds
+from ..nano import NanoGPT
+from ..tolerance import approx
+from .test_alerts import feed, rec
+
+
+def _model(scale: str = "sdpa_causal") -> NanoGPT:
+    torch.manual_seed(0)
+    return NanoGPT(vocab=20, d=16, n_heads=2, n_layers=2, max_len=8, scale=scale)
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, 20, (3, 8), generator=torch.Generator().manual_seed(1))  # [B, T]
+
+
+def test_max_attention_logit_is_the_largest_visible_scaled_dot_product(tmp_path):
+    model, ids = _model(), _ids()
+    with torch.no_grad():  # independent: q, k from c_attn, every visible (query, key) pair by hand
+        want, x = [], model.wte(ids) + model.wpe(torch.arange(8))
+        for block in model.h:
+            h = block.ln_1(x)
+            q, k, _ = block.attn.c_attn(h).split(16, dim=2)  # [B, T, C] each
+            q, k = q.view(3, 8, 2, 8).double(), k.view(3, 8, 2, 8).double()  # [B, T, H, D]
+            want.append([max(float(q[b, i, hd] @ k[b, j, hd]) / math.sqrt(8)
+                             for b in range(3) for i in range(8) for j in range(i + 1)) for hd in range(2)])
+            x = block(x, None)
+    with TrainingMonitor(model, tmp_path / "r", attention_every=1, echo=False) as mon:
+        model(ids).sum().backward()
+        record = mon.step(1.0)
+    got = [record["attention"][site]["max_logit"] for site in mon.site_names]
+    assert len(got) == 2
+    for g, w in zip(got, want):
+        assert g == approx(w, depth=2, width=16)
+
+
+def test_a_model_with_its_own_softmax_has_no_max_logit_and_still_its_entropy(tmp_path):
+    model = _model("sqrt")
+    with TrainingMonitor(model, tmp_path / "r", attention_every=1, echo=False) as mon:
+        model(_ids()).sum().backward()
+        record = mon.step(1.0)
+    for st in record["attention"].values():
+        assert "entropy" in st and "max_logit" not in st
+
+
+def test_log_partition_statistics_match_a_float64_logsumexp(tmp_path):
+    model, ids = _model(), _ids()
+    mask = torch.ones(3, 8, dtype=torch.long)
+    mask[0, 5:] = 0  # padding stays out of the statistics
+    with TrainingMonitor(model, tmp_path / "r", echo=False) as mon:
+        logits = model(ids, attention_mask=mask)
+        logits.sum().backward()
+        record = mon.step(1.0)
+    lg = logits.detach().double()
+    z = lg.exp().sum(-1).log()[mask.bool()]  # [real positions]
+    assert record["z_mean"] == approx(float(z.mean()), width=20)
+    assert record["z_abs_max"] == approx(float(z.abs().max()), width=20)
+    assert record["z_sq_mean"] == approx(float((z * z).mean()), width=20)
+
+
+def test_update_ratio_is_the_norm_of_the_optimizer_step_over_the_weights(tmp_path):
+    model, ids = _model(), _ids()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    with TrainingMonitor(model, tmp_path / "r", attention_every=1, echo=False) as mon:
+        for step in range(2):
+            opt.zero_grad()
+            F.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
+            record = mon.step(1.0, optimizer=opt)
+            if step == 0:
+                assert all("update_ratio" not in st for st in record["layers"].values())  # no step made yet
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            opt.step()
+        opt.zero_grad()
+        F.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
+        record = mon.step(1.0, optimizer=opt)  # holds the update of the step before
+    params = dict(model.named_parameters())
+    for i, block in enumerate(mon.block_names):
+        names = [n for n in params if n.startswith(block + ".")]
+        d = math.sqrt(sum(float((params[n].detach().double() - before[n].double()).square().sum()) for n in names))
+        w = math.sqrt(sum(float(params[n].detach().double().square().sum()) for n in names))
+        assert d > 0
+        assert record["layers"][block]["update_ratio"] == approx(d / w, scale=d / w, width=16)
+        assert record["layers"][block]["adam_rms_v_eps"] is None  # SGD keeps no second moment
+
+
+def test_adam_rms_v_over_eps_is_read_from_its_bias_corrected_second_moment(tmp_path):
+    model, ids = _model(), _ids()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), eps=1e-6)
+
+    def backward():
+        opt.zero_grad()
+        F.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
+
+    for _ in range(3):  # a few steps first: the bias correction must use the state's own step count
+        backward()
+        opt.step()
+    with TrainingMonitor(model, tmp_path / "r", attention_every=0, echo=False) as mon:
+        backward()
+        mon.step(1.0, optimizer=opt)
+        opt.step()
+        want = {}
+        for block in mon.block_names:
+            vs = [opt.state[p]["exp_avg_sq"].double() / (1 - 0.99 ** float(opt.state[p]["step"]))
+                  for n, p in model.named_parameters() if n.startswith(block + ".")]  # v_hat, by hand
+            want[block] = math.sqrt(float(torch.cat([v.flatten() for v in vs]).mean())) / 1e-6
+        backward()
+        record = mon.step(1.0, optimizer=opt)
+    for block, w in want.items():
+        assert record["layers"][block]["adam_rms_v_eps"] == approx(w, width=16)
+
+
+def test_the_optimizer_hooks_are_removed_on_close(tmp_path):
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters())
+    mon = TrainingMonitor(model, tmp_path / "r", echo=False)
+    model(_ids()).sum().backward()
+    mon.step(1.0, optimizer=opt)
+    assert opt._optimizer_step_pre_hooks and opt._optimizer_step_post_hooks
+    mon.close()
+    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+    assert not model._forward_hooks
+
+
+def _engine():
+    return AlertEngine(Thresholds(), ["blocks.0", "blocks.1"])
+
+
+def _layers(**row):
+    return {f"blocks.{i}": {"grad_norm": 0.5, "act_mean": 0.0, "act_var": 1.0, "act_max_abs": 3.0,
+                            "token_cos": 0.2, **row} for i in range(2)}
+
+
+def test_attention_logit_growth_fires_on_a_large_logit_and_names_qk_layernorm():
+    healthy = [rec(i, attention={"h.0.attn": {"entropy": [1.0, 1.0], "max_logit": [6.0, 8.0]}}) for i in range(10)]
+    assert feed(_engine(), healthy) == []
+    grown = healthy + [rec(10, attention={"h.0.attn": {"entropy": [1.0, 1.0], "max_logit": [6.0, 400.0]}})]
+    (a,) = feed(_engine(), grown)
+    assert a["kind"] == "attention_logit_growth" and a["where"] == "h.0.attn" and a["step"] == 10
+    assert "qk-layernorm" in a["hint"] and "Dehghani" in a["hint"]
+
+
+def test_logit_divergence_fires_on_a_drifting_log_partition_and_names_z_loss():
+    healthy = [rec(i, z_mean=5.5, z_abs_max=7.0, z_sq_mean=31.0) for i in range(10)]
+    assert feed(_engine(), healthy) == []
+    assert feed(_engine(), healthy + [rec(10, z_mean=-60.0, z_abs_max=90.0, z_sq_mean=3700.0)]) == []  # one batch
+    drift = [rec(10 + i, z_mean=-60.0, z_abs_max=90.0, z_sq_mean=3700.0) for i in range(3)]
+    (a,) = feed(_engine(), healthy + drift)
+    assert a["step"] == 12 and a["kind"] == "logit_divergence" and "z-loss" in a["hint"] and "PaLM" in a["hint"]
+
+
+def test_update_size_fires_on_a_lasting_too_large_update_only():
+    healthy = [rec(i, layers=_layers(update_ratio=0.01)) for i in range(20)]
+    assert feed(_engine(), healthy) == []
+    brief = healthy + [rec(20 + i, layers=_layers(update_ratio=0.9)) for i in range(2)]
+    brief += [rec(22, layers=_layers())]  # a step without the measurement neither breaks nor extends a streak
+    assert feed(_engine(), brief) == []  # two steps: under the patience
+    (a,) = feed(_engine(), healthy + [rec(20 + i, layers=_layers(update_ratio=0.9)) for i in range(6)])
+    assert a["kind"] == "update_size" and "lr" in a["hint"] and "warmup" in a["hint"]
+    (a,) = feed(_engine(), healthy + [rec(20 + i, layers=_layers(update_ratio=1e-9)) for i in range(6)])
+    assert "below" in a["message"]
+
+
+def test_adam_eps_fires_when_sqrt_v_is_down_to_eps():
+    healthy = [rec(i, layers=_layers(adam_rms_v_eps=300.0)) for i in range(20)]
+    assert feed(_engine(), healthy) == []
+    (a,) = feed(_engine(), healthy + [rec(20 + i, layers=_layers(adam_rms_v_eps=0.4)) for i in range(6)])
+    assert a["kind"] == "adam_eps" and "Wortsman" in a["hint"] and "eps" in a["hint"]
