@@ -132,8 +132,9 @@ class AttentionProbe(_Quiet):
         warnings.warn(
             f"diagnose: attention statistics are not sampled under torch.compile for {', '.join(families)}: "
             "its attention probabilities are read through a torch function mode that dynamo cannot trace "
-            "without breaking the graph. Lost: per-head entropy and max weight (and entropy_collapse); "
-            "activations and gradient norms are kept. Fix: sample attention from an eager run of the "
+            "without breaking the graph. Lost: per-head entropy, max weight and max logit (and "
+            "entropy_collapse, attention_logit_growth); activations, gradient norms, the output logits' z "
+            "and the optimizer's update sizes are kept. Fix: sample attention from an eager run of the "
             "model, or register an adapter whose watch_pattern is a plain module hook "
             "(compile_safe = True, see diagnose/adapters/base.py).", RuntimeWarning, stacklevel=4)
 
@@ -164,7 +165,8 @@ class AttentionProbe(_Quiet):
             warnings.warn(
                 f"diagnose: no attention statistics at step {inputs.step} under torch.compile: the graph "
                 "was traced before diagnose's attention hooks were added, and dynamo does not see hooks "
-                "added later. Lost: per-head entropy and max weight (and entropy_collapse) for this run. "
+                "added later. Lost: per-head entropy, max weight and max logit (and entropy_collapse, "
+                "attention_logit_growth) for this run. "
                 "Fix: create the TrainingMonitor before the compiled model's first forward (or pass it "
                 "torch.compile(model)), or call torch._dynamo.reset() after creating it.",
                 RuntimeWarning, stacklevel=4)

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-from contextlib import ExitStack
 from typing import Any
 
 import torch
@@ -41,42 +40,31 @@ def max_logit(probs: Any) -> torch.Tensor | None:
 
 
 class AttentionLogitProbe:
-    """On sampled steps: per site, per head, the largest pre-softmax logit (the max over the step's forwards)."""
+    """On sampled steps: per site, per head, the largest pre-softmax logit (the max over the step's
+    forwards). It reads the attention probe's hooks (AttentionWatch.readers) rather than entering
+    watch_pattern itself: one set of hooks per site, sampled on the same steps, and under
+    torch.compile kept in the graph the same way (or given up with it, with its warning)."""
 
     def __init__(self, monitor: Any):
-        self.sites, self.site_names = monitor.sites, monitor.site_names
-        self._stack: ExitStack | None = None
-        self._seen: list[list[torch.Tensor]] = [[] for _ in self.sites]
+        self.site_names = monitor.site_names
+        monitor.probe("attention").watch.readers.append(self._read)
+        self._seen: list[list[torch.Tensor]] = [[] for _ in self.site_names]
         self.ran: list[bool] = []
 
-    def arm(self, step: int, logged: bool, sampled: bool) -> None:
-        if not sampled or self._stack is not None or not self.sites:
-            return
-        stack = ExitStack()
-        try:
-            for i, site in enumerate(self.sites):
-                stack.enter_context(site.adapter.watch_pattern(site, self._callback(i)))
-        except BaseException:
-            stack.close()
-            raise
-        self._stack = stack
+    def _read(self, i: int, probs: Any) -> None:
+        m = max_logit(probs)
+        if m is not None:
+            self._seen[i].append(m.float())
 
-    def _callback(self, i: int):
-        def callback(probs: Any) -> None:
-            if torch.is_grad_enabled():
-                m = max_logit(probs)
-                if m is not None:
-                    self._seen[i].append(m.float())
-        return callback
+    def arm(self, step: int, logged: bool, sampled: bool) -> None:
+        pass  # the attention probe arms the hooks
 
     def discard(self) -> None:
-        self.remove()
-        self._seen = [[] for _ in self.sites]
+        self._seen = [[] for _ in self.site_names]
 
     def collect(self, inputs: StepInputs) -> list[torch.Tensor | None]:
-        self.remove()
         out = [torch.stack(s).amax(0)[None] if s else None for s in self._seen]  # per site [1, H]
-        self._seen = [[] for _ in self.sites]
+        self._seen = [[] for _ in self.site_names]
         self.ran = [o is not None for o in out]
         return out
 
@@ -86,9 +74,7 @@ class AttentionLogitProbe:
             record.setdefault("attention", {}).setdefault(site, {})["max_logit"] = unit["max_logit"]
 
     def remove(self) -> None:
-        if self._stack is not None:
-            stack, self._stack = self._stack, None
-            stack.close()
+        pass  # the attention probe removes the hooks
 
 
 def _logits(out: Any) -> torch.Tensor | None:
@@ -121,7 +107,10 @@ class LogitZProbe:
         self.armed = True
         self._acts = monitor.probe("activations").watch  # its pre-hook keeps the attention_mask
         self._seen: list[torch.Tensor] = []
-        self._handle = monitor.model.register_forward_hook(self._hook)
+        # a hook on the whole model runs outside a compiled model's forward, so dynamo would trace
+        # it as a graph of its own (a third graph beside the forward with and without the attention
+        # hooks, each armed switch another): it runs eagerly, as it would without torch.compile
+        self._handle = monitor.model.register_forward_hook(torch.compiler.disable(self._hook))
 
     def _hook(self, module, args, out) -> None:
         if not self.armed or not torch.is_grad_enabled():

@@ -9,7 +9,7 @@ Three watchers, each owning its hooks and removing them in `remove()`:
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -210,6 +210,9 @@ class AttentionWatch:
         self._seen: list[list[torch.Tensor]] = [[] for _ in sites]
         self.sampling = False  # whether the callbacks record (the hooks may stay in place, see hold())
         self.held = False
+        # more readers of the same sampled probabilities, reader(site index, probs): another probe
+        # shares these hooks, and so their place in a compiled graph, instead of adding its own
+        self.readers: list[Callable[[int, Any], None]] = []
 
     @property
     def armed(self) -> bool:
@@ -249,6 +252,8 @@ class AttentionWatch:
             uni = uniform_entropy(probs, key_mask=mask).float().expand_as(ent)  # [H]
             rows = {"entropy": ent.float(), "max_weight": mx.float(), "uniform_entropy": uni}
             self._seen[i].append(torch.stack([rows[r] for r in ATTENTION_ROWS]))  # [3, H]
+            for read in self.readers:
+                read(i, probs)
         return callback
 
     def collect(self) -> list[torch.Tensor | None]:
