@@ -46,17 +46,16 @@ def _check_names(records: list[dict], logged: dict[int, dict[str, float]]) -> No
         assert want and all(k.startswith("diagnose/") for k in want)
         got = logged[r["step"]]
         assert set(want) <= set(got), sorted(set(want) - set(got))[:5]
-        if r["step"] % 2 == 0:
-            assert "diagnose/attention/blocks.0.attn/entropy/head1" in want or any("/entropy/head1" in k for k in want)
+    sampled = [flatten(r) for r in records if r["step"] % 2 == 0]  # attention every 2nd step
+    assert sampled and all(any(k.endswith("/entropy/head1") for k in want) for want in sampled)
 
 
 def test_callable_sink_streams_every_scalar_and_alert(tmp_path):
     logged: dict[int, dict[str, float]] = {}
     records, alerts = _train(tmp_path / "run", [lambda scalars, step: logged.setdefault(step, {}).update(scalars)])
     _check_names(records, logged)
-    for r in records:
-        if r["step"] != NAN_STEP:
-            assert logged[r["step"]]["diagnose/loss"] == r["loss"]  # the same float, passed through
+    for r in (r for r in records if r["step"] != NAN_STEP):
+        assert logged[r["step"]]["diagnose/loss"] == r["loss"]  # the same float, passed through
     assert math.isnan(logged[NAN_STEP]["diagnose/loss"])
     assert alerts and logged[NAN_STEP]["diagnose/alerts/nonfinite"] == 2.0  # an error
     assert logged[4]["diagnose/eval/loss"] == 1.25 and logged[4]["diagnose/eval/accuracy"] == 0.5
@@ -74,9 +73,8 @@ def test_tensorboard_sink_event_file_reads_back(tmp_path):
         for ev in acc.Scalars(tag):
             logged.setdefault(ev.step, {})[tag] = ev.value
     _check_names(records, logged)
-    for r in records:  # event files hold float32
-        if r["step"] != NAN_STEP:
-            assert logged[r["step"]]["diagnose/loss"] == approx(r["loss"])
+    for r in (r for r in records if r["step"] != NAN_STEP):  # event files hold float32
+        assert logged[r["step"]]["diagnose/loss"] == approx(r["loss"])
     assert logged[NAN_STEP]["diagnose/alerts/nonfinite"] == 2.0
     assert any(t.startswith("diagnose/alert_text/nonfinite") for t in acc.Tags()["tensors"])  # the alert's text
 
@@ -101,9 +99,8 @@ def test_wandb_sink_offline_run_reads_back(tmp_path, monkeypatch):
             logged.setdefault(row["diagnose/step"], {}).update(
                 {k: v for k, v in row.items() if k.startswith("diagnose/") and isinstance(v, (int, float))})
     _check_names(records, logged)
-    for r in records:
-        if r["step"] != NAN_STEP:
-            assert logged[r["step"]]["diagnose/loss"] == r["loss"]
+    for r in (r for r in records if r["step"] != NAN_STEP):
+        assert logged[r["step"]]["diagnose/loss"] == r["loss"]
     assert logged[NAN_STEP]["diagnose/alerts/nonfinite"] == 2.0
     assert summary(path)["diagnose/alert_text/nonfinite"].startswith(f"step {NAN_STEP}: loss")
 
@@ -134,9 +131,8 @@ def test_mlflow_sink_file_store_reads_back(tmp_path, monkeypatch):
             logged.setdefault(m.step, {})[key] = m.value
     finite = [{k: v for k, v in r.items() if not (isinstance(v, float) and not math.isfinite(v))} for r in records]
     _check_names(finite, logged)
-    for r in records:
-        if r["step"] != NAN_STEP:
-            assert logged[r["step"]]["diagnose/loss"] == r["loss"]
+    for r in (r for r in records if r["step"] != NAN_STEP):
+        assert logged[r["step"]]["diagnose/loss"] == r["loss"]
     assert "diagnose/loss" not in logged.get(NAN_STEP, {})  # NaN left out of MLflow, kept in the run folder
     assert logged[NAN_STEP]["diagnose/alerts/nonfinite"] == 2.0
     assert run.data.tags["diagnose/alert_text/nonfinite"].startswith(f"step {NAN_STEP}: loss")

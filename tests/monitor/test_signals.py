@@ -73,17 +73,18 @@ def test_update_ratio_is_the_norm_of_the_optimizer_step_over_the_weights(tmp_pat
     model, ids = _model(), _ids()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     with TrainingMonitor(model, tmp_path / "r", attention_every=1, echo=False) as mon:
-        for step in range(2):
+        first = None
+        for _ in range(2):
             opt.zero_grad()
             F.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
             record = mon.step(1.0, optimizer=opt)
-            if step == 0:
-                assert all("update_ratio" not in st for st in record["layers"].values())  # no step made yet
+            first = first or record
             before = {n: p.detach().clone() for n, p in model.named_parameters()}
             opt.step()
         opt.zero_grad()
         F.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
         record = mon.step(1.0, optimizer=opt)  # holds the update of the step before
+    assert all("update_ratio" not in st for st in first["layers"].values())  # no step made before the first
     params = dict(model.named_parameters())
     for i, block in enumerate(mon.block_names):
         names = [n for n in params if n.startswith(block + ".")]
