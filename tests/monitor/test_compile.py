@@ -1,5 +1,14 @@
 """torch.compile: a compiled run records the eager run's names, statistics and attention samples,
-within a bounded number of graphs and without graph breaks."""
+within a bounded number of graphs and without graph breaks.
+
+Kept cheap (the suite runs several times per CI pass on 2 cores): a 2-layer d_model 16 model, 5
+steps with attention on steps 0, 2 and 4 (the samples after the first are those a traced graph
+used to lose), one eager run shared by the module. What the monitor controls (its hooks inside
+the graph, the guards that pick a graph, graph counts and breaks) is dynamo's, so most runs use
+the `aot_eager` backend: dynamo and AOTAutograd as under inductor, without generating and building
+C++ kernels (about a minute on a 2-core machine with a cold cache, more when it is loaded). One
+run, of 1 layer and 3 steps, uses inductor itself, whose fused kernels reorder the statistics' sums.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +26,8 @@ from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import approx
 
 CFG = ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=32)
-STEPS, ATTENTION_EVERY = 12, 4
+STEPS, ATTENTION_EVERY = 5, 2  # attention on steps 0, 2, 4
+BACKEND = "aot_eager"
 # inductor writes at::vec C++ kernels for the CPU it detects; under ATEN_CPU_CAPABILITY=default the
 # headers it compiles against have no at::vec, so g++ fails: torch's limitation, not diagnose's
 needs_inductor = pytest.mark.skipif(os.environ.get("ATEN_CPU_CAPABILITY") == "default",
@@ -28,29 +38,44 @@ def _records(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _train(run_dir, how: str) -> list[dict]:
-    """STEPS steps of SGD on fixed random tokens; how: eager, compiled (the monitor is given
+def _train(run_dir, how: str, backend: str = BACKEND, cfg: ModelConfig = CFG, steps: int = STEPS) -> list[dict]:
+    """`steps` steps of SGD on fixed random tokens; how: eager, compiled (the monitor is given
     torch.compile(model)) or before (the monitor attached first, the model compiled after)."""
     torch.manual_seed(0)
-    model = Transformer(CFG)
+    model = Transformer(cfg)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     if how == "compiled":
-        net = torch.compile(model)
+        net = torch.compile(model, backend=backend)
         monitor = TrainingMonitor(net, run_dir, attention_every=ATTENTION_EVERY, echo=False)
     else:
         monitor = TrainingMonitor(model, run_dir, attention_every=ATTENTION_EVERY, echo=False)
-        net = torch.compile(model) if how == "before" else model
+        net = torch.compile(model, backend=backend) if how == "before" else model
     gen = torch.Generator().manual_seed(1)
     with monitor:
-        for _ in range(STEPS):
-            ids = torch.randint(0, CFG.vocab_size, (4, CFG.max_len), generator=gen)  # [B, T]
-            loss = F.cross_entropy(net(ids).reshape(-1, CFG.vocab_size), ids.reshape(-1))
+        for _ in range(steps):
+            ids = torch.randint(0, cfg.vocab_size, (4, cfg.max_len), generator=gen)  # [B, T]
+            loss = F.cross_entropy(net(ids).reshape(-1, cfg.vocab_size), ids.reshape(-1))
             loss.backward()
             monitor.step(loss, optimizer=opt)
             opt.step()
             opt.zero_grad()
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules()), "hooks left"
     return _records(run_dir)
+
+
+def _counted(run):
+    """run() from a fresh dynamo; (its result, graphs, graph breaks) as dynamo counted them."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # nothing lost, so nothing to warn about
+            out = run()
+        return out, counters["stats"]["unique_graphs"], dict(counters["graph_break"])
+    finally:
+        torch._dynamo.reset()
 
 
 def _numbers(record: dict, prefix: str = "") -> dict[str, float]:
@@ -68,6 +93,29 @@ def _numbers(record: dict, prefix: str = "") -> dict[str, float]:
     return out
 
 
+def _assert_same_run(got: list[dict], eager: list[dict], graphs: int, breaks: dict, blocks: list[str],
+                     cfg: ModelConfig = CFG) -> None:
+    """Eager's names, attention sample steps and statistics, in at most 2 graphs with no break."""
+    assert 1 <= graphs <= 2, f"{graphs} graphs: the hooks must not cost a recompile per sample"
+    assert not breaks, breaks
+    steps = list(range(len(eager)))
+    assert [r["step"] for r in got] == [r["step"] for r in eager] == steps and len(steps) > ATTENTION_EVERY
+    assert list(got[0]["layers"]) == list(eager[0]["layers"]) == blocks
+    assert [r["step"] for r in got if "attention" in r] == [r["step"] for r in eager if "attention" in r] == \
+        steps[::ATTENTION_EVERY]
+    for a, b in zip(got, eager, strict=True):
+        na, nb = _numbers(a), _numbers(b)
+        assert na.keys() == nb.keys()
+        for key in nb:  # compiled kernels may fuse and reorder reductions: float noise, not exact
+            assert na[key] == approx(nb[key], scale=max(1.0, abs(nb[key])), depth=cfg.n_layers * (b["step"] + 1),
+                                     width=cfg.d_model), key
+
+
+@pytest.fixture(scope="module")
+def eager(tmp_path_factory) -> list[dict]:
+    return _train(tmp_path_factory.mktemp("eager"), "eager")
+
+
 def test_unwrap_looks_through_compile_and_ddp_wrappers():
     model = Transformer(CFG)
     compiled = torch.compile(model)
@@ -76,54 +124,41 @@ def test_unwrap_looks_through_compile_and_ddp_wrappers():
     assert unwrap(model) is model and not is_compiled(model)
 
 
-@pytest.mark.slow
-@needs_inductor
 @pytest.mark.parametrize("how", ["compiled", "before"])
-def test_compiled_run_equals_eager(tmp_path, how):
-    from torch._dynamo.utils import counters
-
-    eager = _train(tmp_path / "eager", "eager")
-    torch._dynamo.reset()
-    counters.clear()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)  # nothing lost, so nothing to warn about
-        got = _train(tmp_path / how, how)
-    graphs = counters["stats"]["unique_graphs"]
-    breaks = sum(counters["graph_break"].values())
-    torch._dynamo.reset()
-    assert 1 <= graphs <= 2, f"{graphs} graphs: the hooks must not cost a recompile per sample"
-    assert breaks == 0, dict(counters["graph_break"])
-    assert [r["step"] for r in got] == [r["step"] for r in eager]
-    assert list(got[0]["layers"]) == list(eager[0]["layers"]) == ["blocks.0", "blocks.1"]
-    sampled = [r["step"] for r in eager if "attention" in r]
-    assert sampled == list(range(0, STEPS, ATTENTION_EVERY))
-    assert [r["step"] for r in got if "attention" in r] == sampled
-    for a, b in zip(got, eager):
-        na, nb = _numbers(a), _numbers(b)
-        assert na.keys() == nb.keys()
-        for key in nb:  # the compiled kernels fuse and reorder reductions: float noise, not exact
-            assert na[key] == approx(nb[key], scale=max(1.0, abs(nb[key])), depth=CFG.n_layers * (b["step"] + 1),
-                                     width=CFG.d_model), key
+def test_compiled_run_equals_eager(tmp_path, eager, how):
+    got, graphs, breaks = _counted(lambda: _train(tmp_path, how))
+    _assert_same_run(got, eager, graphs, breaks, ["blocks.0", "blocks.1"])
+    assert all("z_sq_mean" in r for r in got)  # the output-logit hook runs, eagerly, beside the graph
 
 
 @pytest.mark.slow
 @needs_inductor
+def test_inductor_run_equals_eager(tmp_path):
+    """One layer and 3 steps (attention on 0 and 2): inductor builds a C++ kernel file per graph."""
+    cfg = ModelConfig(n_layers=1, n_heads=2, d_model=16, max_len=8, vocab_size=32)
+    eager = _train(tmp_path / "eager", "eager", cfg=cfg, steps=3)
+    got, graphs, breaks = _counted(lambda: _train(tmp_path / "compiled", "compiled", "inductor", cfg, steps=3))
+    _assert_same_run(got, eager, graphs, breaks, ["blocks.0"], cfg)
+
+
 def test_graph_traced_without_the_hooks_warns_once(tmp_path):
     torch.manual_seed(0)
     model = Transformer(CFG)
-    net = torch.compile(model)
+    net = torch.compile(model, backend=BACKEND)
     torch._dynamo.reset()
     ids = torch.randint(0, CFG.vocab_size, (2, CFG.max_len), generator=torch.Generator().manual_seed(1))
-    net(ids).sum().backward()  # traced before the monitor: its hooks are not in the graph
-    with TrainingMonitor(net, tmp_path / "run", attention_every=1, echo=False) as monitor:
-        with pytest.warns(RuntimeWarning, match=r"torch\._dynamo\.reset\(\)") as caught:
-            for _ in range(3):
-                net(ids).sum().backward()
-                monitor.step(1.0)
-        torch._dynamo.reset()  # the fix the warning names: traced again, with the hooks
-        net(ids).sum().backward()
-        record = monitor.step(1.0)
-    torch._dynamo.reset()
+    try:
+        net(ids).sum().backward()  # traced before the monitor: its hooks are not in the graph
+        with TrainingMonitor(net, tmp_path / "run", attention_every=1, echo=False) as monitor:
+            with pytest.warns(RuntimeWarning, match=r"torch\._dynamo\.reset\(\)") as caught:
+                for _ in range(2):
+                    net(ids).sum().backward()
+                    monitor.step(1.0)
+            torch._dynamo.reset()  # the fix the warning names: traced again, with the hooks
+            net(ids).sum().backward()
+            record = monitor.step(1.0)
+    finally:
+        torch._dynamo.reset()
     lost = [str(w.message) for w in caught if "torch.compile" in str(w.message)]
     assert len(lost) == 1 and "Lost:" in lost[0], lost
     assert "act_mean" in record["layers"]["blocks.0"] and "attention" in record
@@ -153,28 +188,13 @@ def _lightning_run(run_dir, compiled: bool) -> list[dict]:
     trainer = L.Trainer(max_steps=STEPS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, accelerator="cpu", default_root_dir=str(run_dir),
                         callbacks=[DiagnoseCallback(run_dir / "diag", echo=False, attention_every=ATTENTION_EVERY)])
-    trainer.fit(torch.compile(module) if compiled else module, loader)
+    # Lightning compiles training_step with the backend given here
+    trainer.fit(torch.compile(module, backend=BACKEND) if compiled else module, loader)
     return _records(run_dir / "diag")
 
 
 @pytest.mark.slow
-@needs_inductor
 def test_lightning_callback_with_compile_equals_eager(tmp_path):
-    from torch._dynamo.utils import counters
-
     eager = _lightning_run(tmp_path / "eager", False)
-    torch._dynamo.reset()
-    counters.clear()
-    got = _lightning_run(tmp_path / "compiled", True)
-    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
-    torch._dynamo.reset()
-    assert 1 <= graphs <= 2 and breaks == 0, (graphs, dict(counters["graph_break"]))
-    assert list(got[0]["layers"]) == list(eager[0]["layers"]) == ["net.blocks.0", "net.blocks.1"]
-    assert [r["step"] for r in got if "attention" in r] == [r["step"] for r in eager if "attention" in r] == \
-        list(range(0, STEPS, ATTENTION_EVERY))
-    for a, b in zip(got, eager, strict=True):
-        na, nb = _numbers(a), _numbers(b)
-        assert na.keys() == nb.keys()
-        for key in nb:
-            assert na[key] == approx(nb[key], scale=max(1.0, abs(nb[key])), depth=CFG.n_layers * (b["step"] + 1),
-                                     width=CFG.d_model), key
+    got, graphs, breaks = _counted(lambda: _lightning_run(tmp_path / "compiled", True))
+    _assert_same_run(got, eager, graphs, breaks, ["net.blocks.0", "net.blocks.1"])
