@@ -84,8 +84,8 @@ def batches(data: torch.Tensor, steps: int, batch: int, seq: int, seed: int):
         yield w[:, :-1], w[:, 1:]
 
 
-def train(lr: float, *, qk_norm: bool, z_loss: float, head_bias: bool = True, steps: int = 300, warmup: int = 20, batch: int = 16,
-          seq: int = 64, seed: int = 0, monitor_dir=None, every: int = 1, attention_every: int = 5,
+def train(lr: float, *, qk_norm: bool, z_loss: float, head_bias: bool = True, steps: int = 300, warmup: int = 20,
+          batch: int = 16, seq: int = 64, seed: int = 0, monitor_dir=None, every: int = 1, attention_every: int = 5,
           data: torch.Tensor | None = None):
     """Train one proxy with AdamW (no weight decay, linear warmup then constant lr); returns
     (losses [steps] floats, the monitor's alerts as (step, kind) in order)."""

@@ -2,12 +2,14 @@
 
 - attention_logit_growth: the largest pre-softmax attention logit of a site above
   `attn_logit_max` (200: the proxies' qk-normed runs stay below 100 up to lr 0.3, the runs
-  without qk-norm pass 200 within 50 steps from lr 0.03). Cure: qk-layernorm (Dehghani et al. 2023; Wortsman et al. 2023).
+  without qk-norm pass 200 within 50 steps from lr 0.03).
+  Cure: qk-layernorm (Dehghani et al. 2023; Wortsman et al. 2023).
 - logit_divergence: the root mean square of the output log-partition z above `z_rms_max` for
   `z_patience` logged steps.
   Cure: z-loss 1e-4 * z^2 (PaLM; Wortsman et al. 2023).
 - update_size: a block's update-to-weight ratio above `update_ratio_max` or below
-  `update_ratio_min` for `update_patience` measured steps (attention steps, see _probes_optim.py). Cure: the lr and its warmup.
+  `update_ratio_min` for `update_patience` measured steps (attention steps, see _probes_optim.py).
+  Cure: the lr and its warmup.
 - adam_eps: a block's sqrt(mean v_hat) below `adam_eps_ratio_min` x eps for `update_patience`
   measured steps: eps swamps Adam's denominator. Cure: a smaller eps (Wortsman et al. 2023).
 

@@ -3,9 +3,10 @@
 A `LiveSink` flattens each step record into scalars named under `diagnose/` (the same names as
 Run.steps: `diagnose/loss`, `diagnose/layers/<block>/act_var`, `diagnose/attention/<site>/entropy/
 head0`), each alert into a `diagnose/alerts/<kind>` scalar (1 a warning, 2 an error) and, where the
-tracker shows text, its message and hint under `diagnose/alert_text/<kind>`; evaluations go under `diagnose/eval/<name>`. The run
-folder stays the source of truth: a live sink is one more copy, for watching. The trackers'
-subclasses are in _live_trackers.py; here is the base and the plain callable.
+tracker shows text, its message and hint under `diagnose/alert_text/<kind>`; evaluations go under
+`diagnose/eval/<name>`. The run folder stays the source of truth: a live sink is one more copy,
+for watching. The trackers' subclasses are in _live_trackers.py; here is the base and the plain
+callable.
 """
 
 from __future__ import annotations
