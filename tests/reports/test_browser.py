@@ -12,22 +12,16 @@ from pathlib import Path
 import pytest
 
 import report_fixtures as rf
+from ..versions import missing
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
 
 
-def in_ci() -> bool:
-    """CI systems set CI=true (GitHub, GitLab, ...; .ci/run sets it too)."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def no_browser(reason: str) -> None:
     """In CI a missing browser fails the run; on a user's machine the tests skip, saying why."""
-    if in_ci():
-        pytest.fail(f"CI is set and {reason}: the browser tests must run in CI", pytrace=False)
-    pytest.skip(reason)
+    missing(reason)
 
 
 @pytest.fixture(scope="module")
