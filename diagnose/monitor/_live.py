@@ -12,6 +12,7 @@ callable.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import Any, Callable
 
 from ._sinks import Sink
@@ -69,14 +70,15 @@ def eval_scalars(record: dict[str, Any], prefix: str = PREFIX) -> dict[str, floa
     return out
 
 
-class LiveSink(Sink):
-    """Base of the live sinks: subclasses write scalars (`log`) and, optionally, text (`text`)."""
+class LiveSink(Sink, ABC):
+    """Base of the live sinks: subclasses write scalars (`log`) and, optionally, text (`text`);
+    one that forgets `log` fails when it is made (an abstract method, as Detector.check)."""
 
     prefix = PREFIX
 
+    @abstractmethod
     def log(self, scalars: dict[str, float], step: int) -> None:
         """Write these scalars at this step (the tracker's own call)."""
-        raise NotImplementedError
 
     def text(self, tag: str, text: str, step: int) -> None:
         """Write a line of text (alerts); trackers without text ignore it."""
