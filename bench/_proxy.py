@@ -62,8 +62,9 @@ class ProxyDecoder(nn.Module):
         self.ln_f = nn.LayerNorm(d, bias=ln_bias)
         # the loss does not see a shift of all logits, and Adam's per-coordinate steps do not keep it
         # still: without weight decay the logits of bytes the text never holds sink (mean logit -15 to -20
-        # by step 2,000) and the mean output row grows; z, set by the bytes that occur, stayed at 5-11 in
-        # every run that did not blow up (docs/monitor.md), with or without this bias
+        # by step 2,000) and the mean output row grows; z, set by the bytes that occur, stayed at 5-12 over
+        # 2,000 steps in every run that did not blow up, with or without this bias (with Adam eps 1e-15 it
+        # creeps up to 22 by step 10,000, the loss still falling: docs/monitor.md)
         self.lm_head = nn.Linear(d, 256, bias=head_bias)
         for name, p in self.named_parameters():
             if p.dim() == 2:
