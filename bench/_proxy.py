@@ -23,13 +23,13 @@ def corpus() -> torch.Tensor:
 
 
 class ProxyAttention(nn.Module):
-    def __init__(self, d: int, n_heads: int, qk_norm: bool):
+    def __init__(self, d: int, n_heads: int, qk_norm: bool, ln_bias: bool = True):
         super().__init__()
         self.n_heads = n_heads
         self.c_attn, self.c_proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
         hs = d // n_heads
-        self.q_norm = nn.LayerNorm(hs) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(hs) if qk_norm else nn.Identity()
+        self.q_norm = nn.LayerNorm(hs, bias=ln_bias) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(hs, bias=ln_bias) if qk_norm else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.size()  # batch, sequence, embedding
@@ -40,10 +40,10 @@ class ProxyAttention(nn.Module):
 
 
 class ProxyBlock(nn.Module):
-    def __init__(self, d: int, n_heads: int, qk_norm: bool):
+    def __init__(self, d: int, n_heads: int, qk_norm: bool, ln_bias: bool = True):
         super().__init__()
-        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = ProxyAttention(d, n_heads, qk_norm)
+        self.ln_1, self.ln_2 = nn.LayerNorm(d, bias=ln_bias), nn.LayerNorm(d, bias=ln_bias)
+        self.attn = ProxyAttention(d, n_heads, qk_norm, ln_bias)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d, bias=False), nn.GELU(), nn.Linear(4 * d, d, bias=False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -55,13 +55,16 @@ class ProxyDecoder(nn.Module):
     """Byte-level decoder: forward(idx [B, T]) -> logits [B, T, 256]."""
 
     def __init__(self, d: int = 64, n_layers: int = 2, n_heads: int = 4, max_len: int = 64, qk_norm: bool = False,
-                 head_bias: bool = True):
+                 head_bias: bool = True, ln_bias: bool = True):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(256, d), nn.Embedding(max_len, d)
-        self.h = nn.ModuleList(ProxyBlock(d, n_heads, qk_norm) for _ in range(n_layers))
-        self.ln_f = nn.LayerNorm(d)
-        # with a bias on the output layer, Adam's per-coordinate steps move the mean of the logits, which
-        # the loss does not see: without weight decay or z-loss z drifts (output-logit divergence)
+        self.h = nn.ModuleList(ProxyBlock(d, n_heads, qk_norm, ln_bias) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d, bias=ln_bias)
+        # the loss does not see a shift of all logits, and Adam's per-coordinate steps do not keep it
+        # still: without weight decay the logits of bytes the text never holds sink (mean logit -15 to -20
+        # by step 2,000) and the mean output row grows; z, set by the bytes that occur, stayed at 5-12 over
+        # 2,000 steps in every run that did not blow up, with or without this bias (with Adam eps 1e-15 it
+        # creeps up to 22 by step 10,000, the loss still falling: docs/monitor.md)
         self.lm_head = nn.Linear(d, 256, bias=head_bias)
         for name, p in self.named_parameters():
             if p.dim() == 2:
@@ -84,17 +87,19 @@ def batches(data: torch.Tensor, steps: int, batch: int, seq: int, seed: int):
         yield w[:, :-1], w[:, 1:]
 
 
-def train(lr: float, *, qk_norm: bool, z_loss: float, head_bias: bool = True, steps: int = 300, warmup: int = 20,
-          batch: int = 16, seq: int = 64, seed: int = 0, monitor_dir=None, every: int = 1, attention_every: int = 5,
+def train(lr: float, *, qk_norm: bool, z_loss: float, head_bias: bool = True, ln_bias: bool = True,
+          eps: float = 1e-8, steps: int = 300, warmup: int = 20, batch: int = 16,
+          seq: int = 64, seed: int = 0, monitor_dir=None, every: int = 1, attention_every: int = 5,
           data: torch.Tensor | None = None):
-    """Train one proxy with AdamW (no weight decay, linear warmup then constant lr); returns
-    (losses [steps] floats, the monitor's alerts as (step, kind) in order)."""
+    """Train one proxy with AdamW (no weight decay, Adam's `eps`, linear warmup then constant lr);
+    returns (losses [steps] floats, the monitor's alerts as (step, kind) in order).
+    ln_bias=False with head_bias=False leaves no bias anywhere, as in Wortsman et al. 2023."""
     from diagnose.monitor import TrainingMonitor
 
     torch.manual_seed(seed)
     data = corpus() if data is None else data
-    model = ProxyDecoder(max_len=seq, qk_norm=qk_norm, head_bias=head_bias)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    model = ProxyDecoder(max_len=seq, qk_norm=qk_norm, head_bias=head_bias, ln_bias=ln_bias)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95), eps=eps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
     losses, alerts = [], []
     mon = None
