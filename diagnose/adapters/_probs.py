@@ -53,37 +53,37 @@ class LazyProbs:
         """How many keys queries before `stop` can see: under is_causal (top-left) only the first `stop`."""
         return min(stop, self.shape[-1]) if self.is_causal else self.shape[-1]
 
-    @torch.no_grad()
     def rows(self, start: int, stop: int, *, narrow: bool = False) -> torch.Tensor:
         """Probabilities of queries start..stop-1 against every key.  # [B, H, stop - start, Tk] float32
 
         narrow=True leaves out the keys no query of the chunk can see (is_causal): the result
         then has extent(stop) <= Tk columns, and the keys after them have weight 0.
         """
-        probs = torch.softmax(self.scores(start, stop, narrow=narrow), dim=-1)
-        return probs.nan_to_num_(0.0) if self.masks else probs  # only a mask can hide every key of a row
+        with torch.no_grad():  # a `with`, not a decorator: dynamo cannot wrap a decorated bound method
+            probs = torch.softmax(self.scores(start, stop, narrow=narrow), dim=-1)
+            return probs.nan_to_num_(0.0) if self.masks else probs  # only a mask can hide every key of a row
 
-    @torch.no_grad()
     def scores(self, start: int, stop: int, *, narrow: bool = False) -> torch.Tensor:
         """The pre-softmax logits q k^T * scale of queries start..stop-1, hidden keys at -inf (the
         monitor's max attention logit reads them).  # [B, H, stop - start, Tk or extent(stop)] float32"""
-        Tk = self.extent(stop) if narrow else self.shape[-1]
-        q = self.q[..., start:stop, :]  # [B, H, c, D]
-        k = self.k[..., :Tk, :]  # [B, Hkv, Tk, D]
-        if k.shape[-3] != q.shape[-3]:
-            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
-        with float32_only(q.device):
-            scores = (q @ k.transpose(-2, -1)) * self.scale  # [B, H, c, Tk]
-        if self.is_causal and start + 1 < Tk:  # only columns start + 1 .. are hidden from some row of the chunk
-            q_pos = torch.arange(start, stop, device=q.device)[:, None]  # [c, 1]
-            k_pos = torch.arange(start + 1, Tk, device=q.device)[None, :]
-            scores[..., start + 1:].masked_fill_(k_pos > q_pos, float("-inf"))
-        for m in self.masks:
-            m = m[..., :Tk] if m.shape[-1] != 1 else m
-            if m.dim() >= 2 and m.shape[-2] != 1:
-                m = m[..., start:stop, :]  # a mask with one row per query: this chunk's rows
-            scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.float()
-        return scores
+        with torch.no_grad():  # as in rows()
+            Tk = self.extent(stop) if narrow else self.shape[-1]
+            q = self.q[..., start:stop, :]  # [B, H, c, D]
+            k = self.k[..., :Tk, :]  # [B, Hkv, Tk, D]
+            if k.shape[-3] != q.shape[-3]:
+                k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+            with float32_only(q.device):
+                scores = (q @ k.transpose(-2, -1)) * self.scale  # [B, H, c, Tk]
+            if self.is_causal and start + 1 < Tk:  # only columns start + 1 .. are hidden from some row of the chunk
+                q_pos = torch.arange(start, stop, device=q.device)[:, None]  # [c, 1]
+                k_pos = torch.arange(start + 1, Tk, device=q.device)[None, :]
+                scores[..., start + 1:].masked_fill_(k_pos > q_pos, float("-inf"))
+            for m in self.masks:
+                m = m[..., :Tk] if m.shape[-1] != 1 else m
+                if m.dim() >= 2 and m.shape[-2] != 1:
+                    m = m[..., start:stop, :]  # a mask with one row per query: this chunk's rows
+                scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m.float()
+            return scores
 
     def full(self) -> torch.Tensor:
         """Every row at once.  # [B, H, Tq, Tk] float32"""

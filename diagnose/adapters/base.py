@@ -46,7 +46,9 @@ class Adapter(Protocol):
     """Optional besides these: `layout`, the family's projection layout (layout.py), a
     ProjectionLayout or a method `layout(site)` returning one; prune cuts only families that have it.
     `compile_safe = True` when watch_pattern is a plain module hook that dynamo traces into a graph
-    without a break (the monitor then keeps it under torch.compile); absent means False."""
+    without a break (the monitor then keeps it under torch.compile), or when the adapter has
+    `watch_pattern_traced(site, callback)`, the same contract with such hooks, which the monitor
+    uses instead while its hooks are held for a compiled model; absent means False."""
 
     family: str
 

@@ -135,8 +135,8 @@ class AttentionProbe(_Quiet):
             "without breaking the graph. Lost: per-head entropy, max weight and max logit (and "
             "entropy_collapse, attention_logit_growth); activations, gradient norms, the output logits' z "
             "and the optimizer's update sizes are kept. Fix: sample attention from an eager run of the "
-            "model, or register an adapter whose watch_pattern is a plain module hook "
-            "(compile_safe = True, see diagnose/adapters/base.py).", RuntimeWarning, stacklevel=4)
+            "model, or register an adapter whose watch_pattern (or watch_pattern_traced) is a plain module "
+            "hook (compile_safe = True, see diagnose/adapters/base.py).", RuntimeWarning, stacklevel=4)
 
     def _follow_compile(self) -> None:
         """Once dynamo traced the hooks, keep them (those in the graph now run on every call); once

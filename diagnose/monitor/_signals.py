@@ -233,7 +233,9 @@ class AttentionWatch:
         stack = ExitStack()
         try:
             for i, site in enumerate(self.sites):
-                stack.enter_context(site.adapter.watch_pattern(site, self._callback(i)))
+                # held (compiled, or not known yet): the adapter's hooks that dynamo traces, where it has them
+                watch = getattr(site.adapter, "watch_pattern_traced", None) if self.held else None
+                stack.enter_context((watch or site.adapter.watch_pattern)(site, self._callback(i)))
         except BaseException:
             stack.close()
             raise

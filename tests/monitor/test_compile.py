@@ -214,3 +214,46 @@ def test_lightning_callback_with_compile_equals_eager(tmp_path):
     eager = _lightning_run(tmp_path / "eager", False)
     got, graphs, breaks = _counted(lambda: _lightning_run(tmp_path / "compiled", True))
     _assert_same_run(got, eager, graphs, breaks, ["net.blocks.0", "net.blocks.1"])
+
+
+def _train_gpt2(run_dir, how: str, attn: str, checkpointed: bool = False, steps: int = STEPS) -> list[dict]:
+    """As _train, for a tiny Hugging Face GPT-2 (dropout off: compiled and eager draw different masks),
+    with gradient checkpointing (each block's forward run again in backward) when asked."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=CFG.n_layers, n_head=CFG.n_heads, n_embd=CFG.d_model,
+                                     n_positions=CFG.max_len, vocab_size=CFG.vocab_size, resid_pdrop=0.0,
+                                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+                                     attn_implementation=attn)
+    model = transformers.GPT2LMHeadModel(config)
+    if checkpointed:  # transformers 5 renamed it; its own hook on the embedding stays
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    own = [(dict(m._forward_hooks), dict(m._forward_pre_hooks)) for m in model.modules()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    net = torch.compile(model, backend=BACKEND) if how == "compiled" else model
+    monitor = TrainingMonitor(net, run_dir, attention_every=ATTENTION_EVERY, echo=False)
+    net = torch.compile(model, backend=BACKEND) if how == "before" else net
+    gen = torch.Generator().manual_seed(1)
+    with monitor:
+        for _ in range(steps):
+            ids = torch.randint(0, CFG.vocab_size, (4, CFG.max_len), generator=gen)  # [B, T]
+            logits = net(input_ids=ids, use_cache=False).logits  # [B, T, V]; HF's own loss logs (a graph break)
+            loss = F.cross_entropy(logits.reshape(-1, CFG.vocab_size), ids.reshape(-1))
+            loss.backward()
+            monitor.step(loss, optimizer=opt)
+            opt.step()
+            opt.zero_grad()
+    assert [(dict(m._forward_hooks), dict(m._forward_pre_hooks)) for m in model.modules()] == own, "hooks left"
+    return _records(run_dir)
+
+
+@pytest.mark.parametrize("how, attn", [("compiled", "eager"), ("compiled", "sdpa"), ("before", "sdpa")])
+def test_compiled_hf_gpt2_run_equals_eager(tmp_path, how, attn):
+    """GPT-2's attention is watched by hooks dynamo traces (its adapter's watch_pattern_traced); the
+    eager run is checkpointed (each block run again in backward), which must not change a number."""
+    eager = _train_gpt2(tmp_path / "eager", "eager", attn, checkpointed=how == "before")
+    assert [r["step"] for r in eager if "attention" in r] == list(range(STEPS))[::ATTENTION_EVERY]
+    got, graphs, breaks = _counted(lambda: _train_gpt2(tmp_path / "compiled", how, attn))
+    _assert_same_run(got, eager, graphs, breaks, ["transformer.h.0", "transformer.h.1"])
+    sampled = [r for r in got if "attention" in r]
+    assert all(("max_logit" in str(r["attention"])) == (attn == "sdpa") for r in sampled)
