@@ -119,8 +119,10 @@ class DiagnoseHFCallback(_base()):
         self._shift = {"ForCausalLMLoss": 1, "ForMaskedLMLoss": 0}.get(loss_fn)
         self._world = max(1, int(getattr(args, "world_size", 1) or 1))
         self._avg_tokens = bool(getattr(args, "average_tokens_across_devices", False))
-        self._hooks = [model.register_forward_pre_hook(self._pre, with_kwargs=True),
-                       model.register_forward_hook(self._post)]
+        # hooks on the whole model run outside its compiled forward (Trainer's torch_compile): dynamo
+        # traced them as a graph of their own (token count, per-example loss), so they run eagerly
+        self._hooks = [model.register_forward_pre_hook(torch.compiler.disable(self._pre), with_kwargs=True),
+                       model.register_forward_hook(torch.compiler.disable(self._post))]
         self.monitor._expect(state.global_step + 1)
         self._new_step()
 

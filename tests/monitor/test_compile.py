@@ -257,3 +257,42 @@ def test_compiled_hf_gpt2_run_equals_eager(tmp_path, how, attn):
     _assert_same_run(got, eager, graphs, breaks, ["transformer.h.0", "transformer.h.1"])
     sampled = [r for r in got if "attention" in r]
     assert all(("max_logit" in str(r["attention"])) == (attn == "sdpa") for r in sampled)
+
+
+def _hf_trainer_run(run_dir, compiled: bool) -> list[dict]:
+    """8 Trainer steps of a tiny GPT-2 with the HF callback (attention on steps 2, 4, 6, 8)."""
+    transformers = pytest.importorskip("transformers")
+    from diagnose.monitor.hf import DiagnoseHFCallback
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=CFG.n_layers, n_head=CFG.n_heads, n_embd=CFG.d_model,
+                                     n_positions=CFG.max_len, vocab_size=CFG.vocab_size, resid_pdrop=0.0,
+                                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"  # unset, transformers logs a warning in the forward: a graph break of its own
+    ids = torch.randint(0, CFG.vocab_size, (32, CFG.max_len), generator=torch.Generator().manual_seed(1))  # [N, T]
+    args = transformers.TrainingArguments(
+        output_dir=str(run_dir / "out"), max_steps=8, per_device_train_batch_size=4, report_to=[], save_strategy="no",
+        logging_strategy="no", max_grad_norm=0.0, use_cpu=True, disable_tqdm=True, seed=0,
+        **({"torch_compile": True, "torch_compile_backend": BACKEND} if compiled else {}))
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=[{"input_ids": x, "labels": x} for x in ids],
+                                   callbacks=[DiagnoseHFCallback(run_dir / "diag", attention_every=2, echo=False)])
+    trainer.train()
+    return _records(run_dir / "diag")
+
+
+@pytest.mark.slow
+def test_hf_callback_with_compile_equals_eager(tmp_path):
+    eager = _hf_trainer_run(tmp_path / "eager", False)
+    got, graphs, breaks = _counted(lambda: _hf_trainer_run(tmp_path / "compiled", True))
+    assert 1 <= graphs <= 2 and not breaks, (graphs, breaks)
+    assert [r["step"] for r in got] == [r["step"] for r in eager] == list(range(1, 9))  # the Trainer's steps
+    sampled = [r["step"] for r in got if "attention" in r]
+    assert sampled == [r["step"] for r in eager if "attention" in r] == [2, 4, 6, 8]
+    assert list(got[0]["layers"]) == list(eager[0]["layers"]) == ["transformer.h.0", "transformer.h.1"]
+    for a, b in zip(got, eager, strict=True):
+        na, nb = _numbers(a), _numbers(b)
+        assert na.keys() == nb.keys()
+        for key in nb:
+            assert na[key] == approx(nb[key], scale=max(1.0, abs(nb[key])), depth=CFG.n_layers * b["step"],
+                                     width=CFG.d_model), key
