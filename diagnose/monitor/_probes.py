@@ -114,6 +114,7 @@ class AttentionProbe(_Quiet):
             self._give_up()
         if monitor.compiled or self.pending:
             self.watch.hold()
+        self._dynamo_patch = _checkpoint_side_effects_once() if monitor.compiled and not self.off else None
         if self.pending:
             self.watch.enter()
         self.seen: list = []
@@ -181,6 +182,25 @@ class AttentionProbe(_Quiet):
 
     def remove(self) -> None:
         self.watch.disarm()
+        if self._dynamo_patch is not None:
+            patch, self._dynamo_patch = self._dynamo_patch, None
+            patch.__exit__(None, None, None)
+
+
+def _checkpoint_side_effects_once():
+    """While the monitor is open, dynamo keeps the attention hooks' writes to Python state in the
+    forward of a checkpointed block (torch.utils.checkpoint, a higher-order op under compile) and
+    does not replay them in backward's recompute; without it dynamo refuses them and breaks the
+    graph at every block. Eager checkpointing replays them, which the watch ignores (a
+    recomputation runs with the switch on but sees the same probabilities). Only for a model given
+    compiled: importing dynamo costs an eager run about 1.4 s. Returns the entered patch, or None
+    where torch has no such setting."""
+    config = torch._dynamo.config
+    if not hasattr(config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
+        return None
+    patch = config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True)
+    patch.__enter__()
+    return patch
 
 
 class GradNormProbe(_Quiet):

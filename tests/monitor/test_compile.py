@@ -244,16 +244,19 @@ def _train_gpt2(run_dir, how: str, attn: str, checkpointed: bool = False, steps:
             opt.step()
             opt.zero_grad()
     assert [(dict(m._forward_hooks), dict(m._forward_pre_hooks)) for m in model.modules()] == own, "hooks left"
+    assert not getattr(torch._dynamo.config, "skip_fwd_side_effects_in_bwd_under_checkpoint", False), "config left"
     return _records(run_dir)
 
 
-@pytest.mark.parametrize("how, attn", [("compiled", "eager"), ("compiled", "sdpa"), ("before", "sdpa")])
-def test_compiled_hf_gpt2_run_equals_eager(tmp_path, how, attn):
+@pytest.mark.parametrize("how, attn, checkpointed", [
+    ("compiled", "eager", False), ("compiled", "sdpa", False), ("before", "sdpa", False), ("compiled", "sdpa", True)])
+def test_compiled_hf_gpt2_run_equals_eager(tmp_path, how, attn, checkpointed):
     """GPT-2's attention is watched by hooks dynamo traces (its adapter's watch_pattern_traced); the
-    eager run is checkpointed (each block run again in backward), which must not change a number."""
-    eager = _train_gpt2(tmp_path / "eager", "eager", attn, checkpointed=how == "before")
+    eager run is checkpointed (each block run again in backward) for two cases, which must not
+    change a number, and so is one compiled run (the hooks inside checkpoint's higher-order op)."""
+    eager = _train_gpt2(tmp_path / "eager", "eager", attn, checkpointed=checkpointed or how == "before")
     assert [r["step"] for r in eager if "attention" in r] == list(range(STEPS))[::ATTENTION_EVERY]
-    got, graphs, breaks = _counted(lambda: _train_gpt2(tmp_path / "compiled", how, attn))
+    got, graphs, breaks = _counted(lambda: _train_gpt2(tmp_path / "compiled", how, attn, checkpointed))
     _assert_same_run(got, eager, graphs, breaks, ["transformer.h.0", "transformer.h.1"])
     sampled = [r for r in got if "attention" in r]
     assert all(("max_logit" in str(r["attention"])) == (attn == "sdpa") for r in sampled)
