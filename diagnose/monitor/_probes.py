@@ -8,6 +8,7 @@ watchers of _signals.py, which own the hooks.
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from typing import Any
 
@@ -114,7 +115,8 @@ class AttentionProbe(_Quiet):
             self._give_up()
         if monitor.compiled or self.pending:
             self.watch.hold()
-        self._dynamo_patch = _checkpoint_side_effects_once() if monitor.compiled and not self.off else None
+        may_compile = monitor.compiled or (self.pending and "torch._dynamo" in sys.modules)  # no import paid
+        self._dynamo_patch = _checkpoint_side_effects_once() if may_compile and not self.off else None
         if self.pending:
             self.watch.enter()
         self.seen: list = []
@@ -193,8 +195,8 @@ def _checkpoint_side_effects_once():
     does not replay them in backward's recompute; without it dynamo refuses them and breaks the
     graph at every block. Eager checkpointing replays them, which the watch ignores (a
     recomputation runs with the switch on but sees the same probabilities). Only for a model given
-    compiled: importing dynamo costs an eager run about 1.4 s. Returns the entered patch, or None
-    where torch has no such setting."""
+    compiled, or when dynamo is already imported (transformers imports it): importing it costs an
+    eager run about 1.4 s. Returns the entered patch, or None where torch has no such setting."""
     config = torch._dynamo.config
     if not hasattr(config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
         return None

@@ -249,7 +249,8 @@ def _train_gpt2(run_dir, how: str, attn: str, checkpointed: bool = False, steps:
 
 
 @pytest.mark.parametrize("how, attn, checkpointed", [
-    ("compiled", "eager", False), ("compiled", "sdpa", False), ("before", "sdpa", False), ("compiled", "sdpa", True)])
+    ("compiled", "eager", False), ("compiled", "sdpa", False), ("before", "sdpa", False), ("compiled", "sdpa", True),
+    ("before", "eager", True)])
 def test_compiled_hf_gpt2_run_equals_eager(tmp_path, how, attn, checkpointed):
     """GPT-2's attention is watched by hooks dynamo traces (its adapter's watch_pattern_traced); the
     eager run is checkpointed (each block run again in backward) for two cases, which must not
