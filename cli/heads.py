@@ -30,6 +30,10 @@ UNVERIFIED = "not verified"  # a --fast head's effect cell
               help="How to score: classification (labels [N] or [N, T]) or lm (next token). "
                    "Default: the checkpoint's task, else guessed from the labels.")
 @method_option()
+@click.option("--draws", type=click.IntRange(min=1), default=None,
+              help="resample: donors per example, whose outcomes are averaged (default 2).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of resample's donors and of the bootstrap intervals.")
 @click.option("--json", "json_path", type=click.Path(path_type=str), default=None,
               help="Write the diagnose.heads/1 JSON here (atomically).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per batch (default 32).")
@@ -55,7 +59,8 @@ UNVERIFIED = "not verified"  # a --fast head's effect cell
 @html_option
 def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
           max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
-          method: str, json_path: str | None, batch_size: int | None, fast: bool, rank_by: str, correction: str,
+          method: str, draws: int | None, seed: int, json_path: str | None, batch_size: int | None, fast: bool,
+          rank_by: str, correction: str,
           min_effect: float, top: int | None, groups: tuple[str, ...], max_memory: str | None,
           html_path: str | None) -> None:
     """Remove each attention head in turn and measure what the model loses.
@@ -94,7 +99,8 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
                                      attention_module, n_heads, task)
         if device is not None:
             net.to(device)  # after the checks on the CPU; the data stays there, each batch moves when used
-        config = AblationConfig(task=task, method=method, batch_size=batch_size, fast=fast, top=top,
+        config = AblationConfig(task=task, method=method, draws=draws, seed=seed, batch_size=batch_size, fast=fast,
+                                top=top,
                                 correction=correction, min_effect=min_effect, rank_by=rank_by, together=closed,
                                 distributed=ranks.active, max_memory=cap)
         with progress_bar("ablating heads", shown=ranks.main) as bar:

@@ -66,8 +66,8 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, config: AblationConfig | 
     batches = as_batches(data, cfg.batch_size, next((p.device for p in model.parameters()), None))
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
     closing = time.perf_counter()
-    groups = [ablate_together(model, data, list(members), task=cfg.task, method=cfg.method,
-                              batch_size=cfg.batch_size, sites=sites, distributed=r.active).to_json()
+    groups = [ablate_together(model, data, list(members), task=cfg.task, method=cfg.method, draws=cfg.draws,
+                              seed=cfg.seed, batch_size=cfg.batch_size, sites=sites, distributed=r.active).to_json()
               for members in cfg.together]
     started += time.perf_counter() - closing  # the timing figures are the sweep's own
     with eval_mode(model), gated(sites) as gates:
@@ -106,7 +106,7 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
     reduce = (lambda sums, counts: r.add_up(sums, counts, batches.device)) if r.active else None
     first = first_example(batches, r)
     r.run_local(f"preparing the {method.name} ablation",
-                lambda: prepare(method, DataPass(sweep, mine, reduce, bar.tick, first)))
+                lambda: prepare(method, DataPass(sweep, mine, reduce, bar.tick, first, cfg.draws, cfg.seed)))
     ranked_at: list[float] = []
     if cfg.fast:
         def choose(acc: Accumulator) -> list[int]:
@@ -147,7 +147,7 @@ def _assemble(model: torch.nn.Module, sites: list[AttentionSite], batches: Batch
         fast_info = {"top": cfg.n_top(len(heads)), "ranked_by": cfg.rank_by,
                      "seconds_ranking": m.ranking_seconds, "spearman_vs_exact": dict(correlations[cfg.rank_by])}
     flags = contrast.flags_with_groups(heads, model, batches, cfg.task, cfg.method, sites, baseline,
-                                       band, distributed=r.active)
+                                       band, distributed=r.active, draws=cfg.draws, seed=cfg.seed)
     return HeadsResult(
         model=_model_info(model, sites), task=cfg.task, method=cfg.method, n_examples=acc.n_examples,
         n_units=int(acc.units()), baseline=baseline, heads=heads, correlations=correlations, flags=flags,

@@ -127,7 +127,8 @@ def test_bad_inputs_exit_2_with_one_line_and_write_nothing(files, monkeypatch):
         sys.modules.pop("bagfactory", None)
     assert not (files / "x.json").exists()
     assert not list(files.glob("*.partial")) and not list(files.glob(".*partial"))
-    assert _run("lm.pt", "--data", "lm_data.pt", "--method", "resample").exit_code == 2
+    assert _run("lm.pt", "--data", "lm_data.pt", "--method", "nonesuch").exit_code == 2  # resample is a method now
+    _assert_clean_error(_run("lm.pt", "--data", "lm_data.pt", "--method", "zero", "--draws", "2"), "draws")
 
 
 def test_hf_folder_with_text_data_keeps_token_strings(tmp_path):
