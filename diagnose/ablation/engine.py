@@ -14,7 +14,7 @@ the top ones exactly.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -23,9 +23,10 @@ import torch
 from .._distributed import Ranks, pick, ranks
 from ..adapters.base import AttentionSite
 from ..adapters.shared import shared_modules
+from ..errors import ConfigError
 from ..modes import eval_mode
 from ..sites import find_heads
-from . import contrast, roles, significance
+from . import contrast, roles, significance, verdict
 from .accumulate import Accumulator, head_effects
 from .attention import summarise
 from .batches import Batches, as_batches
@@ -40,7 +41,7 @@ from .sweep import Sweep
 from .together import ablate_together
 
 __all__ = ["DEFAULT_TOP", "FAST_RANK", "KEEP_BYTES", "METHODS", "MIN_EFFECT", "RANKINGS", "AblationConfig",
-           "ablate_heads"]
+           "ablate_heads", "ablate_methods"]
 
 
 def ablate_heads(model: torch.nn.Module, data: Any, *, config: AblationConfig | None = None,
@@ -76,6 +77,34 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, config: AblationConfig | 
     result = _assemble(model, sites, batches, r, cfg, measured, summary, started)
     result.together = groups
     return result
+
+
+def ablate_methods(model: torch.nn.Module, data: Any, methods: Sequence[str], *, config: AblationConfig | None = None,
+                   sites: Sequence[AttentionSite] | None = None, progress: ProgressCallback | None = None,
+                   **options: Any) -> HeadsResult:
+    """ablate_heads once per method (same settings otherwise); the first method's result, with
+    `agreement` (verdict.agreement: each head's verdict per method, and the heads whose verdict depends on
+    the method) and its flags on such heads marked `depends_on_method`. The attention summary is taken
+    once, by the first method's sweep."""
+    names = list(dict.fromkeys(methods))
+    if len(names) < 2:
+        raise ConfigError(f"methods: name at least two different methods to compare, got {', '.join(names)}")
+    cfg = AblationConfig.of(config, options)
+    for name in names:
+        AblationConfig.of(cfg, {"method": name})  # every name and its draws checked before any sweep
+    results = {names[0]: ablate_heads(model, data, config=replace(cfg, method=names[0]), sites=sites,
+                                      progress=progress)}
+    for name in names[1:]:
+        results[name] = ablate_heads(model, data, config=replace(cfg, method=name, attention=False), sites=sites,
+                                     progress=progress)
+    first = results[names[0]]
+    first.agreement = verdict.agreement(results)
+    depends = {tuple(m) for m in first.agreement["depends"]}
+    for f in first.flags:
+        members = [tuple(m) for m in f.get("heads") or [(f.get("layer"), f.get("head"))]]
+        if any(m in depends for m in members):
+            f["depends_on_method"] = True
+    return first
 
 
 @dataclass(frozen=True)
@@ -139,6 +168,7 @@ def _assemble(model: torch.nn.Module, sites: list[AttentionSite], batches: Batch
     band = contrast.default_band(baseline["loss"], cfg.min_effect)
     for h in heads:
         h.negligible = contrast.negligible(h, band) if h.verified else None
+        h.verdict = verdict.verdict(h, band)
     roles.assign(heads)
     correlations = contrast.correlations([h for h in heads if h.verified])
     correlations["fast_vs_exact"] = dict(correlations[cfg.rank_by])  # the same Spearman, under its own key
@@ -181,6 +211,7 @@ def _significance_info(heads: list[HeadEffect], n_tested: int, n_examples: int, 
     return {"test": significance.TEST, "loss_test": significance.LOSS_TEST, "drives": significance.DRIVES,
             "correction": cfg.correction, "alpha": alpha, "n_tested": n_tested,
             "n_significant": sum(bool(h.significant) for h in heads),
+            "verdicts": verdict.count(heads),
             "n_significant_accuracy": sum(h.p_value_adjusted is not None and h.p_value_adjusted < alpha
                                           for h in heads),
             "n_flips": significance.flips_needed(n_tested, alpha),

@@ -56,7 +56,7 @@ def test_lm_checkpoint_table_and_json(files):
     assert "reference model, 2 layers; lm, zero ablation, 20 examples" in out
     for name in ("L0.H0", "L0.H1", "L1.H0", "L1.H1"):
         assert name in out
-    assert "heads tested change the loss significantly" in out and "after Holm correction" in out
+    assert "heads tested matter" in out and "after Holm correction" in out
     data = json.loads((files / "out" / "heads.json").read_text())
     assert data["schema"] == "diagnose.heads/1" and data["task"] == "lm" and data["n_examples"] == 20
     assert len(data["heads"]) == 4 and data["model"]["family"] == "reference"
