@@ -106,13 +106,13 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
                                      attention_module, n_heads, task)
         if device is not None:
             net.to(device)  # after the checks on the CPU; the data stays there, each batch moves when used
-        config = AblationConfig(task=task, method=method, draws=draws, seed=seed, batch_size=batch_size, fast=fast,
+        config = AblationConfig(task=task, method=method, draws=None if compared else draws, seed=seed, batch_size=batch_size, fast=fast,
                                 top=top,
                                 correction=correction, min_effect=min_effect, rank_by=rank_by, together=closed,
                                 distributed=ranks.active, max_memory=cap)
         with progress_bar("ablating heads", shown=ranks.main) as bar:
             if compared:
-                result = ablate_methods(net, ds, compared, config=config, sites=sites, progress=bar)
+                result = ablate_methods(net, ds, compared, config=config, draws=draws, sites=sites, progress=bar)
             else:
                 result = ablate_heads(net, ds, config=config, sites=sites, progress=bar)
     finally:

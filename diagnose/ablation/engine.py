@@ -14,7 +14,7 @@ the top ones exactly.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -80,23 +80,21 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, config: AblationConfig | 
 
 
 def ablate_methods(model: torch.nn.Module, data: Any, methods: Sequence[str], *, config: AblationConfig | None = None,
-                   sites: Sequence[AttentionSite] | None = None, progress: ProgressCallback | None = None,
-                   **options: Any) -> HeadsResult:
-    """ablate_heads once per method (same settings otherwise); the first method's result, with
-    `agreement` (verdict.agreement: each head's verdict per method, and the heads whose verdict depends on
-    the method) and its flags on such heads marked `depends_on_method`. The attention summary is taken
-    once, by the first method's sweep."""
+                   draws: int | None = None, sites: Sequence[AttentionSite] | None = None,
+                   progress: ProgressCallback | None = None, **options: Any) -> HeadsResult:
+    """ablate_heads once per method (same settings otherwise; `draws` for the random fills only); the first
+    method's result, with `agreement` (verdict.agreement: each head's verdict per method, and the heads
+    whose verdict depends on the method) and its flags on such heads marked `depends_on_method`. The
+    attention summary is taken once, by the first method's sweep."""
     names = list(dict.fromkeys(methods))
     if len(names) < 2:
         raise ConfigError(f"methods: name at least two different methods to compare, got {', '.join(names)}")
     cfg = AblationConfig.of(config, options)
-    for name in names:
-        AblationConfig.of(cfg, {"method": name})  # every name and its draws checked before any sweep
-    results = {names[0]: ablate_heads(model, data, config=replace(cfg, method=names[0]), sites=sites,
-                                      progress=progress)}
-    for name in names[1:]:
-        results[name] = ablate_heads(model, data, config=replace(cfg, method=name, attention=False), sites=sites,
-                                     progress=progress)
+    configs = {name: AblationConfig.of(cfg, {"method": name, "attention": cfg.attention and i == 0,
+                                             "draws": None if get_method(name).foldable else draws})
+               for i, name in enumerate(names)}  # every name and its draws checked before any sweep
+    results = {name: ablate_heads(model, data, config=c, sites=sites, progress=progress)
+               for name, c in configs.items()}
     first = results[names[0]]
     first.agreement = verdict.agreement(results)
     depends = {tuple(m) for m in first.agreement["depends"]}
