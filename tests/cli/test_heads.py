@@ -129,6 +129,8 @@ def test_bad_inputs_exit_2_with_one_line_and_write_nothing(files, monkeypatch):
     assert not list(files.glob("*.partial")) and not list(files.glob(".*partial"))
     assert _run("lm.pt", "--data", "lm_data.pt", "--method", "nonesuch").exit_code == 2  # resample is a method now
     _assert_clean_error(_run("lm.pt", "--data", "lm_data.pt", "--method", "zero", "--draws", "2"), "draws")
+    _assert_clean_error(_run("lm.pt", "--data", "lm_data.pt", "--methods", "zero"), "--methods")
+    _assert_clean_error(_run("lm.pt", "--data", "lm_data.pt", "--methods", "zero,nope"), "nope")
 
 
 def test_hf_folder_with_text_data_keeps_token_strings(tmp_path):
