@@ -63,7 +63,8 @@ UNVERIFIED = "not verified"  # a --fast head's effect cell
 @html_option
 def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
           max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
-          method: str, methods: str | None, draws: int | None, seed: int, json_path: str | None, batch_size: int | None, fast: bool,
+          method: str, methods: str | None, draws: int | None, seed: int, json_path: str | None,
+          batch_size: int | None, fast: bool,
           rank_by: str, correction: str,
           min_effect: float, top: int | None, groups: tuple[str, ...], max_memory: str | None,
           html_path: str | None) -> None:
@@ -106,7 +107,8 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
                                      attention_module, n_heads, task)
         if device is not None:
             net.to(device)  # after the checks on the CPU; the data stays there, each batch moves when used
-        config = AblationConfig(task=task, method=method, draws=None if compared else draws, seed=seed, batch_size=batch_size, fast=fast,
+        config = AblationConfig(task=task, method=method, draws=None if compared else draws, seed=seed,
+                                batch_size=batch_size, fast=fast,
                                 top=top,
                                 correction=correction, min_effect=min_effect, rank_by=rank_by, together=closed,
                                 distributed=ranks.active, max_memory=cap)
@@ -199,7 +201,8 @@ def _table(result, corr: str):
     # each as narrow as its longest header word (a header wraps), so the effect columns keep their room
     narrow = [Column(s.column, max_width=max(6, *map(len, s.column.split()))) for s in stats]
     delta_acc = Column("Δacc [95 % CI]", min_width=len(UNVERIFIED))  # "not verified" on one line
-    table = Table("rank", "head", "verdict", "role", delta_acc, f"p acc ({corr})", "Δloss", f"p loss ({corr})", "KL", *narrow)
+    table = Table("rank", "head", "verdict", "role", delta_acc, f"p acc ({corr})", "Δloss", f"p loss ({corr})", "KL",
+                  *narrow)
     for rank, h in enumerate(result.ranked(), 1):
         if h.verified:
             lo, hi = h.delta_accuracy_ci

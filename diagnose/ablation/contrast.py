@@ -135,7 +135,8 @@ def flags_with_groups(heads: list[HeadEffect], model: torch.nn.Module, batches: 
     def closed_together(members: tuple) -> dict:
         if members not in effects:
             effects[members] = ablate_together(model, batches, list(members), task=task, method=method, sites=sites,
-                                               draws=draws, seed=seed, baseline=(baseline["accuracy"], baseline["loss"]),
+                                               draws=draws, seed=seed,
+                                               baseline=(baseline["accuracy"], baseline["loss"]),
                                                distributed=distributed).to_json()
         return effects[members]
 
