@@ -70,9 +70,10 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
           html_path: str | None) -> None:
     """Remove each attention head in turn and measure what the model loses.
 
-    Prints every head ranked by its effect: change in accuracy with 95 % CI and
-    p-value (paired sign test, corrected), change in loss with its p-value (paired
-    permutation test; this one decides "significant"), KL, the head's role, and the
+    Prints every head ranked by its effect: its verdict (matters: significant and
+    outside the negligible band; detectable but negligible; negligible; undecided),
+    change in accuracy with 95 % CI, change in loss with the p-value of the test that
+    decides (paired permutation test, corrected), KL, the head's role, and the
     attention statistics a heatmap would suggest; then the heads whose heatmap and
     effect disagree, most telling first, and the smallest accuracy effect the data
     can show.
@@ -166,7 +167,7 @@ def _print(result, json_path: str | None) -> None:
     out.print(_table(result, corr))
     sig = result.significance
     out.print(Text(verdict_sentence(sig, corr)))
-    if result.agreement:
+    if getattr(result, "agreement", None):
         _print_agreement(out, result.agreement)
     if result.fast:
         rho = result.fast["spearman_vs_exact"]["rho"]
@@ -201,15 +202,15 @@ def _table(result, corr: str):
     # each as narrow as its longest header word (a header wraps), so the effect columns keep their room
     narrow = [Column(s.column, max_width=max(6, *map(len, s.column.split()))) for s in stats]
     delta_acc = Column("Δacc [95 % CI]", min_width=len(UNVERIFIED))  # "not verified" on one line
-    table = Table("rank", "head", "verdict", "role", delta_acc, f"p acc ({corr})", "Δloss", f"p loss ({corr})", "KL",
-                  *narrow)
+    verdict = Column("verdict", max_width=10)  # "detectable but negligible" wraps, the statistics keep their room
+    # one p: the corrected loss test's, which decides (the accuracy test's is in the JSON, p_value_adjusted)
+    table = Table("rank", "head", verdict, "role", delta_acc, "Δloss", f"p loss ({corr})", "KL", *narrow)
     for rank, h in enumerate(result.ranked(), 1):
         if h.verified:
             lo, hi = h.delta_accuracy_ci
-            effect = [f"{h.delta_accuracy:+.2%} [{lo:+.2%}, {hi:+.2%}]", f"{h.p_value_adjusted:.2g}",
-                      f"{h.delta_loss:+.4f}", _p(h), f"{h.kl:.4f}"]
+            effect = [f"{h.delta_accuracy:+.2%} [{lo:+.2%}, {hi:+.2%}]", f"{h.delta_loss:+.4f}", _p(h), f"{h.kl:.4f}"]
         else:
-            effect = [UNVERIFIED, "", "", "", ""]
+            effect = [UNVERIFIED, "", "", ""]
         cells = [str(rank), head_label(h.layer, h.head), h.verdict or "", (h.role or "").replace("_", " "), *effect,
                  *(_f(h.attention.get(s.name), s.fmt) for s in stats)]
         table.add_row(*(Text(c) for c in cells))
