@@ -83,7 +83,7 @@ def _label(path: Path) -> str:
 # statistic in memory: beyond this the declared shape is a broken or hostile file.
 MAX_HEADS = 1 << 16  # 256 x 256
 _HEAD_NUMBERS = ("accuracy", "delta_accuracy", "p_value", "p_value_adjusted", "loss", "delta_loss", "kl",
-                 "grad_importance", "grad_importance_raw", "estimated_delta_loss")
+                 "grad_importance", "grad_importance_raw", "estimated_delta_loss", "p_value_loss_adjusted")
 _OBJECTS = ("baseline", "timing", "significance", "fast", "correlations")
 _LISTS = ("flags", "together", "examples")
 _REGENERATE = "regenerate it with `diagnose heads ... --json`"

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from ..errors import ConfigError, UsageError
 from ..objectives import TASKS
 from . import significance
-from .methods import get_method
+from .methods import check_draws, get_method
 
 DEFAULT_TOP = 5
 FAST_RANK = "second_order_delta_loss"  # the cheap estimate closest to exact ablation (bench/bench_estimators.py)
@@ -25,10 +25,11 @@ MIN_EFFECT = 0.05  # negligible: |delta loss| under 5 % of the baseline loss (co
 class AblationConfig:
     """How `ablate_heads` sweeps and tests (ConfigError at construction for a bad value).
 
-    task: "classification" or "lm". method: a registered ablation method (methods.py: "zero", "mean").
+    task: "classification" or "lm". method: a registered ablation method (methods.py: "zero", "mean",
+    "resample"). draws: donors per example for a random fill (resample; None: the method's default, 2).
     batch_size: examples per batch when `data` is not already batched (default 32).
     fast: rank every head by the `rank_by` estimate and ablate only the `top` first exactly (default 5).
-    alpha, n_boot, seed: the tests' level, the bootstrap's resamples and its seed.
+    alpha, n_boot, seed: the tests' level, the bootstrap's resamples and its seed (also resample's donors).
     attention: also summarise each head's attention, keeping `keep` examples' maps for the report.
     reuse: replay the unchanged blocks below each ablated layer (off only to measure its worth).
     correction: "holm" or "bh" across the heads tested. min_effect: the negligible band for
@@ -43,6 +44,7 @@ class AblationConfig:
 
     task: str = "classification"
     method: str = "zero"
+    draws: int | None = None
     batch_size: int | None = None
     fast: bool = False
     top: int | None = None
@@ -67,6 +69,7 @@ class AblationConfig:
                 get_method(value)  # the registry names its own choices
             elif value not in allowed:
                 raise ConfigError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+        check_draws(get_method(self.method), self.draws)
         if not (self.min_effect >= 0):
             raise ConfigError(f"min_effect must be 0 or more (a fraction of the baseline loss), got {self.min_effect}")
         if self.top is not None and int(self.top) < 0:

@@ -23,9 +23,10 @@ import torch
 from .._distributed import Ranks, pick, ranks
 from ..adapters.base import AttentionSite
 from ..adapters.shared import shared_modules
+from ..errors import ConfigError
 from ..modes import eval_mode
 from ..sites import find_heads
-from . import contrast, roles, significance
+from . import contrast, roles, significance, verdict
 from .accumulate import Accumulator, head_effects
 from .attention import summarise
 from .batches import Batches, as_batches
@@ -40,7 +41,7 @@ from .sweep import Sweep
 from .together import ablate_together
 
 __all__ = ["DEFAULT_TOP", "FAST_RANK", "KEEP_BYTES", "METHODS", "MIN_EFFECT", "RANKINGS", "AblationConfig",
-           "ablate_heads"]
+           "ablate_heads", "ablate_methods"]
 
 
 def ablate_heads(model: torch.nn.Module, data: Any, *, config: AblationConfig | None = None,
@@ -66,8 +67,8 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, config: AblationConfig | 
     batches = as_batches(data, cfg.batch_size, next((p.device for p in model.parameters()), None))
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
     closing = time.perf_counter()
-    groups = [ablate_together(model, data, list(members), task=cfg.task, method=cfg.method,
-                              batch_size=cfg.batch_size, sites=sites, distributed=r.active).to_json()
+    groups = [ablate_together(model, data, list(members), task=cfg.task, method=cfg.method, draws=cfg.draws,
+                              seed=cfg.seed, batch_size=cfg.batch_size, sites=sites, distributed=r.active).to_json()
               for members in cfg.together]
     started += time.perf_counter() - closing  # the timing figures are the sweep's own
     with eval_mode(model), gated(sites) as gates:
@@ -76,6 +77,32 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, config: AblationConfig | 
     result = _assemble(model, sites, batches, r, cfg, measured, summary, started)
     result.together = groups
     return result
+
+
+def ablate_methods(model: torch.nn.Module, data: Any, methods: Sequence[str], *, config: AblationConfig | None = None,
+                   draws: int | None = None, sites: Sequence[AttentionSite] | None = None,
+                   progress: ProgressCallback | None = None, **options: Any) -> HeadsResult:
+    """ablate_heads once per method (same settings otherwise; `draws` for the random fills only); the first
+    method's result, with `agreement` (verdict.agreement: each head's verdict per method, and the heads
+    whose verdict depends on the method) and its flags on such heads marked `depends_on_method`. The
+    attention summary is taken once, by the first method's sweep."""
+    names = list(dict.fromkeys(methods))
+    if len(names) < 2:
+        raise ConfigError(f"methods: name at least two different methods to compare, got {', '.join(names)}")
+    cfg = AblationConfig.of(config, options)
+    configs = {name: AblationConfig.of(cfg, {"method": name, "attention": cfg.attention and i == 0,
+                                             "draws": None if get_method(name).foldable else draws})
+               for i, name in enumerate(names)}  # every name and its draws checked before any sweep
+    results = {name: ablate_heads(model, data, config=c, sites=sites, progress=progress)
+               for name, c in configs.items()}
+    first = results[names[0]]
+    first.agreement = verdict.agreement(results)
+    depends = {tuple(m) for m in first.agreement["depends"]}
+    for f in first.flags:
+        members = [tuple(m) for m in f.get("heads") or [(f.get("layer"), f.get("head"))]]
+        if any(m in depends for m in members):
+            f["depends_on_method"] = True
+    return first
 
 
 @dataclass(frozen=True)
@@ -106,7 +133,7 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
     reduce = (lambda sums, counts: r.add_up(sums, counts, batches.device)) if r.active else None
     first = first_example(batches, r)
     r.run_local(f"preparing the {method.name} ablation",
-                lambda: prepare(method, DataPass(sweep, mine, reduce, bar.tick, first)))
+                lambda: prepare(method, DataPass(sweep, mine, reduce, bar.tick, first, cfg.draws, cfg.seed)))
     ranked_at: list[float] = []
     if cfg.fast:
         def choose(acc: Accumulator) -> list[int]:
@@ -139,6 +166,7 @@ def _assemble(model: torch.nn.Module, sites: list[AttentionSite], batches: Batch
     band = contrast.default_band(baseline["loss"], cfg.min_effect)
     for h in heads:
         h.negligible = contrast.negligible(h, band) if h.verified else None
+        h.verdict = verdict.verdict(h, band)
     roles.assign(heads)
     correlations = contrast.correlations([h for h in heads if h.verified])
     correlations["fast_vs_exact"] = dict(correlations[cfg.rank_by])  # the same Spearman, under its own key
@@ -147,7 +175,7 @@ def _assemble(model: torch.nn.Module, sites: list[AttentionSite], batches: Batch
         fast_info = {"top": cfg.n_top(len(heads)), "ranked_by": cfg.rank_by,
                      "seconds_ranking": m.ranking_seconds, "spearman_vs_exact": dict(correlations[cfg.rank_by])}
     flags = contrast.flags_with_groups(heads, model, batches, cfg.task, cfg.method, sites, baseline,
-                                       band, distributed=r.active)
+                                       band, distributed=r.active, draws=cfg.draws, seed=cfg.seed)
     return HeadsResult(
         model=_model_info(model, sites), task=cfg.task, method=cfg.method, n_examples=acc.n_examples,
         n_units=int(acc.units()), baseline=baseline, heads=heads, correlations=correlations, flags=flags,
@@ -181,6 +209,7 @@ def _significance_info(heads: list[HeadEffect], n_tested: int, n_examples: int, 
     return {"test": significance.TEST, "loss_test": significance.LOSS_TEST, "drives": significance.DRIVES,
             "correction": cfg.correction, "alpha": alpha, "n_tested": n_tested,
             "n_significant": sum(bool(h.significant) for h in heads),
+            "verdicts": verdict.count(heads),
             "n_significant_accuracy": sum(h.p_value_adjusted is not None and h.p_value_adjusted < alpha
                                           for h in heads),
             "n_flips": significance.flips_needed(n_tested, alpha),

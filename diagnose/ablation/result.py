@@ -40,6 +40,8 @@ class HeadEffect:
     negligible: bool | None = None  # both 95 % CIs inside the negligible band (equivalence)
     role: str | None = None  # what its attention does, named from the model's own heads (roles.py)
     second_order_delta_loss: float | None = None  # -dL/dxi + (empirical Fisher) / 2: the --fast ranking
+    # "matters", "detectable but negligible", "negligible" or "undecided" (verdict.py); None: not verified
+    verdict: str | None = None
 
 
 @dataclass
@@ -60,6 +62,7 @@ class HeadsResult:
     fast: dict[str, Any] | None = None
     examples: list[dict[str, Any]] = field(default_factory=list)
     together: list[dict[str, Any]] = field(default_factory=list)  # GroupEffect.to_json() of groups closed at once
+    agreement: dict[str, Any] | None = None  # --methods: each head's verdict per method (verdict.agreement)
 
     def head(self, layer: int, head: int) -> HeadEffect:
         for h in self.heads:
@@ -90,6 +93,8 @@ class HeadsResult:
             "examples": self.examples,
             "together": self.together,
         }
+        if self.agreement is not None:
+            out["agreement"] = self.agreement
         return _finite(out)
 
     def to_frame(self):
