@@ -31,7 +31,7 @@ UNVERIFIED = "not verified"  # a --fast head's effect cell
                    "Default: the checkpoint's task, else guessed from the labels.")
 @method_option()
 @click.option("--json", "json_path", type=click.Path(path_type=str), default=None,
-              help="Write the diagnose.heads/1 JSON here (atomically).")
+              help="Write the diagnose.heads/2 JSON here (atomically).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per batch (default 32).")
 @click.option("--fast", is_flag=True, default=False,
               help="Rank heads by a second-order estimate of their delta loss (one clean pass with "
