@@ -52,12 +52,15 @@ UNVERIFIED = "not verified"  # a --fast head's effect cell
 @click.option("--max-memory", default=None, metavar="SIZE",
               help="Cap on the estimated memory of one sweep step, e.g. 2GB or 512MB; the examples per pass "
                    "and heads per forward are chosen to fit it and the free memory (default: the free memory).")
+@click.option("--direct/--no-direct", default=True, show_default=True,
+              help="Also measure each head's direct effect (removed on its direct path to the output only, the "
+                   "final norm's scale frozen), self-repair = direct - total, and flag compensated heads.")
 @html_option
 def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
           max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
           method: str, json_path: str | None, batch_size: int | None, fast: bool, rank_by: str, correction: str,
           min_effect: float, top: int | None, groups: tuple[str, ...], max_memory: str | None,
-          html_path: str | None) -> None:
+          direct: bool, html_path: str | None) -> None:
     """Remove each attention head in turn and measure what the model loses.
 
     Prints every head ranked by its effect: change in accuracy with 95 % CI and
@@ -65,7 +68,9 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     permutation test; this one decides "significant"), KL, the head's role, and the
     attention statistics a heatmap would suggest; then the heads whose heatmap and
     effect disagree, most telling first, and the smallest accuracy effect the data
-    can show.
+    can show. Beside the total effect, each head's direct effect: the head removed on its direct
+    path to the output only, everything downstream frozen; a head whose direct effect matters
+    while its total does not is "compensated" (later layers restore what it writes).
 
     Under torchrun each process sweeps a shard of the examples (one GPU each with NCCL, else gloo
     on CPUs); the per-example results are gathered, so the output is the same as one process's,
@@ -96,7 +101,7 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
             net.to(device)  # after the checks on the CPU; the data stays there, each batch moves when used
         config = AblationConfig(task=task, method=method, batch_size=batch_size, fast=fast, top=top,
                                 correction=correction, min_effect=min_effect, rank_by=rank_by, together=closed,
-                                distributed=ranks.active, max_memory=cap)
+                                distributed=ranks.active, max_memory=cap, direct=direct)
         with progress_bar("ablating heads", shown=ranks.main) as bar:
             result = ablate_heads(net, ds, config=config, sites=sites, progress=bar)
     finally:
@@ -150,6 +155,8 @@ def _print(result, json_path: str | None) -> None:
     out.print(Text(f"{sig['n_significant']} of {sig['n_tested']} heads tested change the loss significantly "
                    f"({sig.get('n_significant_accuracy', 0)} the accuracy) after {corr} correction (alpha "
                    f"{sig['alpha']}); the loss test decides. Note: {sig.get('power_note', '')}."))
+    if _direct_note(result):
+        out.print(Text(_direct_note(result)))
     if result.fast:
         rho = result.fast["spearman_vs_exact"]["rho"]
         out.print(Text(f"--fast: ranked {len(result.heads)} heads by {result.fast['ranked_by']}, verified the top "
@@ -182,14 +189,16 @@ def _table(result, corr: str):
     # each as narrow as its longest header word (a header wraps), so the effect columns keep their room
     narrow = [Column(s.column, max_width=max(6, *map(len, s.column.split()))) for s in stats]
     delta_acc = Column("Δacc [95 % CI]", min_width=len(UNVERIFIED))  # "not verified" on one line
-    table = Table("rank", "head", "role", delta_acc, f"p acc ({corr})", "Δloss", f"p loss ({corr})", "KL", *narrow)
+    direct = Column("direct Δloss", min_width=len("compensated"))  # the flag on a line of its own
+    table = Table("rank", "head", "role", delta_acc, f"p acc ({corr})", "Δloss", f"p loss ({corr})", "KL",
+                  direct, *narrow)
     for rank, h in enumerate(result.ranked(), 1):
         if h.verified:
             lo, hi = h.delta_accuracy_ci
             effect = [f"{h.delta_accuracy:+.2%} [{lo:+.2%}, {hi:+.2%}]", f"{h.p_value_adjusted:.2g}",
-                      f"{h.delta_loss:+.4f}", _p(h), f"{h.kl:.4f}"]
+                      f"{h.delta_loss:+.4f}", _p(h), f"{h.kl:.4f}", _direct(h)]
         else:
-            effect = [UNVERIFIED, "", "", "", ""]
+            effect = [UNVERIFIED, "", "", "", "", ""]
         cells = [str(rank), head_label(h.layer, h.head), (h.role or "").replace("_", " "), *effect,
                  *(_f(h.attention.get(s.name), s.fmt) for s in stats)]
         table.add_row(*(Text(c) for c in cells))
@@ -212,6 +221,31 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
     if not heads:
         raise ConfigError(f"--together {text!r} names no head; write e.g. L0.H3,L0.H0")
     return heads
+
+
+def _direct(h) -> str:
+    """The direct effect on the loss, '*' when significant, 'compensated' when the total hides it."""
+    if h.direct_delta_loss is None:
+        return ""
+    return f"{h.direct_delta_loss:+.4f}" + (" *" if h.direct_significant else "") + (
+        " compensated" if h.compensated else "")
+
+
+def _direct_note(result) -> str:
+    """One line on the direct effects: the compensated heads, or why none were measured."""
+    from diagnose._head_label import head_label
+
+    d = result.direct
+    if not d:
+        return ""
+    if not d.get("measured"):
+        return f"Direct effects not measured: {d.get('reason')}"
+    hidden = [h for h in result.heads if h.compensated]
+    named = ", ".join(f"{head_label(h.layer, h.head)} (direct {h.direct_delta_loss:+.4f}, total {h.delta_loss:+.4f})"
+                      for h in hidden)
+    return (f"Direct effects ({d['n_heads']} heads, final norm frozen): " +
+            (f"{len(hidden)} compensated, their direct effect matters but later layers restore it: {named}"
+             if hidden else "no head is compensated (none whose direct effect matters while its total does not)"))
 
 
 def _p(h) -> str:
