@@ -1,4 +1,4 @@
-"""View model of one `diagnose.heads/1` document: layer x head grids, significance, flags,
+"""View model of one `diagnose.heads/1` or `/2` document: layer x head grids, significance, flags,
 rank correlations between what a heatmap shows and what ablation proves, packed example maps.
 
 It renders what the document says and recomputes no statistic: significance is each head's
@@ -19,7 +19,8 @@ from diagnose._head_label import head_label, heads_label
 from diagnose.errors import InputFileError
 from diagnose.statistics import ATTENTION_STATS, Statistic, shown
 
-HEAD_NUMBERS = ("delta_accuracy", "delta_loss", "accuracy", "loss", "kl", "grad_importance", "p_value")
+HEAD_NUMBERS = ("delta_accuracy", "delta_loss", "accuracy", "loss", "kl", "grad_importance", "p_value",
+                "direct_delta_loss", "self_repair")
 MAX_EXAMPLES = 4
 MAX_TOKENS = 128
 MIN_TOKENS = 8  # the fewest tokens of an example shown, however many heads share the budget
@@ -108,6 +109,8 @@ class HeadsView:
     together: list[Group] = field(default_factory=list)
     shared: str = ""  # layers applied at several depths (ALBERT), said in words; "" when none
     roles: np.ndarray | None = None  # [n_layers, n_heads] role names ("" unknown), from the heads JSON
+    direct: dict[str, Any] | None = None  # how direct effects were measured, or why not (None: a /1 document)
+    compensated: list[dict[str, Any]] = field(default_factory=list)  # heads whose direct effect the rest restores
 
     def statistics(self, place: str) -> list[Statistic]:
         """The attention statistics shown at `place` ("table": the page's head tables; "effect_grid")."""
@@ -288,4 +291,7 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
         grids=grids, significant=significant, ranked=ranked, flags=_flags(data.get("flags")),
         correlations=_correlations(data.get("correlations")), examples=examples, example_texts=texts,
         examples_note=note, together=_groups(data.get("together"), data["heads"]),
-        roles=roles if roles.astype(bool).any() else None)
+        roles=roles if roles.astype(bool).any() else None,
+        direct=data.get("direct") if isinstance(data.get("direct"), dict) else None,
+        compensated=sorted((h for h in data["heads"] if h.get("compensated") is True),
+                           key=lambda h: -_num(h.get("self_repair"))))

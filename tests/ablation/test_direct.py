@@ -106,3 +106,23 @@ def test_direct_off_and_json(planted):
     js = result.to_json()
     assert js["schema"] == "diagnose.heads/2" and js["direct"]["measured"]
     assert js["heads"][0]["compensated"] is True and len(js["heads"][0]["direct_delta_loss_ci"]) == 2
+
+
+def test_report_shows_direct_effects_and_compensated_heads(planted, tmp_path):
+    import re
+
+    import diagnose
+
+    _, _, result = planted
+    page = diagnose.write_report([result], tmp_path / "r.html").read_text()
+    assert "Direct against total effect (self-repair)" in page
+    table = re.search(r'<table class="compensated">.*?</table>', page, re.S).group(0)
+    assert "L0.H0" in table and "L0.H1" not in table
+    old = result.to_json()
+    old["schema"] = "diagnose.heads/1"
+    del old["direct"]
+    for h in old["heads"]:
+        for k in [k for k in h if k.startswith("direct_") or k in ("self_repair", "compensated")]:
+            del h[k]
+    page = diagnose.write_report([old], tmp_path / "old.html").read_text()
+    assert "Direct against total effect" not in page  # a /1 document still reads, without the section
