@@ -120,7 +120,8 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
     else:
         acc, chosen = every_head(sweep, parts, first, r, bar.tick), list(range(len(sweep.heads)))
     ablation_seconds = time.perf_counter() - started
-    direct_acc, direct_info = _direct_effects(model, sweep, parts, first, r, chosen, cfg) if cfg.direct else (None, None)
+    direct_acc, direct_info = (_direct_effects(model, sweep, parts, first, r, chosen, cfg) if cfg.direct
+                               else (None, None))
     counts = r.gather((sweep.forwards, sweep.examples_forwarded, sweep.reuse))
     return _Measured(acc, chosen, sweep.heads, plan, ranked_at[0] if ranked_at else None,
                      ablation_seconds, counts, direct_acc, direct_info)
