@@ -151,7 +151,8 @@ class Direct:
         outcomes = []
         for draw in range(self.sweep.draws):
             fill = None if gate.fill is None else gate.fill(head_out, clean.rows, draw)
-            removed = head_out if fill is None else head_out - fill.to(head_out.dtype).expand_as(head_out)
+            fill = None if fill is None else fill.to(head_out.device, head_out.dtype).expand_as(head_out)
+            removed = head_out if fill is None else head_out - fill  # [B, T, H, D]
             delta = -torch.einsum("btkd,kde->kbte", removed[:, :, idx], w)  # [K, B, T, d]
             outcomes.append(self._outcome(clean, delta))
         loss_sum, correct, kl = (outcomes[0] if len(outcomes) == 1 else
@@ -177,7 +178,8 @@ class Direct:
 
         def moved(_m, args, out):
             assert out.shape == delta.shape, f"final norm output {tuple(out.shape)} vs change {tuple(delta.shape)}"
-            return out + self.change(args[0], delta).to(out.dtype)
+            x = args[0]  # the clean stream, replicated; on the norm's device (a model split over devices)
+            return out + self.change(x, delta.to(x.device)).to(out.device, out.dtype)
 
         with torch.no_grad(), hooks(lambda: self.norm.register_forward_hook(moved)), \
                 (replay(recorder, clean.recorded, blocks, K, clean.batch) if blocks else _nothing()):

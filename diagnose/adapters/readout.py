@@ -19,6 +19,7 @@ from ..errors import ConfigError
 def final_norm(adapter, model: nn.Module) -> nn.Module:
     """The adapter's declared final norm; ConfigError (one line) when it declares none or has no path."""
     declared = getattr(adapter, "final_norm", None)
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the hooks go on the module it wraps
     if declared is None:
         raise ConfigError(f"the {adapter.family} adapter declares no final norm of a pre-norm residual stream "
                           "(diagnose/adapters/readout.py), so direct effects are not measured")
