@@ -131,6 +131,8 @@ def _direct_effects(model: torch.nn.Module, sweep: Sweep, parts: list, first: in
                     cfg: AblationConfig) -> tuple[Accumulator | None, dict]:
     """The direct effects of the chosen heads (direct.py), or None and the one-line reason they cannot be had."""
     norm, reason = _direct.readiness(sweep.sites, model)
+    if norm is not None and not chosen:
+        norm, reason = None, "no head was ablated exactly (--top 0), so there is no total effect to set beside one"
     if norm is None:
         return None, {"measured": False, "reason": reason}
     passes = _direct.Direct(sweep, norm)

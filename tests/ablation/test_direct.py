@@ -126,3 +126,19 @@ def test_report_shows_direct_effects_and_compensated_heads(planted, tmp_path):
             del h[k]
     page = diagnose.write_report([old], tmp_path / "old.html").read_text()
     assert "Direct against total effect" not in page  # a /1 document still reads, without the section
+
+
+@pytest.mark.parametrize("options", [dict(method="mean"), dict(fast=True, top=1)])
+def test_mean_method_and_fast_find_the_planted_head_too(options):
+    """Mean ablation (the writer's mean output is 0 on balanced data) and --fast (the verified heads only)."""
+    result = ablate_heads(planted_repair(), planted_data(), task="classification", batch_size=16, attention=False,
+                          **options)
+    assert result.head(0, 0).compensated is True
+    assert result.direct["n_heads"] == sum(h.verified for h in result.heads)
+    assert all(h.direct_delta_loss is None for h in result.heads if not h.verified)
+
+
+def test_fast_with_nothing_verified_says_why():
+    result = ablate_heads(planted_repair(), planted_data(), task="classification", batch_size=16, attention=False,
+                          fast=True, top=0)
+    assert result.direct["measured"] is False and "--top 0" in result.direct["reason"]
