@@ -140,7 +140,7 @@ def _print(result, json_path: str | None) -> None:
     from diagnose._head_label import heads_label
     from diagnose._terminal import plain, text
 
-    out = Console(highlight=False, width=max(Console().width, 120))
+    out = Console(highlight=False, width=max(Console().width, 132))  # 120 + the direct effect column
     b = result.baseline
     out.print(text(f"{result.model['family']} model, {result.model['n_layers']} layers; {result.task}, {result.method} "
                    f"ablation, {result.n_examples} examples ({result.n_units} scored units); baseline accuracy "
@@ -189,7 +189,7 @@ def _table(result, corr: str):
     # each as narrow as its longest header word (a header wraps), so the effect columns keep their room
     narrow = [Column(s.column, max_width=max(6, *map(len, s.column.split()))) for s in stats]
     delta_acc = Column("Δacc [95 % CI]", min_width=len(UNVERIFIED))  # "not verified" on one line
-    direct = Column("direct Δloss", min_width=len("compensated"))  # the flag on a line of its own
+    direct = Column("direct Δloss", overflow="fold")  # narrow: the flag folds rather than push a column off
     table = Table("rank", "head", "role", delta_acc, f"p acc ({corr})", "Δloss", f"p loss ({corr})", "KL",
                   direct, *narrow)
     for rank, h in enumerate(result.ranked(), 1):
@@ -224,18 +224,19 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
 
 
 def _direct(h) -> str:
-    """The direct effect on the loss, '*' when significant, 'compensated' when the total hides it."""
+    """The direct effect on the loss, '*' when significant, 'comp.' when compensated (the total hides it;
+    the line under the table names those heads in words)."""
     if h.direct_delta_loss is None:
         return ""
     return f"{h.direct_delta_loss:+.4f}" + (" *" if h.direct_significant else "") + (
-        " compensated" if h.compensated else "")
+        " comp." if h.compensated else "")
 
 
 def _direct_note(result) -> str:
     """One line on the direct effects: the compensated heads, or why none were measured."""
     from diagnose._head_label import head_label
 
-    d = result.direct
+    d = getattr(result, "direct", None)  # None: a result from before direct effects
     if not d:
         return ""
     if not d.get("measured"):
@@ -244,7 +245,8 @@ def _direct_note(result) -> str:
     named = ", ".join(f"{head_label(h.layer, h.head)} (direct {h.direct_delta_loss:+.4f}, total {h.delta_loss:+.4f})"
                       for h in hidden)
     return (f"Direct effects ({d['n_heads']} heads, final norm frozen): " +
-            (f"{len(hidden)} compensated, their direct effect matters but later layers restore it: {named}"
+            (f"{len(hidden)} compensated (comp. in the table), their direct effect matters but later layers "
+             f"restore it: {named}"
              if hidden else "no head is compensated (none whose direct effect matters while its total does not)"))
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import diagnose
-from diagnose import attention_stats
+from diagnose import attention_stats, statistics
 from diagnose.adapters._probs import LazyProbs
 from diagnose.attention_stats import STATS, HeadStats
 
@@ -37,7 +37,7 @@ def reference(probs: torch.Tensor) -> dict[str, list[float]]:
         "self": diag(0).mean(-1), "prev_token": diag(-1).mean(-1), "next_token": diag(1).mean(-1),
         "padding": torch.zeros(H, dtype=torch.float64), "mean_distance": (p * dist).sum(-1).mean(-1),
         "last_token": p[..., T - 1].mean(-1),
-        "local": (p * ((dist > 0) & (dist <= attention_stats.LOCAL))).sum(-1).mean(-1),
+        "local": (p * ((dist > 0) & (dist <= statistics.LOCAL))).sum(-1).mean(-1),
     }
     assert set(out) == set(STATS), "the reference covers every statistic"
     return {k: v.tolist() for k, v in out.items()}

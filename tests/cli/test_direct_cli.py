@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import torch
 from click.testing import CliRunner
@@ -22,7 +23,8 @@ def test_saved_planted_model_flags_the_compensated_head(tmp_path, monkeypatch):
                                       "--batch-size", "16"])
     assert result.exit_code == 0, result.output
     out = " ".join(result.stdout.split())
-    assert "direct" in out and "Δloss" in out and "│ compensated" in result.stdout  # the table's flag
+    assert "direct" in out and "Δloss" in out
+    assert re.search(r"L0\.H0 .*│ \+0\.6\d+ \* *│.*\n.*│ comp\. ", result.stdout)  # the table's flag, under it
     assert "1 compensated" in out and "L0.H0 (direct +0.6" in out
     data = json.loads((tmp_path / "heads.json").read_text())
     assert data["schema"] == "diagnose.heads/2" and data["direct"]["measured"]
