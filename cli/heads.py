@@ -39,7 +39,7 @@ UNVERIFIED = "not verified"  # a --fast head's effect cell
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of resample's donors and of the bootstrap intervals.")
 @click.option("--json", "json_path", type=click.Path(path_type=str), default=None,
-              help="Write the diagnose.heads/1 JSON here (atomically).")
+              help="Write the diagnose.heads/2 JSON here (atomically).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per batch (default 32).")
 @click.option("--fast", is_flag=True, default=False,
               help="Rank heads by a second-order estimate of their delta loss (one clean pass with "
@@ -60,6 +60,9 @@ UNVERIFIED = "not verified"  # a --fast head's effect cell
 @click.option("--max-memory", default=None, metavar="SIZE",
               help="Cap on the estimated memory of one sweep step, e.g. 2GB or 512MB; the examples per pass "
                    "and heads per forward are chosen to fit it and the free memory (default: the free memory).")
+@click.option("--direct/--no-direct", default=True, show_default=True,
+              help="Also measure each head's direct effect (removed on its direct path to the output only, the "
+                   "final norm's scale frozen), self-repair = direct - total, and flag compensated heads.")
 @html_option
 def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
           max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
@@ -67,7 +70,7 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
           batch_size: int | None, fast: bool,
           rank_by: str, correction: str,
           min_effect: float, top: int | None, groups: tuple[str, ...], max_memory: str | None,
-          html_path: str | None) -> None:
+          direct: bool, html_path: str | None) -> None:
     """Remove each attention head in turn and measure what the model loses.
 
     Prints every head ranked by its effect: its verdict (matters: significant and
@@ -76,7 +79,9 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     decides (paired permutation test, corrected), KL, the head's role, and the
     attention statistics a heatmap would suggest; then the heads whose heatmap and
     effect disagree, most telling first, and the smallest accuracy effect the data
-    can show.
+    can show. Beside the total effect, each head's direct effect: the head removed on its direct
+    path to the output only, everything downstream frozen; a head whose direct effect matters
+    while its total does not is "compensated" (later layers restore what it writes).
 
     Under torchrun each process sweeps a shard of the examples (one GPU each with NCCL, else gloo
     on CPUs); the per-example results are gathered, so the output is the same as one process's,
@@ -112,7 +117,7 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
                                 batch_size=batch_size, fast=fast,
                                 top=top,
                                 correction=correction, min_effect=min_effect, rank_by=rank_by, together=closed,
-                                distributed=ranks.active, max_memory=cap)
+                                distributed=ranks.active, max_memory=cap, direct=direct)
         with progress_bar("ablating heads", shown=ranks.main) as bar:
             if compared:
                 result = ablate_methods(net, ds, compared, config=config, draws=draws, sites=sites, progress=bar)
@@ -154,7 +159,7 @@ def _print(result, json_path: str | None) -> None:
     from diagnose._head_label import heads_label
     from diagnose._terminal import plain, text
 
-    out = Console(highlight=False, width=max(Console().width, 120))
+    out = Console(highlight=False, width=max(Console().width, 132))  # 120 + the direct effect column
     b = result.baseline
     out.print(text(f"{result.model['family']} model, {result.model['n_layers']} layers; {result.task}, {result.method} "
                    f"ablation, {result.n_examples} examples ({result.n_units} scored units); baseline accuracy "
@@ -167,6 +172,8 @@ def _print(result, json_path: str | None) -> None:
     out.print(_table(result, corr))
     sig = result.significance
     out.print(Text(verdict_sentence(sig, corr)))
+    if _direct_note(result):
+        out.print(Text(_direct_note(result)))
     if getattr(result, "agreement", None):
         _print_agreement(out, result.agreement)
     if result.fast:
@@ -203,14 +210,16 @@ def _table(result, corr: str):
     narrow = [Column(s.column, max_width=max(6, *map(len, s.column.split()))) for s in stats]
     delta_acc = Column("Δacc [95 % CI]", min_width=len(UNVERIFIED))  # "not verified" on one line
     verdict = Column("verdict", max_width=10)  # "detectable but negligible" wraps, the statistics keep their room
+    direct = Column("direct Δloss", overflow="fold")  # narrow: the flag folds rather than push a column off
     # one p: the corrected loss test's, which decides (the accuracy test's is in the JSON, p_value_adjusted)
-    table = Table("rank", "head", verdict, "role", delta_acc, "Δloss", f"p loss ({corr})", "KL", *narrow)
+    table = Table("rank", "head", verdict, "role", delta_acc, "Δloss", f"p loss ({corr})", "KL", direct, *narrow)
     for rank, h in enumerate(result.ranked(), 1):
         if h.verified:
             lo, hi = h.delta_accuracy_ci
-            effect = [f"{h.delta_accuracy:+.2%} [{lo:+.2%}, {hi:+.2%}]", f"{h.delta_loss:+.4f}", _p(h), f"{h.kl:.4f}"]
+            effect = [f"{h.delta_accuracy:+.2%} [{lo:+.2%}, {hi:+.2%}]", f"{h.delta_loss:+.4f}", _p(h), f"{h.kl:.4f}",
+                      _direct(h)]
         else:
-            effect = [UNVERIFIED, "", "", ""]
+            effect = [UNVERIFIED, "", "", "", ""]
         cells = [str(rank), head_label(h.layer, h.head), h.verdict or "", (h.role or "").replace("_", " "), *effect,
                  *(_f(h.attention.get(s.name), s.fmt) for s in stats)]
         table.add_row(*(Text(c) for c in cells))
@@ -277,6 +286,33 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
     if not heads:
         raise ConfigError(f"--together {text!r} names no head; write e.g. L0.H3,L0.H0")
     return heads
+
+
+def _direct(h) -> str:
+    """The direct effect on the loss, '*' when significant, 'comp.' when compensated (the total hides it;
+    the line under the table names those heads in words)."""
+    if h.direct_delta_loss is None:
+        return ""
+    return f"{h.direct_delta_loss:+.4f}" + (" *" if h.direct_significant else "") + (
+        " comp." if h.compensated else "")
+
+
+def _direct_note(result) -> str:
+    """One line on the direct effects: the compensated heads, or why none were measured."""
+    from diagnose._head_label import head_label
+
+    d = getattr(result, "direct", None)  # None: a result from before direct effects
+    if not d:
+        return ""
+    if not d.get("measured"):
+        return f"Direct effects not measured: {d.get('reason')}"
+    hidden = [h for h in result.heads if h.compensated]
+    named = ", ".join(f"{head_label(h.layer, h.head)} (direct {h.direct_delta_loss:+.4f}, total {h.delta_loss:+.4f})"
+                      for h in hidden)
+    return (f"Direct effects ({d['n_heads']} heads, final norm frozen): " +
+            (f"{len(hidden)} compensated (comp. in the table), their direct effect matters but later layers "
+             f"restore it: {named}"
+             if hidden else "no head is compensated (none whose direct effect matters while its total does not)"))
 
 
 def _p(h) -> str:

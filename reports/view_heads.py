@@ -1,4 +1,4 @@
-"""View model of one `diagnose.heads/1` document: layer x head grids, significance, flags,
+"""View model of one `diagnose.heads/1` or `/2` document: layer x head grids, significance, flags,
 rank correlations between what a heatmap shows and what ablation proves, packed example maps.
 
 It renders what the document says and recomputes no statistic: significance is each head's
@@ -21,7 +21,7 @@ from diagnose.errors import InputFileError
 from diagnose.statistics import ATTENTION_STATS, Statistic, shown
 
 HEAD_NUMBERS = ("delta_accuracy", "delta_loss", "accuracy", "loss", "kl", "grad_importance", "p_value",
-                "p_value_loss_adjusted")
+                "p_value_loss_adjusted", "direct_delta_loss", "self_repair")
 MAX_EXAMPLES = 4
 MAX_TOKENS = 128
 MIN_TOKENS = 8  # the fewest tokens of an example shown, however many heads share the budget
@@ -116,6 +116,8 @@ class HeadsView:
     verdicts: np.ndarray | None = None  # [n_layers, n_heads] each head's verdict ("" unknown)
     depends: list[str] = field(default_factory=list)  # --methods: "L0.H1 (zero: matters, mean: negligible)"
     compared: list[str] = field(default_factory=list)  # --methods: the methods compared
+    direct: dict[str, Any] | None = None  # how direct effects were measured, or why not (None: a /1 document)
+    compensated: list[dict[str, Any]] = field(default_factory=list)  # heads whose direct effect the rest restores
 
     def statistics(self, place: str) -> list[Statistic]:
         """The attention statistics shown at `place` ("table": the page's head tables; "effect_grid")."""
@@ -161,6 +163,12 @@ def _plot_float(value: Any) -> float:
     except (TypeError, ValueError, OverflowError):
         return math.nan
     return math.copysign(math.inf, out) if abs(out) > 1e300 else out
+
+
+def _repair_key(head: dict[str, Any]) -> float:
+    """The largest self-repair first; a missing or non-finite one last."""
+    value = _plot_float(head.get("self_repair"))
+    return -value if math.isfinite(value) else math.inf
 
 
 def _known(value: float) -> float | None:
@@ -306,7 +314,10 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
         correlations=_correlations(data.get("correlations")), examples=examples, example_texts=texts,
         examples_note=note, together=_groups(data.get("together"), data["heads"]),
         roles=roles if roles.astype(bool).any() else None, verdicts=verdicts,
-        depends=_depends(data.get("agreement")), compared=_compared(data.get("agreement")))
+        depends=_depends(data.get("agreement")), compared=_compared(data.get("agreement")),
+        direct=data.get("direct") if isinstance(data.get("direct"), dict) else None,
+        compensated=sorted((h for h in data["heads"] if h.get("compensated") is True),
+                           key=_repair_key))
 
 
 def _verdict(h: dict[str, Any]) -> str:

@@ -3,7 +3,7 @@
 Public: `ablate_heads` (every head, or --fast's top ones), `ablate_methods` (the same under several
 methods, and whether each head's verdict agrees), `ablate_together` (a set of heads closed at once), their
 results `HeadsResult` / `HeadEffect` / `GroupEffect`, and the
-`diagnose.heads/1` SCHEMA they write.
+`diagnose.heads/2` SCHEMA they write.
 
 Modules, in the order one `ablate_heads` call uses them:
 - config: `AblationConfig`, every option of `ablate_heads` in one place, checked once.

@@ -40,6 +40,9 @@ class AblationConfig:
     (torchrun), True requires one, False runs alone.
     max_memory: a cap on one step's estimated memory (bytes, or a size such as "2GB"); the sweep's
     micro-batch and heads per forward are chosen to fit it and the free memory (plan.py).
+    direct: also measure each exactly ablated head's direct effect (direct.py: removed on its direct
+    path to the output only), `self_repair` and `compensated`; skipped, with the reason in
+    `result.direct`, for families without a pre-norm residual stream.
     """
 
     task: str = "classification"
@@ -60,6 +63,7 @@ class AblationConfig:
     together: Sequence[Sequence[tuple[int, int]]] = ()
     distributed: bool | None = None
     max_memory: int | str | None = None
+    direct: bool = True
 
     def __post_init__(self) -> None:
         checks = (("task", self.task, TASKS), ("method", self.method, None),

@@ -165,8 +165,14 @@ def default_band(baseline_loss: float, min_effect: float = 0.05) -> dict[str, fl
 
 def negligible(h: HeadEffect, band: dict[str, float]) -> bool:
     """Equivalence: both 95 % intervals inside the band (the point estimate where no interval is known)."""
-    acc = h.delta_accuracy_ci or [h.delta_accuracy, h.delta_accuracy]
-    loss = h.delta_loss_ci or [h.delta_loss, h.delta_loss]
+    return equivalent(h.delta_loss, h.delta_loss_ci, h.delta_accuracy, h.delta_accuracy_ci, band)
+
+
+def equivalent(delta_loss: float | None, loss_ci: list[float] | None, delta_accuracy: float | None,
+               accuracy_ci: list[float] | None, band: dict[str, float]) -> bool:
+    """Both 95 % intervals of one effect (total or direct) inside the band."""
+    acc = accuracy_ci or [delta_accuracy, delta_accuracy]
+    loss = loss_ci or [delta_loss, delta_loss]
     if None in (*acc, *loss):
         return False
     return max(abs(acc[0]), abs(acc[1])) < band["accuracy"] and max(abs(loss[0]), abs(loss[1])) < band["loss"]

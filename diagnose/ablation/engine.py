@@ -30,12 +30,14 @@ from . import contrast, roles, significance, verdict
 from .accumulate import Accumulator, head_effects
 from .attention import summarise
 from .batches import Batches, as_batches
+from . import direct as _direct
 from .config import DEFAULT_TOP, FAST_RANK, MIN_EFFECT, RANKINGS, AblationConfig
 from .gate import gated
 from .methods import METHODS, DataPass, get_method, prepare
 from .plan import Plan, micro_batches, plan_sweep
 from .progress import Progress, ProgressCallback
 from .result import HeadEffect, HeadsResult
+from .self_repair import add_direct
 from .steps import KEEP_BYTES, every_head, first_example, ranked_heads
 from .sweep import Sweep
 from .together import ablate_together
@@ -116,6 +118,8 @@ class _Measured:
     ranking_seconds: float | None
     ablation_seconds: float
     counts: list[tuple[int, int, bool]]  # per rank: forwards, examples forwarded, prefix reuse kept
+    direct: Accumulator | None  # the direct-path outcomes of the chosen heads (None: not measured)
+    direct_info: dict | None  # how they were measured, or why not (result.direct)
 
 
 def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batches: Batches, cfg: AblationConfig,
@@ -142,9 +146,28 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
         acc, chosen = ranked_heads(sweep, parts, first, r, choose, record=n_top > 0, tick=bar.tick)
     else:
         acc, chosen = every_head(sweep, parts, first, r, bar.tick), list(range(len(sweep.heads)))
+    ablation_seconds = time.perf_counter() - started
+    direct_acc, direct_info = (_direct_effects(model, sweep, parts, first, r, chosen, cfg) if cfg.direct
+                               else (None, None))
     counts = r.gather((sweep.forwards, sweep.examples_forwarded, sweep.reuse))
     return _Measured(acc, chosen, sweep.heads, plan, ranked_at[0] if ranked_at else None,
-                     time.perf_counter() - started, counts)
+                     ablation_seconds, counts, direct_acc, direct_info)
+
+
+def _direct_effects(model: torch.nn.Module, sweep: Sweep, parts: list, first: int, r: Ranks, chosen: list[int],
+                    cfg: AblationConfig) -> tuple[Accumulator | None, dict]:
+    """The direct effects of the chosen heads (direct.py), or None and the one-line reason they cannot be had."""
+    norm, reason = _direct.readiness(sweep.sites, model)
+    if norm is not None and not chosen:
+        norm, reason = None, "no head was ablated exactly (--top 0), so there is no total effect to set beside one"
+    if norm is None:
+        return None, {"measured": False, "reason": reason}
+    passes = _direct.Direct(sweep, norm)
+    acc = passes.run(parts, first, r, chosen)
+    forwards = r.gather(passes.forwards)
+    return acc, {"measured": True, "n_heads": len(chosen), "norm": _direct.NORM, "method": cfg.method,
+                 "seconds": passes.seconds, "forward_passes": sum(forwards),
+                 "blocks_replayed": bool(passes.replay_ok) and sweep.recorder is not None}
 
 
 def _attention(model: torch.nn.Module, sites: list[AttentionSite], batches: Batches, r: Ranks, cfg: AblationConfig,
@@ -167,6 +190,9 @@ def _assemble(model: torch.nn.Module, sites: list[AttentionSite], batches: Batch
     for h in heads:
         h.negligible = contrast.negligible(h, band) if h.verified else None
         h.verdict = verdict.verdict(h, band)
+    if m.direct is not None:
+        add_direct(heads, m.direct, m.chosen, band, alpha=cfg.alpha, n_boot=cfg.n_boot, seed=cfg.seed,
+                   correction=cfg.correction)
     roles.assign(heads)
     correlations = contrast.correlations([h for h in heads if h.verified])
     correlations["fast_vs_exact"] = dict(correlations[cfg.rank_by])  # the same Spearman, under its own key
@@ -185,7 +211,7 @@ def _assemble(model: torch.nn.Module, sites: list[AttentionSite], batches: Batch
                 "micro_batch": m.plan.micro_batch, "replication": m.plan.replication,
                 "memory_plan": m.plan.to_json()},
         significance=_significance_info(heads, len(m.chosen), acc.n_examples, cfg, band),
-        fast=fast_info, examples=summary["examples"] if summary else [])
+        fast=fast_info, examples=summary["examples"] if summary else [], direct=m.direct_info)
 
 
 def _model_info(model: torch.nn.Module, sites: list[AttentionSite]) -> dict[str, Any]:

@@ -24,21 +24,20 @@ VERDICTS = (MATTERS, DETECTABLE, NEGLIGIBLE, UNDECIDED)
 CLASS = {MATTERS: MATTERS, DETECTABLE: NEGLIGIBLE, NEGLIGIBLE: NEGLIGIBLE, UNDECIDED: UNDECIDED}
 
 
-def inside_band(h: "HeadEffect", band: dict[str, float]) -> bool:
-    """The point estimates of delta loss and delta accuracy both inside the negligible band."""
-    if h.delta_loss is None:
-        return False
-    acc = 0.0 if h.delta_accuracy is None else abs(h.delta_accuracy)
-    return abs(h.delta_loss) < band["loss"] and acc < band["accuracy"]
+def classify(significant: bool | None, negligible: bool | None, delta_loss: float | None,
+             delta_accuracy: float | None, band: dict[str, float]) -> str:
+    """The verdict of one effect (a head's total effect, or its direct effect) from its test and size."""
+    if significant:
+        inside = delta_loss is not None and abs(delta_loss) < band["loss"] and abs(delta_accuracy or 0.0) < band["accuracy"]
+        return DETECTABLE if (negligible or inside) else MATTERS
+    return NEGLIGIBLE if negligible else UNDECIDED
 
 
 def verdict(h: "HeadEffect", band: dict[str, float]) -> str | None:
     """The head's verdict (module docstring); None for a head --fast did not verify."""
     if not h.verified:
         return None
-    if h.significant:
-        return DETECTABLE if (h.negligible or inside_band(h, band)) else MATTERS
-    return NEGLIGIBLE if h.negligible else UNDECIDED
+    return classify(h.significant, h.negligible, h.delta_loss, h.delta_accuracy, band)
 
 
 def count(heads: Sequence["HeadEffect"]) -> dict[str, int]:

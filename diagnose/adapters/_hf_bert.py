@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ._hf import HFAdapter
+from ..errors import ConfigError
 from .layout import HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
 
 
@@ -23,3 +24,8 @@ class BertAdapter(HFAdapter):
         if not (isinstance(H, int) and isinstance(D, int)):
             return None
         return H, D, None, out.dense
+
+    def final_norm(self, model: nn.Module) -> nn.Module:
+        """None exists: BERT is post-norm, so every later layer's LayerNorm sits on a head's path (readout.py)."""
+        raise ConfigError("BERT-family models are post-norm (each layer's LayerNorm sits on the path from a head "
+                          "to the output), so direct effects are not measured")

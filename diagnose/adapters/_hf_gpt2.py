@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ._hf import HFAdapter
+from .readout import named
 from .layout import BLOCKED, HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
 
 
@@ -19,3 +20,7 @@ class GPT2Adapter(HFAdapter):
         if type(m).__name__ != "GPT2Attention":
             return None
         return m.num_heads, m.head_dim, None, m.c_proj
+
+    def final_norm(self, model: nn.Module) -> nn.Module:
+        """transformer.ln_f: GPT-2 is pre-norm, each c_proj output added to the stream (readout.py)."""
+        return named(model, "ln_f", "GPT-2")

@@ -15,8 +15,8 @@ from diagnose.prune import prune_heads
 from diagnose.sites import find_heads
 
 from .helpers import evaluate, loss_tol
-from .test_engine import D, H, N, T, data, model  # noqa: F401  (the reference model and its padded data)
 from ..tolerance import size_of
+from .test_engine import D, H, N, T  # the reference model's sizes (its fixtures are in conftest.py)
 
 DRAWS, SEED = 3, 11
 

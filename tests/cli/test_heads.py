@@ -58,7 +58,7 @@ def test_lm_checkpoint_table_and_json(files):
         assert name in out
     assert "heads tested matter" in out and "after Holm correction" in out
     data = json.loads((files / "out" / "heads.json").read_text())
-    assert data["schema"] == "diagnose.heads/1" and data["task"] == "lm" and data["n_examples"] == 20
+    assert data["schema"] == "diagnose.heads/2" and data["task"] == "lm" and data["n_examples"] == 20
     assert len(data["heads"]) == 4 and data["model"]["family"] == "reference"
     assert data["significance"]["min_detectable_examples"] == 8  # 4 heads, alpha 0.05: 2 * 0.5 ** 8 < 0.05 / 4 < 2 * 0.5 ** 7
     assert "examples change one way" in " ".join(out.split())

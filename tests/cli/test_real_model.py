@@ -30,7 +30,7 @@ def real(tmp_path_factory):
 
 def test_the_verdicts_are_few_and_powered(real):
     _, _, data, out = real
-    assert data["schema"] == "diagnose.heads/1" and data["n_examples"] == 132 and len(data["heads"]) == 72
+    assert data["schema"] == "diagnose.heads/2" and data["n_examples"] == 132 and len(data["heads"]) == 72
     assert data["baseline"]["accuracy"] > 0.75  # the logistic head does classify
     flags = data["flags"]
     assert len(flags) <= 8, [f["reason"] for f in flags]
