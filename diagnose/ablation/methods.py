@@ -136,6 +136,20 @@ def prepare(method: AblationMethod, data_pass: DataPass) -> Any:
     return state
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A method with the state its `prepare` returned and its draws: `use(sweep)` sets its fill on the
+    sweep's gates again, so one sweep can switch between methods prepared before it (ablate_methods)."""
+
+    method: AblationMethod
+    state: Any
+    draws: int
+
+    def use(self, sweep: "Sweep") -> None:
+        install(self.method, self.state, sweep.gates)
+        sweep.draws = self.draws
+
+
 def check_draws(method: AblationMethod, draws: int | None) -> int:
     """The draws `method` runs with: `draws` (None: the method's own); ConfigError for a fill that is
     not random (a foldable method has one draw) or a number under 1."""

@@ -120,3 +120,28 @@ def test_resample_is_refused_where_it_cannot_work(model, data):
     one = {k: v[:1] for k, v in data.items()}
     with pytest.raises(ConfigError, match="at least 2 examples"):
         ablate_heads(model, one, task="lm", method="resample", attention=False)
+
+
+def test_methods_share_one_sweep_and_equal_separate_sweeps(model, data):
+    """ablate_methods runs every method in one sweep (the clean passes and prefixes computed once): each
+    method's per-head effects equal its own ablate_heads run, with fewer forward passes than the three
+    sweeps together."""
+    from diagnose.ablation import ablate_methods
+
+    options = dict(task="lm", batch_size=4, seed=SEED, attention=False, direct=False)
+    both = ablate_methods(model, data, ["zero", "mean", "resample"], draws=DRAWS, **options)
+    alone = {m: ablate_heads(model, data, method=m, draws=DRAWS if m == "resample" else None, **options)
+             for m in ("zero", "mean", "resample")}
+    first = alone["zero"]
+    loss_tolerance = loss_tol(first.baseline["loss"], *(h.loss for r in alone.values() for h in r.heads),
+                              **size_of(model))
+    rows = {(r["layer"], r["head"]): r for r in both.agreement["heads"]}
+    for m, res in alone.items():
+        for h in res.heads:
+            assert rows[(h.layer, h.head)]["delta_loss"][m] == pytest.approx(h.delta_loss, abs=loss_tolerance)
+            assert rows[(h.layer, h.head)]["verdicts"][m] == h.verdict
+    assert [h.grad_importance for h in both.heads] == pytest.approx([h.grad_importance for h in first.heads],
+                                                                    abs=loss_tolerance)
+    separate = sum(r.timing["forward_passes"] for r in alone.values())
+    assert both.timing["forward_passes"] < separate
+    assert both.timing["shared_methods"] == ["zero", "mean", "resample"]
