@@ -96,8 +96,8 @@ def frozen_change(norm: nn.Module):
             rms = torch.sqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)  # [N, T, 1]
             return delta / rms * norm.weight.float()
         return change
-    raise ConfigError(f"a norm on the path to the output is a {name}, whose scale diagnose cannot freeze (LayerNorm and RMSNorm "
-                      "only), so direct effects are not measured")
+    raise ConfigError(f"a norm on the path to the output is a {name}, whose scale diagnose cannot freeze "
+                      "(LayerNorm and RMSNorm only), so direct effects are not measured")
 
 
 class Direct:
@@ -139,9 +139,12 @@ class Direct:
         normed: dict[int, list[torch.Tensor]] = {id(n): [] for n in self.norms}
         for s, gate in enumerate(self.sweep.gates):
             gate.observer = lambda head_out, s=s: outs.setdefault(s, head_out.detach())
+
+        def record(norm: nn.Module):
+            return lambda: norm.register_forward_pre_hook(lambda _m, args: normed[id(norm)].append(args[0].detach()))
+
         try:
-            with hooks(*[lambda n=n: n.register_forward_pre_hook(lambda _m, args, n=n: normed[id(n)].append(
-                    args[0].detach())) for n in self.norms]):
+            with hooks(*map(record, self.norms)):
                 clean = self.sweep.clean(inputs, labels, grad=False, record=True, rows=rows)
         finally:
             for gate in self.sweep.gates:
