@@ -1,6 +1,7 @@
 """Direct effects on a post-norm BERT equal an independent computation: the model run with the head's
 output-projection slice zeroed, every later attention and MLP sublayer's output replaced by its clean
-value, and every LayerNorm's normalisation replaced by the affine map with its clean sigma."""
+value, and every LayerNorm's normalisation replaced by the affine map with its clean sigma. The output
+layers (pooler and classifier, or the MLM head with its own LayerNorm) run as they are."""
 
 from __future__ import annotations
 
@@ -18,32 +19,38 @@ from ..tolerance import approx, loss_tol, size_of
 V, T, N, LAYERS, HEADS, D = 30, 7, 10, 3, 4, 8
 
 
-def _bert(impl: str) -> transformers.BertForSequenceClassification:
+TASKS = {"classification": "BertForSequenceClassification", "lm": "BertForMaskedLM"}
+
+
+def _bert(impl: str, task: str = "classification") -> transformers.PreTrainedModel:
     torch.manual_seed(0)
     cfg = transformers.BertConfig(num_hidden_layers=LAYERS, num_attention_heads=HEADS, hidden_size=HEADS * D,
                                   intermediate_size=64, vocab_size=V, max_position_embeddings=16, num_labels=3,
                                   initializer_range=0.2)
     cfg._attn_implementation = impl
-    return transformers.BertForSequenceClassification(cfg).eval()
+    return getattr(transformers, TASKS[task])(cfg).eval()
 
 
-def _data() -> dict:
+def _data(task: str = "classification") -> dict:
     g = torch.Generator().manual_seed(1)
     mask = torch.ones(N, T, dtype=torch.long)
     mask[::3, -2:] = 0  # some padding
-    return {"input_ids": torch.randint(1, V, (N, T), generator=g), "attention_mask": mask,
-            "labels": torch.randint(0, 3, (N,), generator=g)}
+    ids = torch.randint(1, V, (N, T), generator=g)
+    if task == "classification":
+        return {"input_ids": ids, "attention_mask": mask, "labels": torch.randint(0, 3, (N,), generator=g)}
+    labels = torch.full((N, T), -100)
+    labels[:, 1:3] = ids[:, 1:3]  # the masked positions' original tokens
+    return {"input_ids": ids.index_fill(1, torch.tensor([1, 2]), 0), "attention_mask": mask, "labels": labels}
 
 
-def _losses(model, data) -> torch.Tensor:
-    """Per-example loss of one plain forward.  # [N]"""
+def _losses(model, data, task: str = "classification") -> torch.Tensor:
+    """Per-example loss sum of one plain forward.  # [N]"""
     inputs = {k: v for k, v in data.items() if k != "labels"}
     with torch.no_grad():
-        return score(logits_of(call_model(model, inputs)), targets_for("classification", inputs,
-                                                                       data["labels"])).loss_sum.double()
+        return score(logits_of(call_model(model, inputs)), targets_for(task, inputs, data["labels"])).loss_sum.double()
 
 
-def _by_hand(model, data, layer: int, head: int) -> torch.Tensor:
+def _by_hand(model, data, task: str, layer: int, head: int) -> torch.Tensor:
     """Per-example loss with head `head` of `layer` removed on its direct path only.  # [N]"""
     layers = model.bert.encoder.layer
     sublayers = [m for j, l in enumerate(layers) for m in (l.attention.output.dense, l.output.dense)
@@ -54,7 +61,7 @@ def _by_hand(model, data, layer: int, head: int) -> torch.Tensor:
     handles += [n.register_forward_pre_hook(lambda n, a: sigma.__setitem__(
         n, torch.sqrt(a[0].var(-1, unbiased=False, keepdim=True) + n.eps))) for n in norms]
     try:
-        _losses(model, data)  # the clean pass: sublayer outputs and each LayerNorm's sigma
+        _losses(model, data, task)  # the clean pass: sublayer outputs and each LayerNorm's sigma
     finally:
         for h in handles:
             h.remove()
@@ -63,31 +70,31 @@ def _by_hand(model, data, layer: int, head: int) -> torch.Tensor:
                                         + n.bias) for n in norms]
     try:
         weight = layers[layer].attention.output.dense.weight  # [d, H * D]: a head's slice is columns
-        return with_head_weights_zeroed(weight, 1, head, D, lambda: _losses(model, data))
+        return with_head_weights_zeroed(weight, 1, head, D, lambda: _losses(model, data, task))
     finally:
         for h in handles:
             h.remove()
 
 
-@pytest.mark.parametrize("impl", ["eager", "sdpa"])
-def test_bert_direct_effect_equals_the_frozen_model_per_example(impl, monkeypatch):
-    model, data = _bert(impl), _data()
+@pytest.mark.parametrize("impl, task", [("eager", "classification"), ("sdpa", "classification"), ("eager", "lm")])
+def test_bert_direct_effect_equals_the_frozen_model_per_example(impl, task, monkeypatch):
+    model, data = _bert(impl, task), _data(task)
     accs = []
     run = direct.Direct.run
     monkeypatch.setattr(direct.Direct, "run", lambda self, *a, **kw: accs.append(run(self, *a, **kw)) or accs[-1])
     before = snapshot(model)
-    result = ablate_heads(model, data, task="classification", batch_size=4, progress=False, attention=False)
+    result = ablate_heads(model, data, task=task, batch_size=4, progress=False, attention=False)
     assert_untouched(model, before)
     assert result.direct["measured"] and result.direct["n_heads"] == LAYERS * HEADS, result.direct
     assert "every later layer" in result.direct["norm"]
-    clean = _losses(model, data)
+    clean = _losses(model, data, task)
     loss_sum, _, _, ab_loss, _ = accs[0].arrays()  # per example [N], [N, M]
     assert loss_sum == approx(clean.numpy().tolist(), **size_of(model))
     for m, h in enumerate(result.heads):
-        expected = _by_hand(model, data, h.layer, h.head)
+        expected = _by_hand(model, data, task, h.layer, h.head)
         tol = loss_tol(*expected.tolist(), *clean.tolist(), **size_of(model))
         assert ab_loss[:, m].tolist() == pytest.approx(expected.tolist(), abs=tol), (h.layer, h.head)
-        assert h.direct_delta_loss == pytest.approx(float((expected - clean).mean()), abs=tol)
+        assert h.direct_delta_loss == pytest.approx(float((expected - clean).sum()) / result.n_units, abs=tol)
     # not vacuous: the frozen path differs from the total effect somewhere, and every layer's heads move the loss
     assert any(abs(h.direct_delta_loss - h.delta_loss) > 10 * tol for h in result.heads)
     assert all(any(abs(h.direct_delta_loss) > 10 * tol for h in result.heads if h.layer == l) for l in range(LAYERS))
