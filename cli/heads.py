@@ -249,12 +249,19 @@ def _print_agreement(out, agreement: dict) -> None:
     rows = {(r["layer"], r["head"]): r for r in agreement["heads"]}
     n_agree = agreement["n_compared"] - agreement["n_depends"]
     line = f"Verdict by method ({names}): {n_agree} of {agreement['n_compared']} heads agree"
-    if agreement["depends"]:
-        parts = []
-        for layer, head in agreement["depends"]:
-            v = rows[(layer, head)]["verdicts"]
-            parts.append(f"{head_label(layer, head)} ({', '.join(f'{m}: {v[m]}' for m in agreement['methods'])})")
-        line += "; the verdict depends on the method for " + "; ".join(parts)
+
+    def said(layer: int, head: int) -> str:
+        v = rows[(layer, head)]["verdicts"]
+        return f"{head_label(layer, head)} ({', '.join(f'{m}: {v[m]}' for m in agreement['methods'])})"
+
+    strong = [tuple(m) for m in agreement.get("contradicts", agreement["depends"])]
+    weak = [tuple(m) for m in agreement["depends"] if tuple(m) not in strong]
+    if strong:
+        line += "; the verdict depends on the method for " + "; ".join(said(*m) for m in strong)
+    if weak:
+        line += (f"; {len(weak)}{' more' if strong else ''} head(s) are firm under one method and undecided under "
+                 f"another (the data cannot tell, rather than the method): " + "; ".join(said(*m) for m in weak[:6])
+                 + (f"; and {len(weak) - 6} more (agreement.depends in the JSON)" if len(weak) > 6 else ""))
     out.print(Text(line + "."))
 
 

@@ -75,11 +75,14 @@ def heads_verdict(v: HeadsView) -> Verdict:
         out.lines.append(("Shared layers", v.shared))
     top = ", ".join(_head_effect(h) for h in v.ranked[:3])
     out.lines.append(("What matters", _matters(v, top)))
+    firm = (f"{len(v.undecided)} head(s) are firm under one method and undecided under another (the data "
+            f"cannot tell, rather than the method): {_some(v.undecided)}") if v.undecided else ""
     if v.depends:
         out.lines.append(("Depends on the method", f"the verdict depends on the method for {len(v.depends)} "
-                                                   f"head(s): {'; '.join(v.depends[:6])}"
-                                                   + (f"; and {len(v.depends) - 6} more." if len(v.depends) > 6
-                                                      else ".")))
+                                                   f"head(s): {_some(v.depends)}" + (f" Also, {firm}" if firm else "")))
+    elif firm:
+        out.lines.append(("Depends on the method", f"no head matters under one method and is negligible under "
+                                                   f"another; {firm}"))
     elif v.compared:
         out.lines.append(("Depends on the method", f"no: every head's verdict is the same under "
                                                    f"{', '.join(v.compared)}."))
@@ -209,3 +212,8 @@ def lessons_verdict(lessons: list[dict[str, Any]]) -> Verdict:
                     f"({les.get('b')})."
         out.lines.append((str(les.get("title") or les.get("key") or ""), f"{les.get('claim', '')}{first}"))
     return out
+
+
+def _some(labels: list[str], shown: int = 6) -> str:
+    """The first `shown` labels, and how many more."""
+    return "; ".join(labels[:shown]) + (f"; and {len(labels) - shown} more." if len(labels) > shown else ".")

@@ -115,6 +115,7 @@ class HeadsView:
     roles: np.ndarray | None = None  # [n_layers, n_heads] role names ("" unknown), from the heads JSON
     verdicts: np.ndarray | None = None  # [n_layers, n_heads] each head's verdict ("" unknown)
     depends: list[str] = field(default_factory=list)  # --methods: "L0.H1 (zero: matters, mean: negligible)"
+    undecided: list[str] = field(default_factory=list)  # --methods: heads firm under one method, undecided under another
     compared: list[str] = field(default_factory=list)  # --methods: the methods compared
     direct: dict[str, Any] | None = None  # how direct effects were measured, or why not (None: a /1 document)
     compensated: list[dict[str, Any]] = field(default_factory=list)  # heads whose direct effect the rest restores
@@ -126,6 +127,12 @@ class HeadsView:
     @property
     def n_significant(self) -> int:
         return int(self.significant.sum())
+
+    @property
+    def matters(self) -> np.ndarray:
+        """[n_layers, n_heads] the heads whose verdict is "matters" (significant and outside the band): the
+        ones the plots mark, so no picture calls a detectable but negligible head significant."""
+        return self.significant.copy() if self.verdicts is None else self.verdicts == MATTERS
 
     def n_verdict(self, name: str) -> int:
         """How many heads have the verdict `name` (verdict.VERDICTS)."""
@@ -314,7 +321,7 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
         correlations=_correlations(data.get("correlations")), examples=examples, example_texts=texts,
         examples_note=note, together=_groups(data.get("together"), data["heads"]),
         roles=roles if roles.astype(bool).any() else None, verdicts=verdicts,
-        depends=_depends(data.get("agreement")), compared=_compared(data.get("agreement")),
+        depends=_depends(data.get("agreement"), True), undecided=_depends(data.get("agreement"), False), compared=_compared(data.get("agreement")),
         direct=data.get("direct") if isinstance(data.get("direct"), dict) else None,
         compensated=sorted((h for h in data["heads"] if h.get("compensated") is True),
                            key=_repair_key))
@@ -337,14 +344,20 @@ def _compared(agreement: Any) -> list[str]:
     return [str(m) for m in methods] if isinstance(methods, list) else []
 
 
-def _depends(agreement: Any) -> list[str]:
-    """"L0.H1 (zero: matters, mean: negligible)" for each head whose verdict depends on the method."""
+def _depends(agreement: Any, contradicting: bool) -> list[str]:
+    """"L0.H1 (zero: matters, mean: negligible)" for each head whose verdict depends on the method:
+    contradicting, those that matter under one method and are negligible under another (all of them in a
+    document without `contradicts`); else the others, firm under one method and undecided under another."""
     methods = _compared(agreement)
     rows = agreement.get("heads") if isinstance(agreement, dict) else None
+    listed = agreement.get("contradicts") if isinstance(agreement, dict) else None
+    strong = ({tuple(m) for m in listed if isinstance(m, list)} if isinstance(listed, list) else None)
     out = []
     for r in rows if isinstance(rows, list) else []:
         if not (isinstance(r, dict) and r.get("agree") is False and isinstance(r.get("verdicts"), dict)
                 and isinstance(r.get("layer"), int) and isinstance(r.get("head"), int)):
+            continue
+        if (strong is None or (r["layer"], r["head"]) in strong) != contradicting:
             continue
         said = ", ".join(f"{m}: {r['verdicts'].get(m)}" for m in methods if isinstance(r["verdicts"].get(m), str))
         out.append(f"{head_label(r['layer'], r['head'])} ({said})")

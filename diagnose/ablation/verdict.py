@@ -51,11 +51,13 @@ def count(heads: Sequence["HeadEffect"]) -> dict[str, int]:
 
 def agreement(results: dict[str, Any]) -> dict[str, Any]:
     """Per head, each method's verdict and whether they agree (matters / negligible / undecided), from
-    {method: HeadsResult}; `depends` lists the heads whose verdict depends on the method. A head one of
-    the methods did not verify (--fast) is left out of the comparison."""
+    {method: HeadsResult}; `depends` lists the heads whose verdict depends on the method, `contradicts` those
+    of them that matter under one method and are negligible under another (the others are firm under one
+    method and undecided under another: a question of power, not of the method). A head one of the
+    methods did not verify (--fast) is left out of the comparison."""
     methods = list(results)
     first = results[methods[0]]
-    rows, depends = [], []
+    rows, depends, contradicts = [], [], []
     for h in first.heads:
         per = {m: results[m].head(h.layer, h.head) for m in methods}
         verdicts = {m: e.verdict for m, e in per.items()}
@@ -67,5 +69,7 @@ def agreement(results: dict[str, Any]) -> dict[str, Any]:
                      "p_value_loss_adjusted": {m: e.p_value_loss_adjusted for m, e in per.items()}})
         if agree is False:
             depends.append([h.layer, h.head])
-    return {"methods": methods, "heads": rows, "depends": depends,
+            if {MATTERS, NEGLIGIBLE} <= {CLASS[v] for v in known}:
+                contradicts.append([h.layer, h.head])
+    return {"methods": methods, "heads": rows, "depends": depends, "contradicts": contradicts,
             "n_compared": sum(r["agree"] is not None for r in rows), "n_depends": len(depends)}

@@ -44,3 +44,16 @@ def test_agreement_names_the_heads_whose_verdict_depends_on_the_method():
     rows = {(r["layer"], r["head"]): r for r in got["heads"]}
     assert rows[(0, 0)]["verdicts"] == {"zero": "matters", "mean": "negligible"} and rows[(0, 0)]["agree"] is False
     assert rows[(0, 1)]["agree"] is True  # detectable but negligible agrees with negligible
+
+
+def test_a_contradiction_is_told_from_a_question_of_power():
+    """matters under one method and negligible under another contradicts; firm under one and undecided under
+    another depends on the method too, but only the first is a contradiction."""
+    def result(*heads):
+        return SimpleNamespace(heads=list(heads),
+                               head=lambda layer, h: next(x for x in heads if (x.layer, x.head) == (layer, h)))
+
+    zero = result(_head(2.0, [1.5, 2.5], True), _head(0.0, [-0.01, 0.01], False, head=1))
+    mean = result(_head(0.0, [-0.01, 0.01], False), _head(0.5, [-0.2, 1.2], False, head=1))
+    got = agreement({"zero": zero, "mean": mean})
+    assert got["depends"] == [[0, 0], [0, 1]] and got["contradicts"] == [[0, 0]]
