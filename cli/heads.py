@@ -62,7 +62,8 @@ UNVERIFIED = "not verified"  # a --fast head's effect cell
                    "and heads per forward are chosen to fit it and the free memory (default: the free memory).")
 @click.option("--direct/--no-direct", default=True, show_default=True,
               help="Also measure each head's direct effect (removed on its direct path to the output only, the "
-                   "final norm's scale frozen), self-repair = direct - total, and flag compensated heads.")
+                   "scale of every norm on that path frozen), self-repair = direct - total, and flag compensated "
+                   "heads.")
 @html_option
 def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
           max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
@@ -316,7 +317,7 @@ def _direct_note(result) -> str:
     hidden = [h for h in result.heads if h.compensated]
     named = ", ".join(f"{head_label(h.layer, h.head)} (direct {h.direct_delta_loss:+.4f}, total {h.delta_loss:+.4f})"
                       for h in hidden)
-    return (f"Direct effects ({d['n_heads']} heads, final norm frozen): " +
+    return (f"Direct effects ({d['n_heads']} heads, norms on the path frozen): " +
             (f"{len(hidden)} compensated (comp. in the table), their direct effect matters but later layers "
              f"restore it: {named}"
              if hidden else "no head is compensated (none whose direct effect matters while its total does not)"))

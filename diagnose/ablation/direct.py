@@ -2,20 +2,27 @@
 
 A head's total effect (the sweep) counts everything its removal sets off, including later heads,
 MLPs and norms that make up for it (self-repair: McGrath et al. 2023, the Hydra effect; Rushing &
-Nanda 2024). Its direct effect freezes everything downstream at its clean value: the final norm's
-input becomes the clean residual stream minus the head's projected change,
+Nanda 2024). Its direct effect freezes everything downstream at its clean value: every later attention
+and MLP sublayer sees its clean input, and the head's change to the stream,
 
-    x_final' = x_final - W_O[h] (head_out[h] - fill[h])      # [B, T, d]; fill: the method's (0 for zero)
+    delta = -W_O[h] (head_out[h] - fill[h])      # [B, T, d]; fill: the method's (0 for zero)
 
-and only the final norm and the output layers run on it. With a pre-norm residual stream (the
-adapter declares the final norm: adapters/readout.py) that needs no ablated forward at all: one clean
-pass per batch gives every head's output and the clean stream; then each head costs the output layers
-only, K heads per forward with all blocks replaying their clean outputs (prefix.py).
+crosses the norms on its path (the adapter declares them: adapters/readout.py), each with its scale
+frozen at its clean value, so each is linear in the change:
 
-The final norm's scale is frozen at its clean value (NORM): the norm is linear in the change, 1 / sigma
-of the clean stream. Rushing & Nanda 2024 measure direct effects so, because the norm's rescaling after a
-head is removed is itself a mechanism of self-repair; freezing it puts that share in `self_repair`
-instead of hiding it in the direct effect (Heimersheim & Nanda 2024 name the choice as one to state).
+    delta <- gamma * (delta - mean(delta)) / sigma_clean      # LayerNorm; RMSNorm: gamma * delta / rms_clean
+
+Pre-norm (GPT-2, LLaMA, the reference model) has one norm on the path, the final one, and its output
+moves by the change; post-norm BERT has its own layer's two LayerNorms and both of every later layer's,
+and the encoder's output moves. Then only the output layers run (the unembedding; pooler and classifier;
+an MLM head). That needs no ablated forward at all: one clean pass per batch gives every head's output
+and each norm's clean input; then each head costs the output layers only, K heads per forward with all
+blocks replaying their clean outputs (prefix.py).
+
+Freezing the norms' scales (NORM) is how Rushing & Nanda 2024 measure direct effects: a norm's rescaling
+after a head is removed is itself a mechanism of self-repair, and freezing it puts that share in
+`self_repair` instead of hiding it in the direct effect (Heimersheim & Nanda 2024 name the choice as one
+to state).
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import torch.nn as nn
 from .._distributed import Ranks
 from ..adapters._hooks import hooks
 from ..adapters.base import AttentionSite
-from ..adapters.readout import final_norm
+from ..adapters.readout import ResidualPath, hidden_of, moved, residual_path
 from ..errors import ConfigError
 from ..objectives import call_model, logits_of, score
 from .accumulate import Accumulator
@@ -39,22 +46,26 @@ from .shards import merge
 from .steps import indexed
 from .sweep import Ablated, Clean, Sweep, _kl_sums, _same
 
-NORM = ("frozen: the final norm's scale (1 / sigma of the clean stream) is held at its clean value, as Rushing & "
-        "Nanda 2024 measure direct effects, so the norm's own rescaling when a head is removed counts as self-repair")
+NORM = ("frozen: every norm on a head's path to the output (pre-norm: the final norm; post-norm BERT: its layer's "
+        "LayerNorms and every later layer's) has its scale (1 / sigma of its clean input) held at its clean value, "
+        "as Rushing & Nanda 2024 measure direct effects, so the norms' own rescaling when a head is removed counts "
+        "as self-repair")
 
 
-def readiness(sites: Sequence[AttentionSite], model: nn.Module) -> tuple[nn.Module | None, str | None]:
-    """(the final norm, None) when direct effects can be measured, else (None, one line saying why)."""
+def readiness(sites: Sequence[AttentionSite], model: nn.Module) -> tuple[list[ResidualPath] | None, str | None]:
+    """(each site's path to the output, None) when direct effects can be measured, else (None, one line why)."""
     if not sites:
         return None, "no attention sites"
     try:
-        norm = final_norm(sites[0].adapter, model)
-        frozen_change(norm)  # a norm we cannot freeze: say so now rather than at the first batch
+        paths = [residual_path(site.adapter, model, site) for site in sites]
+        for path in paths:
+            for norm in path.norms:
+                frozen_change(norm)  # a norm we cannot freeze: say so now rather than at the first batch
         for site in sites:
             head_weights(site)
     except ConfigError as e:
         return None, str(e)
-    return norm, None
+    return paths, None
 
 
 def head_weights(site: AttentionSite) -> torch.Tensor:
@@ -85,17 +96,18 @@ def frozen_change(norm: nn.Module):
             rms = torch.sqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)  # [N, T, 1]
             return delta / rms * norm.weight.float()
         return change
-    raise ConfigError(f"the final norm is a {name}, whose scale diagnose cannot freeze (LayerNorm and RMSNorm "
-                      "only), so direct effects are not measured")
+    raise ConfigError(f"a norm on the path to the output is a {name}, whose scale diagnose cannot freeze "
+                      "(LayerNorm and RMSNorm only), so direct effects are not measured")
 
 
 class Direct:
     """The direct-effect passes of one sweep (its gates, fills and replay); `run` returns an Accumulator
     whose 'ablated' outcomes are the direct-path ones, so the sweep's tests apply unchanged."""
 
-    def __init__(self, sweep: Sweep, norm: nn.Module):
-        self.sweep, self.norm = sweep, norm
-        self.change = frozen_change(norm)
+    def __init__(self, sweep: Sweep, paths: Sequence[ResidualPath]):
+        self.sweep, self.paths = sweep, list(paths)  # per site
+        self.norms = list({id(n): n for path in paths for n in path.norms}.values())  # each once
+        self.changes = {id(n): frozen_change(n) for n in self.norms}
         self.weights = [head_weights(site) for site in sweep.sites]  # per site [H, D, d]
         self.replay_ok: bool | None = None  # checked on the first batch
         self.forwards = 0
@@ -109,9 +121,9 @@ class Direct:
 
         def work() -> None:
             for inputs, labels, rows in indexed(parts, first):
-                clean, outs = self._clean(inputs, labels, rows)
+                clean, outs, normed = self._clean(inputs, labels, rows)
                 acc.add_clean(clean)
-                acc.add_ablated(self._batch(clean, outs, heads))
+                acc.add_ablated(self._batch(clean, outs, normed, heads))
                 if tick:
                     tick()
 
@@ -119,32 +131,43 @@ class Direct:
         self.seconds += time.perf_counter() - started
         return merge(acc, r)
 
-    def _clean(self, inputs: Any, labels: Any, rows: torch.Tensor) -> tuple[Clean, dict[int, torch.Tensor]]:
-        """The clean pass, recording block outputs and each site's head outputs (per site [B, T, H, D])."""
+    def _clean(self, inputs: Any, labels: Any, rows: torch.Tensor
+               ) -> tuple[Clean, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """The clean pass, recording each site's head outputs (per site [B, T, H, D]), block outputs, and
+        each norm's input (by id(norm), [B, T, d]): the clean scale that the path freezes."""
         outs: dict[int, torch.Tensor] = {}
+        normed: dict[int, list[torch.Tensor]] = {id(n): [] for n in self.norms}
         for s, gate in enumerate(self.sweep.gates):
             gate.observer = lambda head_out, s=s: outs.setdefault(s, head_out.detach())
-        shapes: list[torch.Size] = []
+
+        def record(norm: nn.Module):
+            return lambda: norm.register_forward_pre_hook(lambda _m, args: normed[id(norm)].append(args[0].detach()))
+
         try:
-            with hooks(lambda: self.norm.register_forward_pre_hook(lambda _m, args: shapes.append(args[0].shape))):
+            with hooks(*map(record, self.norms)):
                 clean = self.sweep.clean(inputs, labels, grad=False, record=True, rows=rows)
         finally:
             for gate in self.sweep.gates:
                 gate.observer = None
-        self.stream = shapes[0]  # [B, T, d] the final norm's input
-        return clean, outs
+        calls = {len(v) for v in normed.values()}
+        if calls != {1}:
+            raise ConfigError(f"a norm on a head's path ran {sorted(calls)} times in one forward, not once, so its "
+                              "clean scale is ambiguous and direct effects cannot be measured (--no-direct)")
+        return clean, outs, {k: v[0] for k, v in normed.items()}
 
-    def _batch(self, clean: Clean, outs: dict[int, torch.Tensor], heads: Sequence[int]) -> dict[int, Ablated]:
+    def _batch(self, clean: Clean, outs: dict[int, torch.Tensor], normed: dict[int, torch.Tensor],
+               heads: Sequence[int]) -> dict[int, Ablated]:
         by_site: dict[int, list[int]] = {}
         for m in heads:
             by_site.setdefault(self.sweep.heads[m][0], []).append(m)
         k, out = self.sweep.replication, {}
         for s, ms in by_site.items():
             for i in range(0, len(ms), k):
-                out.update(self._chunk(clean, outs[s], s, ms[i:i + k]))
+                out.update(self._chunk(clean, outs[s], normed, s, ms[i:i + k]))
         return out
 
-    def _chunk(self, clean: Clean, head_out: torch.Tensor, s: int, ms: list[int]) -> dict[int, Ablated]:
+    def _chunk(self, clean: Clean, head_out: torch.Tensor, normed: dict[int, torch.Tensor], s: int,
+               ms: list[int]) -> dict[int, Ablated]:
         """Heads ms of site s, one forward of K = len(ms) replicas per draw of the method's fill."""
         gate, idx = self.sweep.gates[s], [self.sweep.heads[m][1] for m in ms]
         w = self.weights[s][idx].to(head_out.device, head_out.dtype)  # [K, D, d]
@@ -154,45 +177,52 @@ class Direct:
             fill = None if fill is None else fill.to(head_out.device, head_out.dtype).expand_as(head_out)
             removed = head_out if fill is None else head_out - fill  # [B, T, H, D]
             delta = -torch.einsum("btkd,kde->kbte", removed[:, :, idx], w)  # [K, B, T, d]
-            outcomes.append(self._outcome(clean, delta))
+            outcomes.append(self._outcome(clean, s, self._through(s, delta, normed)))
         loss_sum, correct, kl = (outcomes[0] if len(outcomes) == 1 else
                                  (torch.stack([o[i].double() for o in outcomes]).mean(0) for i in range(3)))
         return {m: Ablated(loss_sum[j], correct[j], float(kl[j])) for j, m in enumerate(ms)}
 
-    def _outcome(self, clean: Clean, delta: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(loss_sum [K, B], correct [K, B], KL sums [K]) with the final norm's input moved by delta [K, B, T, d]."""
-        K, B = delta.shape[0], clean.batch
+    def _through(self, s: int, delta: torch.Tensor, normed: dict[int, torch.Tensor]) -> torch.Tensor:
+        """delta [K, B, T, d] carried through site s's norms in order, each frozen at its clean input [B, T, d]."""
+        for norm in self.paths[s].norms:
+            x = normed[id(norm)]  # on the norm's device (a model split over devices)
+            delta = self.changes[id(norm)](x, delta.to(x.device))
+        return delta
+
+    def _outcome(self, clean: Clean, s: int, change: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(loss_sum [K, B], correct [K, B], KL sums [K]) with site s's path output moved by change [K, B, T, d]."""
+        K, B = change.shape[0], clean.batch
         if self.replay_ok is None:
-            self.replay_ok = self._replay_reproduces(clean)
-        logits = self._forward(clean, delta.reshape(K * B, *delta.shape[2:]), K)  # [K * B, ...]
+            self.replay_ok = self._replay_reproduces(clean, s)
+        logits = self._forward(clean, s, change.reshape(K * B, *change.shape[2:]), K)  # [K * B, ...]
         sc = score(logits, repeat_batch(clean.targets, K, B))
         return (sc.loss_sum.view(K, B), sc.correct.view(K, B),
                 _kl_sums(clean, logits.reshape(K, B, *logits.shape[1:])))
 
-    def _forward(self, clean: Clean, delta: torch.Tensor, K: int) -> torch.Tensor:
+    def _forward(self, clean: Clean, s: int, change: torch.Tensor | None, K: int) -> torch.Tensor:
         """K replicas of the batch, every block replaying its clean output (when that reproduces the clean
-        logits), the final norm's output moved by its frozen change for delta [K * B, T, d]."""
+        logits), site s's path output moved by change [K * B, T, d] (None: not moved)."""
         recorder = self.sweep.recorder
         blocks = ([i for i in range(len(recorder.blocks)) if recorder.calls.get(i) == 1]
                   if self.replay_ok and recorder is not None and clean.recorded is not None else [])
 
-        def moved(_m, args, out):
-            assert out.shape == delta.shape, f"final norm output {tuple(out.shape)} vs change {tuple(delta.shape)}"
-            x = args[0]  # the clean stream, replicated; on the norm's device (a model split over devices)
-            return out + self.change(x, delta.to(x.device)).to(out.device, out.dtype)
+        def move(_m, _args, out):
+            hidden = hidden_of(out)
+            assert hidden is None or hidden.shape == change.shape, \
+                f"path output {tuple(hidden.shape)} vs change {tuple(change.shape)}"
+            return moved(out, change)
 
-        with torch.no_grad(), hooks(lambda: self.norm.register_forward_hook(moved)), \
-                (replay(recorder, clean.recorded, blocks, K, clean.batch) if blocks else _nothing()):
+        with torch.no_grad(), hooks(*([] if change is None else [lambda: self.paths[s].output.register_forward_hook(
+                move)])), (replay(recorder, clean.recorded, blocks, K, clean.batch) if blocks else _nothing()):
             logits = logits_of(call_model(self.sweep.model, repeat_batch(clean.inputs, K, clean.batch)))
         self.forwards += 1
         return logits
 
-    def _replay_reproduces(self, clean: Clean) -> bool:
+    def _replay_reproduces(self, clean: Clean, s: int) -> bool:
         """With no change, the replaying forward gives the clean logits (else every block recomputes)."""
         self.replay_ok = True
-        zero = torch.zeros(clean.batch, *self.stream[1:], device=clean.logits.device)  # [B, T, d]
-        logits = self._forward(clean, zero, 1)
-        width = max(s.n_heads * s.head_dim for s in self.sweep.sites)
+        logits = self._forward(clean, s, None, 1)
+        width = max(site.n_heads * site.head_dim for site in self.sweep.sites)
         return _same(logits, clean.logits, len(self.sweep.sites), width)
 
 

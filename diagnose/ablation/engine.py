@@ -184,12 +184,12 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
 def _direct_effects(model: torch.nn.Module, sweep: Sweep, parts: list, first: int, r: Ranks, chosen: list[int],
                     cfg: AblationConfig) -> tuple[Accumulator | None, dict]:
     """The direct effects of the chosen heads (direct.py), or None and the one-line reason they cannot be had."""
-    norm, reason = _direct.readiness(sweep.sites, model)
-    if norm is not None and not chosen:
-        norm, reason = None, "no head was ablated exactly (--top 0), so there is no total effect to set beside one"
-    if norm is None:
+    paths, reason = _direct.readiness(sweep.sites, model)
+    if paths is not None and not chosen:
+        paths, reason = None, "no head was ablated exactly (--top 0), so there is no total effect to set beside one"
+    if paths is None:
         return None, {"measured": False, "reason": reason}
-    passes = _direct.Direct(sweep, norm)
+    passes = _direct.Direct(sweep, paths)
     acc = passes.run(parts, first, r, chosen)
     forwards = r.gather(passes.forwards)
     return acc, {"measured": True, "n_heads": len(chosen), "norm": _direct.NORM, "method": cfg.method,
