@@ -13,7 +13,9 @@ frozen at its clean value, so each is linear in the change:
     delta <- gamma * (delta - mean(delta)) / sigma_clean      # LayerNorm; RMSNorm: gamma * delta / rms_clean
 
 Pre-norm (GPT-2, LLaMA, the reference model) has one norm on the path, the final one, and its output
-moves by the change; post-norm BERT has its own layer's two LayerNorms and both of every later layer's,
+moves by the change (a pre-norm torch nn.TransformerEncoder without a final norm: none, and the encoder's
+output moves); post-norm BERT has its own layer's two LayerNorms and both of every later layer's (a
+post-norm torch encoder: norm1 and norm2 of its layer and every later one, then its final norm if any),
 and the encoder's output moves. Then only the output layers run (the unembedding; pooler and classifier;
 an MLM head). That needs no ablated forward at all: one clean pass per batch gives every head's output
 and each norm's clean input; then each head costs the output layers only, K heads per forward with all
@@ -46,10 +48,10 @@ from .shards import merge
 from .steps import indexed
 from .sweep import Ablated, Clean, Sweep, _kl_sums, _same
 
-NORM = ("frozen: every norm on a head's path to the output (pre-norm: the final norm; post-norm BERT: its layer's "
-        "LayerNorms and every later layer's) has its scale (1 / sigma of its clean input) held at its clean value, "
-        "as Rushing & Nanda 2024 measure direct effects, so the norms' own rescaling when a head is removed counts "
-        "as self-repair")
+NORM = ("frozen: every norm on a head's path to the output (pre-norm: the final norm; post-norm BERT or torch "
+        "encoder: its layer's norms and every later layer's, then a final norm if any) has its scale (1 / sigma of "
+        "its clean input) held at its clean value, as Rushing & Nanda 2024 measure direct effects, so the norms' "
+        "own rescaling when a head is removed counts as self-repair")
 
 
 def readiness(sites: Sequence[AttentionSite], model: nn.Module) -> tuple[list[ResidualPath] | None, str | None]:
@@ -88,6 +90,13 @@ def frozen_change(norm: nn.Module):
         def change(x, delta):
             sigma = torch.sqrt(x.float().var(-1, unbiased=False, keepdim=True) + norm.eps)  # [N, T, 1]
             out = (delta - delta.mean(-1, keepdim=True)) / sigma
+            return out if norm.weight is None else out * norm.weight.float()
+        return change
+    if isinstance(norm, nn.RMSNorm):  # torch's own: eps None means its input dtype's machine epsilon
+        def change(x, delta):
+            eps = torch.finfo(x.dtype).eps if norm.eps is None else norm.eps
+            rms = torch.sqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)  # [N, T, 1]
+            out = delta / rms
             return out if norm.weight is None else out * norm.weight.float()
         return change
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
@@ -150,7 +159,7 @@ class Direct:
             for gate in self.sweep.gates:
                 gate.observer = None
         calls = {len(v) for v in normed.values()}
-        if calls != {1}:
+        if calls - {1}:  # a path with no norm (pre-norm without a final norm) has nothing to check
             raise ConfigError(f"a norm on a head's path ran {sorted(calls)} times in one forward, not once, so its "
                               "clean scale is ambiguous and direct effects cannot be measured (--no-direct)")
         return clean, outs, {k: v[0] for k, v in normed.items()}
