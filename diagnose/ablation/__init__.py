@@ -11,6 +11,7 @@ Modules, in the order one `ablate_heads` call uses them:
 - batches: data into (inputs, labels) batches on the model's device.
 - methods: the `AblationMethod` registry (zero, mean, resample): a method's data pass and what a closed head
   becomes; resample: the donors and their recorded outputs.
+- observe: one pass over the data with an observer on every gate (mean's and resample's data pass).
 - gate: the head gate (the one ablation mechanism) on each attention site, and `close_heads`, the scales.
 - plan: the micro-batch and the heads per forward that fit the memory.
 - sweep: one clean pass per batch, then heads ablated several per forward, through prefix; a base of

@@ -191,8 +191,8 @@ def _mean_outputs(data_pass: DataPass) -> list:
     """
     import torch
 
-    from ..objectives import batch_size_of, call_model
     from .batches import padding_mask
+    from .observe import observe_heads
 
     sweep = data_pass.sweep
     sums: list[torch.Tensor | None] = [None] * len(sweep.sites)
@@ -212,19 +212,10 @@ def _mean_outputs(data_pass: DataPass) -> list:
             counts[s] += n
         return observe
 
-    try:
-        for s, gate in enumerate(sweep.gates):
-            gate.observer = observer(s)
-        with torch.no_grad():
-            for inputs, _ in data_pass.batches:
-                mask_now[0] = padding_mask(inputs)
-                call_model(sweep.model, inputs)
-                sweep.count_forward(batch_size_of(inputs))
-                if data_pass.tick:
-                    data_pass.tick()
-    finally:
-        for gate in sweep.gates:
-            gate.observer = None
+    def before(inputs: Any, rows: torch.Tensor) -> None:
+        mask_now[0] = padding_mask(inputs)
+
+    observe_heads(sweep, data_pass.batches, data_pass.first, observer, before, data_pass.tick)
     if data_pass.reduce is not None:
         sums, counts = data_pass.reduce(sums, counts)
     for s, total in enumerate(sums):

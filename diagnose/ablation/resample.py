@@ -62,8 +62,9 @@ def resample_outputs(data_pass: "DataPass") -> Donors:
     """The method's data pass: pick the donors, then record their head outputs (see the module docstring)."""
     import torch
 
-    from ..objectives import batch_size_of, call_model
+    from ..objectives import batch_size_of
     from .batches import padding_mask
+    from .observe import observe_heads
     from .steps import indexed
 
     sweep, reduce = data_pass.sweep, data_pass.reduce or (lambda ts, ns: (list(ts), list(ns)))
@@ -102,20 +103,11 @@ def resample_outputs(data_pass: "DataPass") -> Donors:
                 outputs[s][p, :t] = torch.where(w[:t] > 0, x[b, :t], mean)
         return observe
 
-    try:
-        for s, gate in enumerate(sweep.gates):
-            gate.observer = observer(s)
-        with torch.no_grad():
-            for inputs, _, rows in indexed(batches, data_pass.first):
-                now["mask"] = padding_mask(inputs)
-                now["members"] = [(b, where[row]) for b, row in enumerate(rows.tolist()) if row in where]
-                call_model(sweep.model, inputs)
-                sweep.count_forward(batch_size_of(inputs))
-                if data_pass.tick:
-                    data_pass.tick()
-    finally:
-        for gate in sweep.gates:
-            gate.observer = None
+    def before(inputs: Any, rows: torch.Tensor) -> None:
+        now["mask"] = padding_mask(inputs)
+        now["members"] = [(b, where[row]) for b, row in enumerate(rows.tolist()) if row in where]
+
+    observe_heads(sweep, batches, data_pass.first, observer, before, data_pass.tick)
     for s, out in enumerate(outputs):
         if out is None:
             sweep.silent(s)

@@ -5,8 +5,6 @@ norm replaced by the affine map with its clean scale. The classifier runs as it 
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 import torch
 import torch.nn as nn
@@ -14,6 +12,7 @@ import torch.nn as nn
 from diagnose.ablation import ablate_heads
 from diagnose.ablation import direct
 from diagnose.objectives import score
+from diagnose.adapters._torch_mha import no_fastpath  # torch's own switch: the fused path skips every hook
 from diagnose.sites import find_heads
 
 from .helpers import assert_untouched, snapshot, with_head_weights_zeroed
@@ -59,20 +58,9 @@ def _data() -> dict:
             "labels": torch.randint(0, C, (N,), generator=g)}
 
 
-@contextmanager
-def _python_path():
-    """torch's own switch, not the adapter's: the fused fast path would skip every hook below."""
-    before = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(before)
-
-
 def _losses(model, data) -> torch.Tensor:
     """Per-example loss of one plain forward.  # [N]"""
-    with torch.no_grad(), _python_path():
+    with torch.no_grad(), no_fastpath():
         logits = model(data["input_ids"], data["attention_mask"])
     return score(logits, data["labels"]).loss_sum.double()
 
