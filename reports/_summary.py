@@ -59,8 +59,8 @@ def _matters(v: HeadsView, top: str) -> str:
     rule = "significant, corrected p < 0.05 on the paired Δ loss test, and outside the negligible band"
     head = (f"{n} of {v.n_total} heads matter when removed ({rule})" if n else
             f"No single head matters when removed ({rule})")
-    also = (f"; {small} more {'is' if small == 1 else 'are'} detectable but negligible (significant, but inside "
-            "the band)" if small else "")
+    also = (f"; {small}{' more' if n else ''} {'is' if small == 1 else 'are'} detectable but negligible "
+            "(significant, but inside the band)" if small else "")
     return f"{head}{also}; the largest effects: {top}."
 
 

@@ -25,7 +25,8 @@ def test_report_from_objects_matches_the_results(real, real_report):
     n_matters = sum(h.verdict == "matters" for h in result.heads)
     n_small = sum(h.verdict == "detectable but negligible" for h in result.heads)
     assert (f"{n_matters} of 4 heads matter" if n_matters else "No single head matters") in html
-    assert (f"{n_small} more {'is' if n_small == 1 else 'are'} detectable but negligible" in html) == (n_small > 0)
+    more = " more" if n_matters else ""
+    assert (f"{n_small}{more} {'is' if n_small == 1 else 'are'} detectable but negligible" in html) == (n_small > 0)
     assert "significantly" not in html
     top = result.ranked()[0]
     assert f"the largest effects: {head_label(top.layer, top.head)} (" in html

@@ -43,6 +43,10 @@ def test_the_plots_mark_the_heads_that_matter_not_every_significant_one():
     v = heads_view("m", doc)
     assert v.significant[0, 1] and v.significant[1, 1]
     assert set(zip(*np.nonzero(v.matters))) == {(1, 1)}
+    for h in doc["heads"]:  # none matters: the detectable ones are not "more" of anything
+        h["verdict"] = "detectable but negligible" if h["significant"] else "negligible"
+    text = " ".join(s for _, s in heads_verdict(heads_view("m", doc)).lines)
+    assert "No single head matters" in text and "; 2 are detectable but negligible" in text
 
 
 def test_the_view_recomputes_nothing_and_shows_less_for_an_older_document():
