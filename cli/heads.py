@@ -96,29 +96,34 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
              torchrun --nproc-per-node 4 --no-python diagnose heads model.pt --data eval.pt --json heads.json
     """
     check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data])  # before the slow imports
-    from diagnose._terminal import plain
-    from diagnose.ablation import AblationConfig, ablate_heads, ablate_methods
-    from diagnose._distributed import init_from_env, leave
     from diagnose.ablation.plan import parse_size
-
-    from ._progress import progress_bar
 
     closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
     compared = parse_methods(methods) if methods is not None else None
-    if compared:
-        method = compared[0]
-    cap = parse_size(max_memory, "--max-memory")
+    options = dict(method=compared[0] if compared else method, draws=None if compared else draws, seed=seed,
+                   batch_size=batch_size, fast=fast, top=top, correction=correction, min_effect=min_effect,
+                   rank_by=rank_by, together=closed, max_memory=parse_size(max_memory, "--max-memory"),
+                   direct=direct)
+    result, main = _ablate((model, factory, trust_pickle, attn_implementation, data, max_length, attention_module,
+                            n_heads, task), options, compared, draws)
+    if main:  # under torchrun, rank 0 prints and writes
+        _write(result, json_path, html_path)
+
+
+def _ablate(load_args: tuple, options: dict, compared: list[str] | None, draws: int | None):
+    """Join torchrun's group if any, load the model and data (`_load`'s arguments), sweep under one method or
+    several; (the result, whether this process is rank 0)."""
+    from diagnose._distributed import init_from_env, leave
+    from diagnose.ablation import AblationConfig, ablate_heads, ablate_methods
+
+    from ._progress import progress_bar
+
     ranks, device = init_from_env()  # torchrun: join the group (NCCL on this rank's GPU, else gloo)
     try:
-        net, ds, sites, task = _load(model, factory, trust_pickle, attn_implementation, data, max_length,
-                                     attention_module, n_heads, task)
+        net, ds, sites, task = _load(*load_args)
         if device is not None:
             net.to(device)  # after the checks on the CPU; the data stays there, each batch moves when used
-        config = AblationConfig(task=task, method=method, draws=None if compared else draws, seed=seed,
-                                batch_size=batch_size, fast=fast,
-                                top=top,
-                                correction=correction, min_effect=min_effect, rank_by=rank_by, together=closed,
-                                distributed=ranks.active, max_memory=cap, direct=direct)
+        config = AblationConfig(task=task, distributed=ranks.active, **options)
         with progress_bar("ablating heads", shown=ranks.main) as bar:
             if compared:
                 result = ablate_methods(net, ds, compared, config=config, draws=draws, sites=sites, progress=bar)
@@ -126,8 +131,13 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
                 result = ablate_heads(net, ds, config=config, sites=sites, progress=bar)
     finally:
         leave()
-    if not ranks.main:
-        return  # rank 0 prints and writes
+    return result, ranks.main
+
+
+def _write(result, json_path: str | None, html_path: str | None) -> None:
+    """The JSON, the table and summary on stdout, and the report."""
+    from diagnose._terminal import plain
+
     if json_path:
         result.save(json_path)
     _print(result, json_path)
