@@ -3,7 +3,7 @@
 Runs `diagnose demo` once per ATEN_CPU_CAPABILITY value given (two at a time: the demo runs on one
 thread), then compares what the demo concludes, leaving out the digits that rounding may move:
 each lesson's claim and its verdict rows (checks, monitor alerts, flags), and for each of the three
-main models every head's verdict (significant, negligible) and every flag. Exits 1 on any difference.
+main models every head's verdict (significant, negligible, its verdict in words, compensated) and every flag. Exits 1 on any difference.
 
     python .ci/demo_paths.py OUT_DIR avx512 avx2 default
 """
@@ -46,7 +46,7 @@ def verdicts(folder: Path) -> dict:
         heads = json.loads((folder / model / "heads.json").read_text())
         out[f"heads {model}"] = {
             "verdicts": [f"{head_label(h['layer'], h['head'])}:{'S' if h['significant'] else '-'}{'N' if h['negligible'] else '-'}"
-                         for h in heads["heads"]],
+                         f":{h.get('verdict')}:{'C' if h.get('compensated') else '-'}" for h in heads["heads"]],
             "flags": sorted(f"{f['kind']} {head_label(f.get('layer'), f.get('head'))}" for f in heads["flags"])}
         checks = json.loads((folder / model / "checks.json").read_text())
         out[f"checks {model}"] = {"findings": sorted(f"{f['check']}:{f['severity']}: {f['title']}" for f in checks["findings"]),

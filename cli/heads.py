@@ -30,8 +30,16 @@ UNVERIFIED = "not verified"  # a --fast head's effect cell
               help="How to score: classification (labels [N] or [N, T]) or lm (next token). "
                    "Default: the checkpoint's task, else guessed from the labels.")
 @method_option()
+@click.option("--methods", default=None, metavar="NAMES",
+              help="Sweep under each of these methods, e.g. zero,mean,resample, and report for each head whether "
+                   "its verdict (matters, negligible, undecided) agrees; the first one's table is printed and "
+                   "written (overrides --method).")
+@click.option("--draws", type=click.IntRange(min=1), default=None,
+              help="resample: donors per example, whose outcomes are averaged (default 2).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of resample's donors and of the bootstrap intervals.")
 @click.option("--json", "json_path", type=click.Path(path_type=str), default=None,
-              help="Write the diagnose.heads/1 JSON here (atomically).")
+              help="Write the diagnose.heads/2 JSON here (atomically).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per batch (default 32).")
 @click.option("--fast", is_flag=True, default=False,
               help="Rank heads by a second-order estimate of their delta loss (one clean pass with "
@@ -52,20 +60,29 @@ UNVERIFIED = "not verified"  # a --fast head's effect cell
 @click.option("--max-memory", default=None, metavar="SIZE",
               help="Cap on the estimated memory of one sweep step, e.g. 2GB or 512MB; the examples per pass "
                    "and heads per forward are chosen to fit it and the free memory (default: the free memory).")
+@click.option("--direct/--no-direct", default=True, show_default=True,
+              help="Also measure each head's direct effect (removed on its direct path to the output only, the "
+                   "scale of every norm on that path frozen), self-repair = direct - total, and flag compensated "
+                   "heads.")
 @html_option
 def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
           max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
-          method: str, json_path: str | None, batch_size: int | None, fast: bool, rank_by: str, correction: str,
+          method: str, methods: str | None, draws: int | None, seed: int, json_path: str | None,
+          batch_size: int | None, fast: bool,
+          rank_by: str, correction: str,
           min_effect: float, top: int | None, groups: tuple[str, ...], max_memory: str | None,
-          html_path: str | None) -> None:
+          direct: bool, html_path: str | None) -> None:
     """Remove each attention head in turn and measure what the model loses.
 
-    Prints every head ranked by its effect: change in accuracy with 95 % CI and
-    p-value (paired sign test, corrected), change in loss with its p-value (paired
-    permutation test; this one decides "significant"), KL, the head's role, and the
+    Prints every head ranked by its effect: its verdict (matters: significant and
+    outside the negligible band; detectable but negligible; negligible; undecided),
+    change in accuracy with 95 % CI, change in loss with the p-value of the test that
+    decides (paired permutation test, corrected), KL, the head's role, and the
     attention statistics a heatmap would suggest; then the heads whose heatmap and
     effect disagree, most telling first, and the smallest accuracy effect the data
-    can show.
+    can show. Beside the total effect, each head's direct effect: the head removed on its direct
+    path to the output only, everything downstream frozen; a head whose direct effect matters
+    while its total does not is "compensated" (later layers restore what it writes).
 
     Under torchrun each process sweeps a shard of the examples (one GPU each with NCCL, else gloo
     on CPUs); the per-example results are gathered, so the output is the same as one process's,
@@ -79,30 +96,48 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
              torchrun --nproc-per-node 4 --no-python diagnose heads model.pt --data eval.pt --json heads.json
     """
     check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data])  # before the slow imports
-    from diagnose._terminal import plain
-    from diagnose.ablation import AblationConfig, ablate_heads
-    from diagnose._distributed import init_from_env, leave
     from diagnose.ablation.plan import parse_size
+
+    closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
+    compared = parse_methods(methods) if methods is not None else None
+    options = dict(method=compared[0] if compared else method, draws=None if compared else draws, seed=seed,
+                   batch_size=batch_size, fast=fast, top=top, correction=correction, min_effect=min_effect,
+                   rank_by=rank_by, together=closed, max_memory=parse_size(max_memory, "--max-memory"),
+                   direct=direct)
+    result, main = _ablate((model, factory, trust_pickle, attn_implementation, data, max_length, attention_module,
+                            n_heads, task), options, compared, draws)
+    if main:  # under torchrun, rank 0 prints and writes
+        _write(result, json_path, html_path)
+
+
+def _ablate(load_args: tuple, options: dict, compared: list[str] | None, draws: int | None):
+    """Join torchrun's group if any, load the model and data (`_load`'s arguments), sweep under one method or
+    several; (the result, whether this process is rank 0)."""
+    from diagnose._distributed import init_from_env, leave
+    from diagnose.ablation import AblationConfig, ablate_heads, ablate_methods
 
     from ._progress import progress_bar
 
-    closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
-    cap = parse_size(max_memory, "--max-memory")
     ranks, device = init_from_env()  # torchrun: join the group (NCCL on this rank's GPU, else gloo)
     try:
-        net, ds, sites, task = _load(model, factory, trust_pickle, attn_implementation, data, max_length,
-                                     attention_module, n_heads, task)
+        net, ds, sites, task = _load(*load_args)
         if device is not None:
             net.to(device)  # after the checks on the CPU; the data stays there, each batch moves when used
-        config = AblationConfig(task=task, method=method, batch_size=batch_size, fast=fast, top=top,
-                                correction=correction, min_effect=min_effect, rank_by=rank_by, together=closed,
-                                distributed=ranks.active, max_memory=cap)
+        config = AblationConfig(task=task, distributed=ranks.active, **options)
         with progress_bar("ablating heads", shown=ranks.main) as bar:
-            result = ablate_heads(net, ds, config=config, sites=sites, progress=bar)
+            if compared:
+                result = ablate_methods(net, ds, compared, config=config, draws=draws, sites=sites, progress=bar)
+            else:
+                result = ablate_heads(net, ds, config=config, sites=sites, progress=bar)
     finally:
         leave()
-    if not ranks.main:
-        return  # rank 0 prints and writes
+    return result, ranks.main
+
+
+def _write(result, json_path: str | None, html_path: str | None) -> None:
+    """The JSON, the table and summary on stdout, and the report."""
+    from diagnose._terminal import plain
+
     if json_path:
         result.save(json_path)
     _print(result, json_path)
@@ -135,7 +170,7 @@ def _print(result, json_path: str | None) -> None:
     from diagnose._head_label import heads_label
     from diagnose._terminal import plain, text
 
-    out = Console(highlight=False, width=max(Console().width, 120))
+    out = Console(highlight=False, width=max(Console().width, 132))  # 120 + the direct effect column
     b = result.baseline
     out.print(text(f"{result.model['family']} model, {result.model['n_layers']} layers; {result.task}, {result.method} "
                    f"ablation, {result.n_examples} examples ({result.n_units} scored units); baseline accuracy "
@@ -147,17 +182,20 @@ def _print(result, json_path: str | None) -> None:
     corr = result.significance["correction"].upper() if result.significance["correction"] == "bh" else "Holm"
     out.print(_table(result, corr))
     sig = result.significance
-    out.print(Text(f"{sig['n_significant']} of {sig['n_tested']} heads tested change the loss significantly "
-                   f"({sig.get('n_significant_accuracy', 0)} the accuracy) after {corr} correction (alpha "
-                   f"{sig['alpha']}); the loss test decides. Note: {sig.get('power_note', '')}."))
+    out.print(Text(verdict_sentence(sig, corr)))
+    if _direct_note(result):
+        out.print(Text(_direct_note(result)))
+    if getattr(result, "agreement", None):
+        _print_agreement(out, result.agreement)
     if result.fast:
         rho = result.fast["spearman_vs_exact"]["rho"]
         out.print(Text(f"--fast: ranked {len(result.heads)} heads by {result.fast['ranked_by']}, verified the top "
                        f"{result.fast['top']}" + ("" if rho is None else f" (Spearman to exact {rho:+.2f})")))
     for f in result.flags:
         names = heads_label(f.get("heads") or [(f["layer"], f["head"])])
+        depends = " [the verdict depends on the method]" if f.get("depends_on_method") else ""
         out.print(Text.assemble(f"{f.get('rank', '-')}. ", (plain(f["kind"]), "bold"),
-                                plain(f" {names}: {f['reason']}")))
+                                plain(f" {names}: {f['reason']}{depends}")))
     if not result.flags:
         out.print(Text("No head's heatmap contradicts its ablation effect."))
     for g in result.together:
@@ -182,18 +220,72 @@ def _table(result, corr: str):
     # each as narrow as its longest header word (a header wraps), so the effect columns keep their room
     narrow = [Column(s.column, max_width=max(6, *map(len, s.column.split()))) for s in stats]
     delta_acc = Column("Δacc [95 % CI]", min_width=len(UNVERIFIED))  # "not verified" on one line
-    table = Table("rank", "head", "role", delta_acc, f"p acc ({corr})", "Δloss", f"p loss ({corr})", "KL", *narrow)
+    verdict = Column("verdict", max_width=10)  # "detectable but negligible" wraps, the statistics keep their room
+    direct = Column("direct Δloss", overflow="fold")  # narrow: the flag folds rather than push a column off
+    # one p: the corrected loss test's, which decides (the accuracy test's is in the JSON, p_value_adjusted)
+    table = Table("rank", "head", verdict, "role", delta_acc, "Δloss", f"p loss ({corr})", "KL", direct, *narrow)
     for rank, h in enumerate(result.ranked(), 1):
         if h.verified:
             lo, hi = h.delta_accuracy_ci
-            effect = [f"{h.delta_accuracy:+.2%} [{lo:+.2%}, {hi:+.2%}]", f"{h.p_value_adjusted:.2g}",
-                      f"{h.delta_loss:+.4f}", _p(h), f"{h.kl:.4f}"]
+            effect = [f"{h.delta_accuracy:+.2%} [{lo:+.2%}, {hi:+.2%}]", f"{h.delta_loss:+.4f}", _p(h), f"{h.kl:.4f}",
+                      _direct(h)]
         else:
             effect = [UNVERIFIED, "", "", "", ""]
-        cells = [str(rank), head_label(h.layer, h.head), (h.role or "").replace("_", " "), *effect,
+        cells = [str(rank), head_label(h.layer, h.head), h.verdict or "", (h.role or "").replace("_", " "), *effect,
                  *(_f(h.attention.get(s.name), s.fmt) for s in stats)]
         table.add_row(*(Text(c) for c in cells))
     return table
+
+
+def verdict_sentence(sig: dict, corr: str) -> str:
+    """The verdicts in words: "matters" only when significant and outside the negligible band."""
+    n = sig.get("verdicts") or {}
+    band = (sig.get("negligible_band") or {}).get("loss")
+    within = f" (|Δloss| ≥ {band:.3g})" if band is not None else ""
+    return (f"{n.get('matters', 0)} of {sig['n_tested']} heads tested matter: significant on the loss test after "
+            f"{corr} correction (alpha {sig['alpha']}) and outside the negligible band{within}; "
+            f"{n.get('detectable but negligible', 0)} detectable but negligible (significant, inside the band); "
+            f"{n.get('negligible', 0)} negligible; {n.get('undecided', 0)} undecided. "
+            f"Note: {sig.get('power_note', '')}.")
+
+
+def _print_agreement(out, agreement: dict) -> None:
+    """Whether each head's verdict is the same under every method, and the heads where it is not."""
+    from rich.text import Text
+
+    from diagnose._head_label import head_label
+
+    names = ", ".join(agreement["methods"])
+    rows = {(r["layer"], r["head"]): r for r in agreement["heads"]}
+    n_agree = agreement["n_compared"] - agreement["n_depends"]
+    line = f"Verdict by method ({names}): {n_agree} of {agreement['n_compared']} heads agree"
+
+    def said(layer: int, head: int) -> str:
+        v = rows[(layer, head)]["verdicts"]
+        return f"{head_label(layer, head)} ({', '.join(f'{m}: {v[m]}' for m in agreement['methods'])})"
+
+    strong = [tuple(m) for m in agreement.get("contradicts", agreement["depends"])]
+    weak = [tuple(m) for m in agreement["depends"] if tuple(m) not in strong]
+    if strong:
+        line += "; the verdict depends on the method for " + "; ".join(said(*m) for m in strong)
+    if weak:
+        line += (f"; {len(weak)}{' more' if strong else ''} head(s) are firm under one method and undecided under "
+                 f"another (the data cannot tell, rather than the method): " + "; ".join(said(*m) for m in weak[:6])
+                 + (f"; and {len(weak) - 6} more (agreement.depends in the JSON)" if len(weak) > 6 else ""))
+    out.print(Text(line + "."))
+
+
+def parse_methods(text: str) -> list[str]:
+    """'zero,mean,resample' -> the names, each a registered method, at least two (ConfigError otherwise)."""
+    from diagnose.ablation.methods import get_method
+    from diagnose.errors import ConfigError
+
+    names = list(dict.fromkeys(filter(None, (p.strip() for p in text.split(",")))))
+    for name in names:
+        get_method(name)
+    if len(names) < 2:
+        raise ConfigError(f"--methods {text!r}: name at least two methods, comma-separated, e.g. zero,mean,resample")
+    return names
 
 
 def parse_heads(text: str) -> list[tuple[int, int]]:
@@ -212,6 +304,33 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
     if not heads:
         raise ConfigError(f"--together {text!r} names no head; write e.g. L0.H3,L0.H0")
     return heads
+
+
+def _direct(h) -> str:
+    """The direct effect on the loss, '*' when significant, 'comp.' when compensated (the total hides it;
+    the line under the table names those heads in words)."""
+    if h.direct_delta_loss is None:
+        return ""
+    return f"{h.direct_delta_loss:+.4f}" + (" *" if h.direct_significant else "") + (
+        " comp." if h.compensated else "")
+
+
+def _direct_note(result) -> str:
+    """One line on the direct effects: the compensated heads, or why none were measured."""
+    from diagnose._head_label import head_label
+
+    d = getattr(result, "direct", None)  # None: a result from before direct effects
+    if not d:
+        return ""
+    if not d.get("measured"):
+        return f"Direct effects not measured: {d.get('reason')}"
+    hidden = [h for h in result.heads if h.compensated]
+    named = ", ".join(f"{head_label(h.layer, h.head)} (direct {h.direct_delta_loss:+.4f}, total {h.delta_loss:+.4f})"
+                      for h in hidden)
+    return (f"Direct effects ({d['n_heads']} heads, norms on the path frozen): " +
+            (f"{len(hidden)} compensated (comp. in the table), their direct effect matters but later layers "
+             f"restore it: {named}"
+             if hidden else "no head is compensated (none whose direct effect matters while its total does not)"))
 
 
 def _p(h) -> str:

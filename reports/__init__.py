@@ -1,4 +1,4 @@
-"""HTML report: reads only `diagnose.heads/1` JSON and `diagnose.run/1` run folders (plus
+"""HTML report: reads only `diagnose.heads/1` or `/2` JSON and `diagnose.run/1` run folders (plus
 optional `diagnose.checks/1` JSON) and writes one self-contained file.
 
 Modules: _sources (loading), view_heads / _view_training / _summary / _view (the view model),
@@ -21,7 +21,7 @@ __all__ = ["load_sources", "render_html", "write_report"]
 def write_report(sources: Any, path: str | os.PathLike, *, title: str | None = None) -> Path:
     """Write one self-contained HTML report of heads results, run folders and checks to `path`.
 
-    sources: `diagnose.heads/1` JSON files or objects with .to_json() (a HeadsResult), run
+    sources: `diagnose.heads/1` or `/2` JSON files or objects with .to_json() (a HeadsResult), run
     folders or Runs from `diagnose.read_run`, `diagnose.checks/1` JSON; one or a list. The file
     appears only once complete: a bad source raises InputFileError and leaves `path` untouched.
     Example: diagnose.write_report([result, "runs/exp1"], "report.html")

@@ -61,14 +61,14 @@ def _ticks(ax, n_layers: int, n_heads: int) -> None:
 
 def _image_grid(ax, v: HeadsView, key: str, diverging: bool) -> None:
     """A big grid as one image: one pixel-row per layer, one pixel per head, scaled up unsmoothed by
-    the browser; significant heads as dots, flagged heads as squares in their flag's colour."""
+    the browser; heads that matter as dots, flagged heads as squares in their flag's colour."""
     data = v.grids[key]  # [n_layers, n_heads]
     kw = _colours(data, key, diverging)
     cmap = matplotlib.colormaps[kw.pop("cmap")].with_extremes(bad="#e0e0e0")  # grey: no value
     im = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, interpolation="none", aspect="auto", **kw)
     ax.figure.colorbar(im, ax=ax, shrink=0.8)
     if key in ("delta_accuracy", "delta_loss"):
-        layers, heads = np.nonzero(v.significant)
+        layers, heads = np.nonzero(v.matters)
         ax.scatter(heads, layers, marker=".", s=6, c="black", linewidths=0, zorder=3,
                    rasterized=len(heads) > 200)  # thousands of dots: one raster, not a path each
     marked = v.flags[:MAX_LABELLED]  # flags come ranked; hundreds of squares would hide the grid
@@ -95,7 +95,7 @@ def _grid(ax, v: HeadsView, key: str, diverging: bool) -> None:
                 annot_kws={"fontsize": 6}, linewidths=0.4, linecolor="white",
                 cbar_kws={"shrink": 0.8}, mask=~np.isfinite(data), **kw)
     if key in ("delta_accuracy", "delta_loss"):
-        for layer, head in zip(*np.nonzero(v.significant)):
+        for layer, head in zip(*np.nonzero(v.matters)):
             # beside the printed value on small grids, in the cell's centre on big ones
             x, y = (head + 0.82, layer + 0.24) if small else (head + 0.5, layer + 0.5)
             ax.scatter([x], [y], marker="*", s=45 if small else 40, c="black", edgecolors="white",
@@ -211,11 +211,11 @@ def scatter(v: HeadsView) -> str | None:
         y = v.grids[effect]
         for ax, stat in zip(axes, stats):
             x = v.grids[stat]
-            sig = v.significant
+            sig = v.matters.astype(bool)
             # thousands of points: drawn as one raster inside the SVG rather than a path each
-            ax.scatter(x[~sig], y[~sig], s=14 if small else 5, c="#9e9e9e", label="not significant",
+            ax.scatter(x[~sig], y[~sig], s=14 if small else 5, c="#9e9e9e", label="other verdicts",
                        rasterized=not small)
-            ax.scatter(x[sig], y[sig], s=20 if small else 8, c="#000000", label="significant", rasterized=not small)
+            ax.scatter(x[sig], y[sig], s=20 if small else 8, c="#000000", label="matters", rasterized=not small)
             for kind in dict.fromkeys(f.kind for f in flagged.values()):
                 at = tuple(np.array([k for k, f in flagged.items() if f.kind == kind]).T)  # (layers, heads)
                 ax.scatter(x[at], y[at], s=70 if small else 30, facecolors="none", rasterized=not small,

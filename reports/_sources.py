@@ -18,7 +18,8 @@ from diagnose.io._read import read_bytes
 
 from ._heads_json import FILE_LIMIT, parse_source
 
-HEADS_SCHEMA = "diagnose.heads/1"
+HEADS_SCHEMA = "diagnose.heads/2"
+HEADS_SCHEMAS = ("diagnose.heads/1", HEADS_SCHEMA)  # /1 files (no direct effects) still read
 RUN_SCHEMA = "diagnose.run/1"
 CHECKS_SCHEMA = "diagnose.checks/1"
 LESSONS_SCHEMA = "diagnose.lessons/1"  # the demo's measured design lessons
@@ -83,7 +84,7 @@ def _label(path: Path) -> str:
 # statistic in memory: beyond this the declared shape is a broken or hostile file.
 MAX_HEADS = 1 << 16  # 256 x 256
 _HEAD_NUMBERS = ("accuracy", "delta_accuracy", "p_value", "p_value_adjusted", "loss", "delta_loss", "kl",
-                 "grad_importance", "grad_importance_raw", "estimated_delta_loss")
+                 "grad_importance", "grad_importance_raw", "estimated_delta_loss", "p_value_loss_adjusted")
 _OBJECTS = ("baseline", "timing", "significance", "fast", "correlations")
 _LISTS = ("flags", "together", "examples")
 _REGENERATE = "regenerate it with `diagnose heads ... --json`"
@@ -200,7 +201,7 @@ def _check_lessons(data: dict[str, Any], where: str) -> None:
 
 def _add_document(out: Sources, data: Any, name: str, where: str) -> None:
     schema = data.get("schema") if isinstance(data, dict) else None
-    if schema == HEADS_SCHEMA:
+    if schema in HEADS_SCHEMAS:
         _check_heads(data, where)
         out.heads.append(HeadsSource(name, data))
     elif schema == CHECKS_SCHEMA:
@@ -240,7 +241,7 @@ def _object_name(data: Any, i: int) -> str:
     model = data.get("model") if isinstance(data, dict) else None
     model = model if isinstance(model, dict) else {}
     what = str(model.get("family") or model.get("class") or "model")
-    kind = {HEADS_SCHEMA: "heads", CHECKS_SCHEMA: "checks", LESSONS_SCHEMA: "lessons",
+    kind = {"diagnose.heads/1": "heads", HEADS_SCHEMA: "heads", CHECKS_SCHEMA: "checks", LESSONS_SCHEMA: "lessons",
             PRUNE_SCHEMA: "prune"}.get(data.get("schema") if isinstance(data, dict) else "")
     return f"{what} {kind or 'source'} (source {i + 1})"
 

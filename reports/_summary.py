@@ -10,6 +10,8 @@ from typing import Any
 
 from diagnose._head_label import head_label
 
+from diagnose.ablation.verdict import DETECTABLE, MATTERS, VERDICTS
+
 from .view_heads import HeadsView
 from ._view_training import LossSummary, TrainingView
 
@@ -43,9 +45,23 @@ def _head_effect(h: dict[str, Any]) -> str:
         parts.append(f"Δaccuracy {_signed(h.get('delta_accuracy'))}")
     if h.get("delta_loss") is not None:
         parts.append(f"Δloss {_signed(h.get('delta_loss'))}")
-    if h.get("p_value") is not None:
-        parts.append(f"p = {_f(h.get('p_value'), '.2g')}")
+    if h.get("p_value_loss_adjusted") is not None:  # the test that decides: the corrected Δloss test
+        parts.append(f"p(Δloss) = {_f(h.get('p_value_loss_adjusted'), '.2g')}")
+    if h.get("verdict") in VERDICTS:
+        parts.append(h["verdict"])
     return f"{head_label(h['layer'], h['head'])} ({', '.join(parts)})"
+
+
+def _matters(v: HeadsView, top: str) -> str:
+    """One language: a head matters when significant (corrected p < 0.05 on the paired Δ loss test) and
+    outside the negligible band; significant inside the band is "detectable but negligible"."""
+    n, small = v.n_verdict(MATTERS), v.n_verdict(DETECTABLE)
+    rule = "significant, corrected p < 0.05 on the paired Δ loss test, and outside the negligible band"
+    head = (f"{n} of {v.n_total} heads matter when removed ({rule})" if n else
+            f"No single head matters when removed ({rule})")
+    also = (f"; {small}{' more' if n else ''} {'is' if small == 1 else 'are'} detectable but negligible "
+            "(significant, but inside the band)" if small else "")
+    return f"{head}{also}; the largest effects: {top}."
 
 
 def heads_verdict(v: HeadsView) -> Verdict:
@@ -58,13 +74,18 @@ def heads_verdict(v: HeadsView) -> Verdict:
     if v.shared:
         out.lines.append(("Shared layers", v.shared))
     top = ", ".join(_head_effect(h) for h in v.ranked[:3])
-    if v.n_significant:
-        out.lines.append(("What matters", f"{v.n_significant} of {v.n_total} heads change the result "
-                                          f"significantly when removed (corrected p < 0.05, paired test on "
-                                          f"Δ loss); the largest effects: {top}."))
-    else:
-        out.lines.append(("What matters", f"No single head changes the result significantly when removed "
-                                          f"(corrected p < 0.05, paired test on Δ loss); the largest effects: {top}."))
+    out.lines.append(("What matters", _matters(v, top)))
+    firm = (f"{len(v.undecided)} head(s) are firm under one method and undecided under another (the data "
+            f"cannot tell, rather than the method): {_some(v.undecided)}") if v.undecided else ""
+    if v.depends:
+        out.lines.append(("Depends on the method", f"the verdict depends on the method for {len(v.depends)} "
+                                                   f"head(s): {_some(v.depends)}" + (f" Also, {firm}" if firm else "")))
+    elif firm:
+        out.lines.append(("Depends on the method", f"no head matters under one method and is negligible under "
+                                                   f"another; {firm}"))
+    elif v.compared:
+        out.lines.append(("Depends on the method", f"no: every head's verdict is the same under "
+                                                   f"{', '.join(v.compared)}."))
     inert = [f for f in v.flags if f.kind == "striking_but_inert"]
     vital = [f for f in v.flags if f.kind == "diffuse_but_vital"]
     together = [f for f in v.flags if f.kind == "redundant_group"]
@@ -191,3 +212,8 @@ def lessons_verdict(lessons: list[dict[str, Any]]) -> Verdict:
                     f"({les.get('b')})."
         out.lines.append((str(les.get("title") or les.get("key") or ""), f"{les.get('claim', '')}{first}"))
     return out
+
+
+def _some(labels: list[str], shown: int = 6) -> str:
+    """The first `shown` labels, and how many more."""
+    return "; ".join(labels[:shown]) + (f"; and {len(labels) - shown} more." if len(labels) > shown else ".")

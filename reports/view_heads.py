@@ -1,4 +1,4 @@
-"""View model of one `diagnose.heads/1` document: layer x head grids, significance, flags,
+"""View model of one `diagnose.heads/1` or `/2` document: layer x head grids, significance, flags,
 rank correlations between what a heatmap shows and what ablation proves, packed example maps.
 
 It renders what the document says and recomputes no statistic: significance is each head's
@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 
 from diagnose._head_label import head_label, heads_label
+from diagnose.ablation.verdict import DETECTABLE, MATTERS, VERDICTS
 from diagnose.errors import InputFileError
 from diagnose.statistics import ATTENTION_STATS, Statistic, shown
 
-HEAD_NUMBERS = ("delta_accuracy", "delta_loss", "accuracy", "loss", "kl", "grad_importance", "p_value")
+HEAD_NUMBERS = ("delta_accuracy", "delta_loss", "accuracy", "loss", "kl", "grad_importance", "p_value",
+                "p_value_loss_adjusted", "direct_delta_loss", "self_repair")
 MAX_EXAMPLES = 4
 MAX_TOKENS = 128
 MIN_TOKENS = 8  # the fewest tokens of an example shown, however many heads share the budget
@@ -35,6 +37,7 @@ class Flag:
     kind: str
     reason: str
     group: list[tuple[int, int]] = field(default_factory=list)  # a flag on several heads (redundant_group)
+    depends_on_method: bool = False  # --methods: a flagged head's verdict differs between methods
 
     @property
     def label(self) -> str:
@@ -72,6 +75,7 @@ class HeadRow:
     role: str
     significant: bool
     values: dict[str, float | None]
+    verdict: str = ""  # "matters", "detectable but negligible", "negligible", "undecided"; "" unknown
 
 
 @dataclass
@@ -84,6 +88,7 @@ class LayerRows:
     top_head: int | None  # the head whose removal raises the loss most
     top_delta_loss: float
     rows: list[HeadRow]
+    n_matters: int = 0
 
 
 @dataclass
@@ -108,6 +113,12 @@ class HeadsView:
     together: list[Group] = field(default_factory=list)
     shared: str = ""  # layers applied at several depths (ALBERT), said in words; "" when none
     roles: np.ndarray | None = None  # [n_layers, n_heads] role names ("" unknown), from the heads JSON
+    verdicts: np.ndarray | None = None  # [n_layers, n_heads] each head's verdict ("" unknown)
+    depends: list[str] = field(default_factory=list)  # --methods: "L0.H1 (zero: matters, mean: negligible)"
+    undecided: list[str] = field(default_factory=list)  # --methods: heads firm under one method, undecided under another
+    compared: list[str] = field(default_factory=list)  # --methods: the methods compared
+    direct: dict[str, Any] | None = None  # how direct effects were measured, or why not (None: a /1 document)
+    compensated: list[dict[str, Any]] = field(default_factory=list)  # heads whose direct effect the rest restores
 
     def statistics(self, place: str) -> list[Statistic]:
         """The attention statistics shown at `place` ("table": the page's head tables; "effect_grid")."""
@@ -116,6 +127,16 @@ class HeadsView:
     @property
     def n_significant(self) -> int:
         return int(self.significant.sum())
+
+    @property
+    def matters(self) -> np.ndarray:
+        """[n_layers, n_heads] the heads whose verdict is "matters" (significant and outside the band): the
+        ones the plots mark, so no picture calls a detectable but negligible head significant."""
+        return self.significant.copy() if self.verdicts is None else self.verdicts == MATTERS
+
+    def n_verdict(self, name: str) -> int:
+        """How many heads have the verdict `name` (verdict.VERDICTS)."""
+        return 0 if self.verdicts is None else int((self.verdicts == name).sum())
 
     @property
     def n_total(self) -> int:
@@ -131,12 +152,14 @@ class HeadsView:
         for layer in range(self.n_layers):
             rows = [HeadRow(head, head_label(layer, head),
                             "" if self.roles is None else str(self.roles[layer, head]).replace("_", " "),
-                            bool(self.significant[layer, head]), {k: _known(g[k][layer, head]) for k in g})
+                            bool(self.significant[layer, head]), {k: _known(g[k][layer, head]) for k in g},
+                            "" if self.verdicts is None else str(self.verdicts[layer, head]))
                     for head in range(self.n_heads)]
             loss = g["delta_loss"][layer]
             top = int(np.nanargmax(loss)) if np.isfinite(loss).any() else None
             out.append(LayerRows(layer, int(self.significant[layer].sum()), flagged.get(layer, []),
-                                 top, float(loss[top]) if top is not None else math.nan, rows))
+                                 top, float(loss[top]) if top is not None else math.nan, rows,
+                                 sum(r.verdict == MATTERS for r in rows)))
         return out
 
 
@@ -147,6 +170,12 @@ def _plot_float(value: Any) -> float:
     except (TypeError, ValueError, OverflowError):
         return math.nan
     return math.copysign(math.inf, out) if abs(out) > 1e300 else out
+
+
+def _repair_key(head: dict[str, Any]) -> float:
+    """The largest self-repair first; a missing or non-finite one last."""
+    value = _plot_float(head.get("self_repair"))
+    return -value if math.isfinite(value) else math.inf
 
 
 def _known(value: float) -> float | None:
@@ -171,7 +200,8 @@ def _flags(raw: Any) -> list[Flag]:
             continue
         group = [(int(m[0]), int(m[1])) for m in f.get("heads") or []
                  if isinstance(m, (list, tuple)) and len(m) == 2 and all(isinstance(x, int) for x in m)]
-        out.append(Flag(f["layer"], f["head"], str(f.get("kind") or "flagged"), str(f.get("reason") or ""), group))
+        out.append(Flag(f["layer"], f["head"], str(f.get("kind") or "flagged"), str(f.get("reason") or ""), group,
+                        f.get("depends_on_method") is True))
     return out
 
 
@@ -268,6 +298,7 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
     grids = {k: np.full((n_layers, n_heads), np.nan) for k in (*HEAD_NUMBERS, *ATTENTION_STATS)}
     significant = np.zeros((n_layers, n_heads), dtype=bool)
     roles = np.full((n_layers, n_heads), "", dtype=object)
+    verdicts = np.full((n_layers, n_heads), "", dtype=object)
     for h in data["heads"]:
         at = (h["layer"], h["head"])
         roles[at] = h.get("role") if isinstance(h.get("role"), str) else ""
@@ -276,6 +307,7 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
         for k in ATTENTION_STATS:
             grids[k][at] = _plot_float((h.get("attention") or {}).get(k))
         significant[at] = h.get("significant") is True
+        verdicts[at] = _verdict(h)
     ranked = sorted(data["heads"], key=_harm_key)
     examples, texts, note = _pack_examples(data.get("examples"), n_layers, n_heads, name, budget)
     timing = data.get("timing") or {}
@@ -288,4 +320,45 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
         grids=grids, significant=significant, ranked=ranked, flags=_flags(data.get("flags")),
         correlations=_correlations(data.get("correlations")), examples=examples, example_texts=texts,
         examples_note=note, together=_groups(data.get("together"), data["heads"]),
-        roles=roles if roles.astype(bool).any() else None)
+        roles=roles if roles.astype(bool).any() else None, verdicts=verdicts,
+        depends=_depends(data.get("agreement"), True), undecided=_depends(data.get("agreement"), False), compared=_compared(data.get("agreement")),
+        direct=data.get("direct") if isinstance(data.get("direct"), dict) else None,
+        compensated=sorted((h for h in data["heads"] if h.get("compensated") is True),
+                           key=_repair_key))
+
+
+def _verdict(h: dict[str, Any]) -> str:
+    """The head's verdict as the document says it; an older document without one: significant and
+    negligible is "detectable but negligible", significant alone "matters" ("" when unverified)."""
+    if h.get("verdict") in VERDICTS:
+        return h["verdict"]
+    if h.get("verified") is False or "verdict" in h:
+        return ""
+    if h.get("significant") is True:
+        return DETECTABLE if h.get("negligible") is True else MATTERS
+    return "negligible" if h.get("negligible") is True else "undecided" if h.get("significant") is False else ""
+
+
+def _compared(agreement: Any) -> list[str]:
+    methods = agreement.get("methods") if isinstance(agreement, dict) else None
+    return [str(m) for m in methods] if isinstance(methods, list) else []
+
+
+def _depends(agreement: Any, contradicting: bool) -> list[str]:
+    """"L0.H1 (zero: matters, mean: negligible)" for each head whose verdict depends on the method:
+    contradicting, those that matter under one method and are negligible under another (all of them in a
+    document without `contradicts`); else the others, firm under one method and undecided under another."""
+    methods = _compared(agreement)
+    rows = agreement.get("heads") if isinstance(agreement, dict) else None
+    listed = agreement.get("contradicts") if isinstance(agreement, dict) else None
+    strong = ({tuple(m) for m in listed if isinstance(m, list)} if isinstance(listed, list) else None)
+    out = []
+    for r in rows if isinstance(rows, list) else []:
+        if not (isinstance(r, dict) and r.get("agree") is False and isinstance(r.get("verdicts"), dict)
+                and isinstance(r.get("layer"), int) and isinstance(r.get("head"), int)):
+            continue
+        if (strong is None or (r["layer"], r["head"]) in strong) != contradicting:
+            continue
+        said = ", ".join(f"{m}: {r['verdicts'].get(m)}" for m in methods if isinstance(r["verdicts"].get(m), str))
+        out.append(f"{head_label(r['layer'], r['head'])} ({said})")
+    return out

@@ -29,7 +29,7 @@ def test_quick_demo_writes_models_analyses_and_report(tmp_path):
         assert (out / "runs" / task / "metrics.jsonl").is_file()
         heads = json.loads((out / task / "heads.json").read_text())
         m = heads["model"]
-        assert heads["schema"] == "diagnose.heads/1" and len(heads["heads"]) == m["n_layers"] * m["n_heads"]
+        assert heads["schema"] == "diagnose.heads/2" and len(heads["heads"]) == m["n_layers"] * m["n_heads"]
     assert (out / "report.html").stat().st_size > 10_000
     assert str((out / "report.html").resolve()) in res.output
     # the files the demo wrote are what the other commands take

@@ -11,6 +11,7 @@ from pathlib import Path
 from diagnose import ablate_heads, ablate_together
 from diagnose.ablation.result import HeadsResult
 from diagnose.demo import demo_variants, run_lessons, shipped_variant
+from diagnose.ablation.verdict import verdict
 from diagnose.demo._head_lesson import measure, name, pick
 
 from .ablation.test_contrast import head
@@ -26,8 +27,10 @@ def test_pick_the_first_token_heads_that_matter_and_that_do_not():
              head(0, 1, dacc=-0.1, dloss=0.2, p=1e-4, att={"first_token": 0.9}),  # vital: never (b)
              head(0, 2, dacc=0.0, dloss=0.0, p=0.9, att={"first_token": 0.6}),
              head(0, 3, dacc=0.0, dloss=0.001, p=1.0, att={"first_token": 0.3})]
+    band = {"loss": 0.01, "accuracy": 0.02}
     for h in heads:  # what the engine decides from the intervals
-        h.negligible = abs(h.delta_loss) < 0.01
+        h.negligible = abs(h.delta_loss) < band["loss"]
+        h.verdict = verdict(h, band)
     a, b = pick(_result(heads))
     assert (name(a), name(b)) == ("L0.H1", "L0.H2")
     assert pick(_result(heads[2:])) == (None, heads[2])  # nothing carries the task

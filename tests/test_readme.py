@@ -59,7 +59,7 @@ def test_your_own_model_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md", "exec"), {})
     heads = json.loads((tmp_path / "heads.json").read_text())
-    assert heads["schema"] == "diagnose.heads/1" and len(heads["heads"]) == 4
+    assert heads["schema"] == "diagnose.heads/2" and len(heads["heads"]) == 4
     assert (tmp_path / "report.html").read_text().lstrip().lower().startswith("<!doctype html")
 
 

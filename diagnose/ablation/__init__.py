@@ -1,14 +1,17 @@
 """Head ablation through the one head gate: which heads matter, with significance.
 
-Public: `ablate_heads` (every head, or --fast's top ones), `ablate_together` (a set of heads
-closed at once), their results `HeadsResult` / `HeadEffect` / `GroupEffect`, and the
-`diagnose.heads/1` SCHEMA they write.
+Public: `ablate_heads` (every head, or --fast's top ones), `ablate_methods` (the same under several
+methods, and whether each head's verdict agrees), `ablate_together` (a set of heads closed at once), their
+results `HeadsResult` / `HeadEffect` / `GroupEffect`, and the
+`diagnose.heads/2` SCHEMA they write.
 
 Modules, in the order one `ablate_heads` call uses them:
 - config: `AblationConfig`, every option of `ablate_heads` in one place, checked once.
 - engine: `ablate_heads`: plans the passes, prepares the method, runs a way of steps, assembles the result.
 - batches: data into (inputs, labels) batches on the model's device.
-- methods: the `AblationMethod` registry (zero, mean): a method's data pass and what a closed head becomes.
+- methods: the `AblationMethod` registry (zero, mean, resample): a method's data pass and what a closed head
+  becomes; resample: the donors and their recorded outputs.
+- observe: one pass over the data with an observer on every gate (mean's and resample's data pass).
 - gate: the head gate (the one ablation mechanism) on each attention site, and `close_heads`, the scales.
 - plan: the micro-batch and the heads per forward that fit the memory.
 - sweep: one clean pass per batch, then heads ablated several per forward, through prefix; a base of
@@ -23,6 +26,8 @@ Modules, in the order one `ablate_heads` call uses them:
 - contrast: heatmap versus effect: rank correlations and the flags, groups closed together.
 - together: `ablate_together`, also used by contrast for backups and redundant groups.
 - shards: every rank's sums as one.
+- verdict: one language for significance and size (matters, detectable but negligible, negligible,
+  undecided), and the agreement across methods.
 - result: the dataclasses, the JSON (`to_json`, `save`) and a DataFrame.
 """
 
@@ -34,12 +39,13 @@ from .methods import METHODS, AblationMethod, register_method
 
 # imported on first use (PEP 562): the CLI reads METHODS from the registry without paying for torch
 _EXPORTS = {"AblationConfig": ".config", "ProgressEvent": ".progress", "ablate_heads": ".engine",
+            "ablate_methods": ".engine",
             "SCHEMA": ".result", "HeadEffect": ".result", "HeadsResult": ".result",
             "GroupEffect": ".together", "ablate_together": ".together"}
 
 if TYPE_CHECKING:
     from .config import AblationConfig
-    from .engine import ablate_heads
+    from .engine import ablate_heads, ablate_methods
     from .progress import ProgressEvent
     from .result import SCHEMA, HeadEffect, HeadsResult
     from .together import GroupEffect, ablate_together
@@ -49,4 +55,5 @@ __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
 
 
 __all__ = ["METHODS", "SCHEMA", "AblationConfig", "AblationMethod", "GroupEffect", "HeadEffect", "HeadsResult",
-           "ProgressEvent", "ablate_heads", "ablate_together", "register_method"]
+           "ProgressEvent", "ablate_heads", "ablate_methods", "ablate_together",
+           "register_method"]

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from ..errors import ConfigError, UsageError
 from ..objectives import TASKS
 from . import significance
-from .methods import get_method
+from .methods import check_draws, get_method
 
 DEFAULT_TOP = 5
 FAST_RANK = "second_order_delta_loss"  # the cheap estimate closest to exact ablation (bench/bench_estimators.py)
@@ -25,10 +25,11 @@ MIN_EFFECT = 0.05  # negligible: |delta loss| under 5 % of the baseline loss (co
 class AblationConfig:
     """How `ablate_heads` sweeps and tests (ConfigError at construction for a bad value).
 
-    task: "classification" or "lm". method: a registered ablation method (methods.py: "zero", "mean").
+    task: "classification" or "lm". method: a registered ablation method (methods.py: "zero", "mean",
+    "resample"). draws: donors per example for a random fill (resample; None: the method's default, 2).
     batch_size: examples per batch when `data` is not already batched (default 32).
     fast: rank every head by the `rank_by` estimate and ablate only the `top` first exactly (default 5).
-    alpha, n_boot, seed: the tests' level, the bootstrap's resamples and its seed.
+    alpha, n_boot, seed: the tests' level, the bootstrap's resamples and its seed (also resample's donors).
     attention: also summarise each head's attention, keeping `keep` examples' maps for the report.
     reuse: replay the unchanged blocks below each ablated layer (off only to measure its worth).
     correction: "holm" or "bh" across the heads tested. min_effect: the negligible band for
@@ -39,10 +40,14 @@ class AblationConfig:
     (torchrun), True requires one, False runs alone.
     max_memory: a cap on one step's estimated memory (bytes, or a size such as "2GB"); the sweep's
     micro-batch and heads per forward are chosen to fit it and the free memory (plan.py).
+    direct: also measure each exactly ablated head's direct effect (direct.py: removed on its direct
+    path to the output only), `self_repair` and `compensated`; skipped, with the reason in
+    `result.direct`, for families without a pre-norm residual stream.
     """
 
     task: str = "classification"
     method: str = "zero"
+    draws: int | None = None
     batch_size: int | None = None
     fast: bool = False
     top: int | None = None
@@ -58,6 +63,7 @@ class AblationConfig:
     together: Sequence[Sequence[tuple[int, int]]] = ()
     distributed: bool | None = None
     max_memory: int | str | None = None
+    direct: bool = True
 
     def __post_init__(self) -> None:
         checks = (("task", self.task, TASKS), ("method", self.method, None),
@@ -67,6 +73,7 @@ class AblationConfig:
                 get_method(value)  # the registry names its own choices
             elif value not in allowed:
                 raise ConfigError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+        check_draws(get_method(self.method), self.draws)
         if not (self.min_effect >= 0):
             raise ConfigError(f"min_effect must be 0 or more (a fraction of the baseline loss), got {self.min_effect}")
         if self.top is not None and int(self.top) < 0:

@@ -123,10 +123,10 @@ def rank(flags_: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def flags_with_groups(heads: list[HeadEffect], model: torch.nn.Module, batches: Sequence, task: str, method: str,
                        sites: Sequence[AttentionSite], baseline: dict[str, float], band: dict,
-                       distributed: bool | None = None) -> list[dict]:
+                       distributed: bool | None = None, draws: int | None = None, seed: int = 0) -> list[dict]:
     """The contrast flags, with look-alike heads closed together (one forward per batch and group)
     where that can change the story: a striking-but-inert member may be a backup, and heads that each
-    barely matter alone may carry the answer together. distributed: as for ablate_together."""
+    barely matter alone may carry the answer together. distributed, draws, seed: as for ablate_together."""
     by_head = {(h.layer, h.head): h for h in heads}
     flags_ = flags(heads, baseline["loss"], band)
     inert = {(f["layer"], f["head"]) for f in flags_ if f["kind"] == "striking_but_inert"}
@@ -135,6 +135,7 @@ def flags_with_groups(heads: list[HeadEffect], model: torch.nn.Module, batches: 
     def closed_together(members: tuple) -> dict:
         if members not in effects:
             effects[members] = ablate_together(model, batches, list(members), task=task, method=method, sites=sites,
+                                               draws=draws, seed=seed,
                                                baseline=(baseline["accuracy"], baseline["loss"]),
                                                distributed=distributed).to_json()
         return effects[members]
@@ -164,8 +165,14 @@ def default_band(baseline_loss: float, min_effect: float = 0.05) -> dict[str, fl
 
 def negligible(h: HeadEffect, band: dict[str, float]) -> bool:
     """Equivalence: both 95 % intervals inside the band (the point estimate where no interval is known)."""
-    acc = h.delta_accuracy_ci or [h.delta_accuracy, h.delta_accuracy]
-    loss = h.delta_loss_ci or [h.delta_loss, h.delta_loss]
+    return equivalent(h.delta_loss, h.delta_loss_ci, h.delta_accuracy, h.delta_accuracy_ci, band)
+
+
+def equivalent(delta_loss: float | None, loss_ci: list[float] | None, delta_accuracy: float | None,
+               accuracy_ci: list[float] | None, band: dict[str, float]) -> bool:
+    """Both 95 % intervals of one effect (total or direct) inside the band."""
+    acc = accuracy_ci or [delta_accuracy, delta_accuracy]
+    loss = loss_ci or [delta_loss, delta_loss]
     if None in (*acc, *loss):
         return False
     return max(abs(acc[0]), abs(acc[1])) < band["accuracy"] and max(abs(loss[0]), abs(loss[1])) < band["loss"]

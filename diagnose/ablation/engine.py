@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Sequence
 
 import numpy as np
@@ -23,24 +24,27 @@ import torch
 from .._distributed import Ranks, pick, ranks
 from ..adapters.base import AttentionSite
 from ..adapters.shared import shared_modules
+from ..errors import ConfigError
 from ..modes import eval_mode
 from ..sites import find_heads
-from . import contrast, roles, significance
+from . import contrast, roles, significance, verdict
 from .accumulate import Accumulator, head_effects
 from .attention import summarise
 from .batches import Batches, as_batches
+from . import direct as _direct
 from .config import DEFAULT_TOP, FAST_RANK, MIN_EFFECT, RANKINGS, AblationConfig
 from .gate import gated
-from .methods import METHODS, DataPass, get_method, prepare
+from .methods import METHODS, DataPass, Prepared, get_method, prepare
 from .plan import Plan, micro_batches, plan_sweep
 from .progress import Progress, ProgressCallback
 from .result import HeadEffect, HeadsResult
-from .steps import KEEP_BYTES, every_head, first_example, ranked_heads
+from .self_repair import add_direct
+from .steps import KEEP_BYTES, every_head_under, first_example, ranked_heads
 from .sweep import Sweep
 from .together import ablate_together
 
 __all__ = ["DEFAULT_TOP", "FAST_RANK", "KEEP_BYTES", "METHODS", "MIN_EFFECT", "RANKINGS", "AblationConfig",
-           "ablate_heads"]
+           "ablate_heads", "ablate_methods"]
 
 
 def ablate_heads(model: torch.nn.Module, data: Any, *, config: AblationConfig | None = None,
@@ -60,22 +64,62 @@ def ablate_heads(model: torch.nn.Module, data: Any, *, config: AblationConfig | 
     rank with the same model, data and settings.
     """
     cfg = AblationConfig.of(config, options)
+    return _run(model, data, [cfg], sites, tokens, progress)[0]
+
+
+def _run(model: torch.nn.Module, data: Any, cfgs: list[AblationConfig], sites: Sequence[AttentionSite] | None,
+         tokens: Sequence[Sequence[str]] | None, progress: ProgressCallback | None) -> list[HeadsResult]:
+    """ablate_heads under each config (configs that differ in the method only), in one sweep whose clean
+    passes and prefixes all of them share; the attention summary is the first config's."""
+    cfg = cfgs[0]
     bar = Progress(progress)
     r = ranks(cfg.distributed)
     started = time.perf_counter()
     batches = as_batches(data, cfg.batch_size, next((p.device for p in model.parameters()), None))
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
     closing = time.perf_counter()
-    groups = [ablate_together(model, data, list(members), task=cfg.task, method=cfg.method,
-                              batch_size=cfg.batch_size, sites=sites, distributed=r.active).to_json()
-              for members in cfg.together]
+    groups = [[ablate_together(model, data, list(members), task=c.task, method=c.method, draws=c.draws,
+                               seed=c.seed, batch_size=c.batch_size, sites=sites, distributed=r.active).to_json()
+               for members in c.together] for c in cfgs]
     started += time.perf_counter() - closing  # the timing figures are the sweep's own
     with eval_mode(model), gated(sites) as gates:
-        measured = _sweep(model, sites, gates, batches, cfg, r, bar, started)
+        measured = _sweep(model, sites, gates, batches, cfgs, r, bar, started)
     summary = _attention(model, sites, batches, r, cfg, tokens if tokens is not None else getattr(data, "tokens", None))
-    result = _assemble(model, sites, batches, r, cfg, measured, summary, started)
-    result.together = groups
-    return result
+    results = []
+    for i, (c, m, together) in enumerate(zip(cfgs, measured, groups)):
+        result = _assemble(model, sites, batches, r, c, m, summary if i == 0 else None, started)
+        result.together = together
+        results.append(result)
+    return results
+
+
+def ablate_methods(model: torch.nn.Module, data: Any, methods: Sequence[str], *, config: AblationConfig | None = None,
+                   draws: int | None = None, sites: Sequence[AttentionSite] | None = None,
+                   progress: ProgressCallback | None = None, **options: Any) -> HeadsResult:
+    """ablate_heads under each method (same settings otherwise; `draws` for the random fills only); the first
+    method's result, with `agreement` (verdict.agreement: each head's verdict per method, and the heads
+    whose verdict depends on the method) and its flags on such heads marked `depends_on_method`. One sweep
+    serves all methods: each batch's clean pass and prefixes are computed once (with --fast each method
+    ranks from its own clean passes, as the gradient depends on the fill). The attention summary, the
+    groups closed together and the direct effects are the first method's."""
+    names = list(dict.fromkeys(methods))
+    if len(names) < 2:
+        raise ConfigError(f"methods: name at least two different methods to compare, got {', '.join(names)}")
+    cfg = AblationConfig.of(config, options)
+    # the methods after the first only vote on each head's verdict: no attention summary, groups or direct paths
+    configs = [AblationConfig.of(cfg, {"method": name, "draws": None if get_method(name).foldable else draws,
+                                       **({} if i == 0 else {"attention": False, "together": (), "direct": False})})
+               for i, name in enumerate(names)]  # every name and its draws checked before any sweep
+    results = dict(zip(names, _run(model, data, configs, sites, None, progress)))
+    first = results[names[0]]
+    first.timing["shared_methods"] = None if cfg.fast else names  # forward passes: all methods' together
+    first.agreement = verdict.agreement(results)
+    depends = {tuple(m) for m in first.agreement["depends"]}
+    for f in first.flags:
+        members = [tuple(m) for m in f.get("heads") or [(f.get("layer"), f.get("head"))]]
+        if any(m in depends for m in members):
+            f["depends_on_method"] = True
+    return first
 
 
 @dataclass(frozen=True)
@@ -89,35 +133,68 @@ class _Measured:
     ranking_seconds: float | None
     ablation_seconds: float
     counts: list[tuple[int, int, bool]]  # per rank: forwards, examples forwarded, prefix reuse kept
+    direct: Accumulator | None  # the direct-path outcomes of the chosen heads (None: not measured)
+    direct_info: dict | None  # how they were measured, or why not (result.direct)
 
 
-def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batches: Batches, cfg: AblationConfig,
-           r: Ranks, bar: Progress, started: float) -> _Measured:
-    """Plan the passes, run the method's data pass, then every head or the ranked way (steps.py)."""
+def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batches: Batches,
+           cfgs: list[AblationConfig], r: Ranks, bar: Progress, started: float) -> list[_Measured]:
+    """Plan the passes, run each method's data pass, then every head (all methods sharing the clean passes)
+    or the ranked way (one method after the other; steps.py). The configs differ in the method only."""
+    cfg = cfgs[0]
     mine = pick(batches, r)
     plan = plan_sweep(model, sites, batches, max_memory=cfg.max_memory)
     parts = micro_batches(mine, plan.micro_batch)  # this rank's shard, in the plan's pieces
     bar.note(plan.describe())
     sweep = Sweep(model, sites, gates, cfg.task, reuse=cfg.reuse, replication=plan.replication)
     n_top = cfg.n_top(len(sweep.heads))
-    method = get_method(cfg.method)
-    bar.total(len(mine) * (method.prepare is not None)
-              + len(parts) * ((1 if cfg.fast else len(sites)) + (cfg.fast and n_top > 0)))
+    methods = [get_method(c.method) for c in cfgs]
+    bar.total(len(mine) * sum(m.prepare is not None for m in methods)
+              + len(parts) * len(cfgs) * ((1 if cfg.fast else len(sites)) + (cfg.fast and n_top > 0)))
     reduce = (lambda sums, counts: r.add_up(sums, counts, batches.device)) if r.active else None
     first = first_example(batches, r)
-    r.run_local(f"preparing the {method.name} ablation",
-                lambda: prepare(method, DataPass(sweep, mine, reduce, bar.tick, first)))
+    prepared = []
+    for method, c in zip(methods, cfgs):
+        data_pass = DataPass(sweep, mine, reduce, bar.tick, first, c.draws, c.seed)
+        state = r.run_local(f"preparing the {method.name} ablation", partial(prepare, method, data_pass))
+        prepared.append(Prepared(method, state, sweep.draws))
     ranked_at: list[float] = []
     if cfg.fast:
         def choose(acc: Accumulator) -> list[int]:
             ranked_at.append(time.perf_counter() - started)
             return list(np.argsort(-acc.fast_score(cfg.rank_by), kind="stable")[:n_top])
-        acc, chosen = ranked_heads(sweep, parts, first, r, choose, record=n_top > 0, tick=bar.tick)
+        runs = []
+        for p in prepared:
+            p.use(sweep)
+            runs.append(ranked_heads(sweep, parts, first, r, choose, record=n_top > 0, tick=bar.tick))
     else:
-        acc, chosen = every_head(sweep, parts, first, r, bar.tick), list(range(len(sweep.heads)))
+        fills = [p.use for p in prepared] if len(prepared) > 1 else [None]  # one method: its fill is set
+        everyone = list(range(len(sweep.heads)))
+        runs = [(acc, everyone) for acc in every_head_under(sweep, parts, first, r, fills, bar.tick)]
+    ablation_seconds = time.perf_counter() - started
+    direct = []
+    for c, p, (_, chosen) in zip(cfgs, prepared, runs):
+        p.use(sweep)
+        direct.append(_direct_effects(model, sweep, parts, first, r, chosen, c) if c.direct else (None, None))
     counts = r.gather((sweep.forwards, sweep.examples_forwarded, sweep.reuse))
-    return _Measured(acc, chosen, sweep.heads, plan, ranked_at[0] if ranked_at else None,
-                     time.perf_counter() - started, counts)
+    return [_Measured(acc, chosen, sweep.heads, plan, ranked_at[0] if ranked_at else None, ablation_seconds, counts,
+                      direct_acc, direct_info) for (acc, chosen), (direct_acc, direct_info) in zip(runs, direct)]
+
+
+def _direct_effects(model: torch.nn.Module, sweep: Sweep, parts: list, first: int, r: Ranks, chosen: list[int],
+                    cfg: AblationConfig) -> tuple[Accumulator | None, dict]:
+    """The direct effects of the chosen heads (direct.py), or None and the one-line reason they cannot be had."""
+    paths, reason = _direct.readiness(sweep.sites, model)
+    if paths is not None and not chosen:
+        paths, reason = None, "no head was ablated exactly (--top 0), so there is no total effect to set beside one"
+    if paths is None:
+        return None, {"measured": False, "reason": reason}
+    passes = _direct.Direct(sweep, paths)
+    acc = passes.run(parts, first, r, chosen)
+    forwards = r.gather(passes.forwards)
+    return acc, {"measured": True, "n_heads": len(chosen), "norm": _direct.NORM, "method": cfg.method,
+                 "seconds": passes.seconds, "forward_passes": sum(forwards),
+                 "blocks_replayed": bool(passes.replay_ok) and sweep.recorder is not None}
 
 
 def _attention(model: torch.nn.Module, sites: list[AttentionSite], batches: Batches, r: Ranks, cfg: AblationConfig,
@@ -139,6 +216,10 @@ def _assemble(model: torch.nn.Module, sites: list[AttentionSite], batches: Batch
     band = contrast.default_band(baseline["loss"], cfg.min_effect)
     for h in heads:
         h.negligible = contrast.negligible(h, band) if h.verified else None
+        h.verdict = verdict.verdict(h, band)
+    if m.direct is not None:
+        add_direct(heads, m.direct, m.chosen, band, alpha=cfg.alpha, n_boot=cfg.n_boot, seed=cfg.seed,
+                   correction=cfg.correction)
     roles.assign(heads)
     correlations = contrast.correlations([h for h in heads if h.verified])
     correlations["fast_vs_exact"] = dict(correlations[cfg.rank_by])  # the same Spearman, under its own key
@@ -147,7 +228,7 @@ def _assemble(model: torch.nn.Module, sites: list[AttentionSite], batches: Batch
         fast_info = {"top": cfg.n_top(len(heads)), "ranked_by": cfg.rank_by,
                      "seconds_ranking": m.ranking_seconds, "spearman_vs_exact": dict(correlations[cfg.rank_by])}
     flags = contrast.flags_with_groups(heads, model, batches, cfg.task, cfg.method, sites, baseline,
-                                       band, distributed=r.active)
+                                       band, distributed=r.active, draws=cfg.draws, seed=cfg.seed)
     return HeadsResult(
         model=_model_info(model, sites), task=cfg.task, method=cfg.method, n_examples=acc.n_examples,
         n_units=int(acc.units()), baseline=baseline, heads=heads, correlations=correlations, flags=flags,
@@ -157,7 +238,7 @@ def _assemble(model: torch.nn.Module, sites: list[AttentionSite], batches: Batch
                 "micro_batch": m.plan.micro_batch, "replication": m.plan.replication,
                 "memory_plan": m.plan.to_json()},
         significance=_significance_info(heads, len(m.chosen), acc.n_examples, cfg, band),
-        fast=fast_info, examples=summary["examples"] if summary else [])
+        fast=fast_info, examples=summary["examples"] if summary else [], direct=m.direct_info)
 
 
 def _model_info(model: torch.nn.Module, sites: list[AttentionSite]) -> dict[str, Any]:
@@ -181,6 +262,7 @@ def _significance_info(heads: list[HeadEffect], n_tested: int, n_examples: int, 
     return {"test": significance.TEST, "loss_test": significance.LOSS_TEST, "drives": significance.DRIVES,
             "correction": cfg.correction, "alpha": alpha, "n_tested": n_tested,
             "n_significant": sum(bool(h.significant) for h in heads),
+            "verdicts": verdict.count(heads),
             "n_significant_accuracy": sum(h.p_value_adjusted is not None and h.p_value_adjusted < alpha
                                           for h in heads),
             "n_flips": significance.flips_needed(n_tested, alpha),

@@ -21,10 +21,11 @@ names without it (`diagnose --help` stays instant).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ..errors import ConfigError
+from .resample import DRAWS, resample_fill, resample_outputs
 
 if TYPE_CHECKING:
     import torch
@@ -37,13 +38,16 @@ class DataPass:
     """What a method's `prepare` gets: the sweep (model, sites, gates, forward counter), this rank's
     batches, `reduce(tensors, numbers)` that adds up the other ranks' shares (None when alone; a sum of
     zero-filled buffers each rank writes its own rows into is a gather), a `tick()` per batch for
-    progress (or None), and `first`, the data set's index of the first example of `batches`."""
+    progress (or None), `first`, the data set's index of the first example of `batches`, and for a random
+    fill the `draws` asked for (None: the method's own) and the `seed` of its generator."""
 
     sweep: "Sweep"
     batches: Sequence[tuple[Any, Any]]
     reduce: Callable[[list, list], tuple[list, list]] | None = None
     tick: Callable[[], None] | None = None
     first: int = 0
+    draws: int | None = None
+    seed: int = 0
 
 
 # fill(state, site index, head_out [B, T, H, D], rows [B] the data set's index of each row, draw) -> a tensor
@@ -125,10 +129,36 @@ FOLDABLE: Sequence[str] = _Names(lambda m: m.foldable)  # the methods prune can 
 def prepare(method: AblationMethod, data_pass: DataPass) -> Any:
     """Run `method`'s data pass (if any) and set its fill on every gate of the sweep; returns the state
     (for a foldable method: one [H, D] per site, or None for 0)."""
-    state = method.prepare(data_pass) if method.prepare is not None else None
+    draws = check_draws(method, data_pass.draws)
+    state = method.prepare(replace(data_pass, draws=draws)) if method.prepare is not None else None
     install(method, state, data_pass.sweep.gates)
-    data_pass.sweep.draws = method.draws
+    data_pass.sweep.draws = draws
     return state
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A method with the state its `prepare` returned and its draws: `use(sweep)` sets its fill on the
+    sweep's gates again, so one sweep can switch between methods prepared before it (ablate_methods)."""
+
+    method: AblationMethod
+    state: Any
+    draws: int
+
+    def use(self, sweep: "Sweep") -> None:
+        install(self.method, self.state, sweep.gates)
+        sweep.draws = self.draws
+
+
+def check_draws(method: AblationMethod, draws: int | None) -> int:
+    """The draws `method` runs with: `draws` (None: the method's own); ConfigError for a fill that is
+    not random (a foldable method has one draw) or a number under 1."""
+    if draws is None:
+        return method.draws
+    if int(draws) < 1 or (method.foldable and int(draws) != 1):
+        raise ConfigError(f"draws applies to a random fill such as resample and must be at least 1; method "
+                          f"{method.name!r} has one draw, got {draws}")
+    return int(draws)
 
 
 def install(method: AblationMethod, state: Any, gates: Sequence[Any]) -> None:
@@ -161,8 +191,8 @@ def _mean_outputs(data_pass: DataPass) -> list:
     """
     import torch
 
-    from ..objectives import batch_size_of, call_model
     from .batches import padding_mask
+    from .observe import observe_heads
 
     sweep = data_pass.sweep
     sums: list[torch.Tensor | None] = [None] * len(sweep.sites)
@@ -182,19 +212,10 @@ def _mean_outputs(data_pass: DataPass) -> list:
             counts[s] += n
         return observe
 
-    try:
-        for s, gate in enumerate(sweep.gates):
-            gate.observer = observer(s)
-        with torch.no_grad():
-            for inputs, _ in data_pass.batches:
-                mask_now[0] = padding_mask(inputs)
-                call_model(sweep.model, inputs)
-                sweep.count_forward(batch_size_of(inputs))
-                if data_pass.tick:
-                    data_pass.tick()
-    finally:
-        for gate in sweep.gates:
-            gate.observer = None
+    def before(inputs: Any, rows: torch.Tensor) -> None:
+        mask_now[0] = padding_mask(inputs)
+
+    observe_heads(sweep, data_pass.batches, data_pass.first, observer, before, data_pass.tick)
     if data_pass.reduce is not None:
         sums, counts = data_pass.reduce(sums, counts)
     for s, total in enumerate(sums):
@@ -206,6 +227,8 @@ def _mean_outputs(data_pass: DataPass) -> list:
 register_method(AblationMethod("zero", "head output set to 0", _zero_fill, foldable=True))
 register_method(AblationMethod("mean", "replaced by its mean over the data", _mean_fill, prepare=_mean_outputs,
                                foldable=True))
+register_method(AblationMethod("resample", "replaced by its output on another example of the data, averaged over "
+                               "--draws donors", resample_fill, prepare=resample_outputs, draws=DRAWS))
 
 
 def method_help(names: Sequence[str]) -> str:

@@ -1,4 +1,4 @@
-"""What an ablation sweep found: plain dataclasses, the `diagnose.heads/1` JSON, a DataFrame."""
+"""What an ablation sweep found: plain dataclasses, the `diagnose.heads/2` JSON, a DataFrame."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .. import _json
 from ..statistics import ATTENTION_STATS
 from .._write import atomic_write
 
-SCHEMA = "diagnose.heads/1"
+SCHEMA = "diagnose.heads/2"  # /2 adds direct effects (per head direct_*, self_repair, compensated; top-level direct)
 
 
 @dataclass
@@ -40,6 +40,18 @@ class HeadEffect:
     negligible: bool | None = None  # both 95 % CIs inside the negligible band (equivalence)
     role: str | None = None  # what its attention does, named from the model's own heads (roles.py)
     second_order_delta_loss: float | None = None  # -dL/dxi + (empirical Fisher) / 2: the --fast ranking
+    # "matters", "detectable but negligible", "negligible" or "undecided" (verdict.py); None: not verified
+    verdict: str | None = None
+    # direct effect (direct.py): removed on the direct path to the output only, downstream frozen; None: not measured
+    direct_delta_loss: float | None = None
+    direct_delta_loss_ci: list[float] | None = None  # [lo, hi], 95 %, the same bootstrap as delta_loss_ci
+    direct_delta_accuracy: float | None = None
+    direct_delta_accuracy_ci: list[float] | None = None
+    direct_p_value_loss: float | None = None  # the same loss test as p_value_loss, uncorrected
+    direct_p_value_loss_adjusted: float | None = None  # corrected across the heads whose direct effect was measured
+    direct_significant: bool | None = None
+    self_repair: float | None = None  # direct_delta_loss - delta_loss (self_repair.py)
+    compensated: bool | None = None  # the direct effect matters, the total does not
 
 
 @dataclass
@@ -60,6 +72,8 @@ class HeadsResult:
     fast: dict[str, Any] | None = None
     examples: list[dict[str, Any]] = field(default_factory=list)
     together: list[dict[str, Any]] = field(default_factory=list)  # GroupEffect.to_json() of groups closed at once
+    agreement: dict[str, Any] | None = None  # --methods: each head's verdict per method (verdict.agreement)
+    direct: dict[str, Any] | None = None  # how direct effects were measured (heads, norm, cost), or why not
 
     def head(self, layer: int, head: int) -> HeadEffect:
         for h in self.heads:
@@ -89,7 +103,10 @@ class HeadsResult:
             "fast": self.fast,
             "examples": self.examples,
             "together": self.together,
+            "direct": self.direct,
         }
+        if self.agreement is not None:
+            out["agreement"] = self.agreement
         return _finite(out)
 
     def to_frame(self):
@@ -98,7 +115,7 @@ class HeadsResult:
 
         rows = []
         for h in self.heads:
-            row = {k: v for k, v in asdict(h).items() if k not in ("attention", "delta_accuracy_ci", "delta_loss_ci")}
+            row = {k: v for k, v in asdict(h).items() if k not in _LISTS}
             ci = h.delta_accuracy_ci or [None, None]
             row["ci_low"], row["ci_high"] = ci
             row["loss_ci_low"], row["loss_ci_high"] = h.delta_loss_ci or [None, None]
@@ -109,6 +126,9 @@ class HeadsResult:
     def save(self, path: str | Path) -> Path:
         """Write the JSON atomically: a temporary file renamed over the target."""
         return write_json_atomic(self.to_json(), path)
+
+
+_LISTS = ("attention", "delta_accuracy_ci", "delta_loss_ci", "direct_delta_loss_ci", "direct_delta_accuracy_ci")
 
 
 def write_json_atomic(obj: Any, path: str | Path) -> Path:

@@ -7,6 +7,7 @@ the per-example sums up in an `Accumulator` and hand back the accumulator of all
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -31,16 +32,31 @@ def first_example(batches: Sequence[tuple[Any, Any]], r: Ranks) -> int:
 def every_head(sweep: Sweep, parts: Sequence[tuple[Any, Any]], first: int, r: Ranks,
                tick: Tick | None = None) -> Accumulator:
     """Each part's clean pass (with gradients), then every head ablated in it."""
-    acc = Accumulator(len(sweep.heads))
+    return every_head_under(sweep, parts, first, r, [None], tick)[0]
+
+
+def every_head_under(sweep: Sweep, parts: Sequence[tuple[Any, Any]], first: int, r: Ranks,
+                     fills: Sequence[Callable[[Sweep], None] | None], tick: Tick | None = None) -> list[Accumulator]:
+    """every_head under several fills (methods) at once: one accumulator per fill. Each part's clean pass
+    and its recorded block outputs (the prefixes) are computed once and shared; before each fill's
+    ablations `use(sweep)` sets that fill on the gates (None: leave the gates as they are). The clean
+    pass's gradients (d loss / d gate = head output - fill) are the first fill's, so only the first
+    accumulator gets them; the others have no gradient sums (no grad importance, no --fast ranking)."""
+    accs = [Accumulator(len(sweep.heads)) for _ in fills]
 
     def work() -> None:
         for inputs, labels, rows in indexed(parts, first):
+            if fills[0] is not None:
+                fills[0](sweep)
             clean = sweep.clean(inputs, labels, grad=True, record=True, rows=rows)
-            acc.add_clean(clean)
-            acc.add_ablated(sweep.ablate(clean, range(acc.n_heads), tick))
+            for i, (use, acc) in enumerate(zip(fills, accs)):
+                if use is not None:
+                    use(sweep)
+                acc.add_clean(clean if i == 0 else replace(clean, grads=None))
+                acc.add_ablated(sweep.ablate(clean, range(acc.n_heads), tick))
 
     r.run_local("ablating heads", work)
-    return merge(acc, r)
+    return [merge(acc, r) for acc in accs]
 
 
 def ranked_heads(sweep: Sweep, parts: Sequence[tuple[Any, Any]], first: int, r: Ranks,

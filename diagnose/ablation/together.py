@@ -53,13 +53,15 @@ class GroupEffect:
 
 def ablate_together(model: torch.nn.Module, data: Any, heads: Iterable[tuple[int, int]], *,
                     task: str = "classification", method: str = "zero", batch_size: int | None = None,
+                    draws: int | None = None, seed: int = 0,
                     sites: Sequence[AttentionSite] | None = None,
                     baseline: tuple[float, float] | None = None, distributed: bool | None = None) -> GroupEffect:
     """Close every (layer, head) in `heads` at once and score the model on `data`.
 
     data, task, method, batch_size and distributed as for ablate_heads; method "mean" replaces each
     closed head's output by its mean over the data set's real tokens. baseline: the clean (accuracy,
-    loss) when already known (the sweep's), which saves the clean passes.
+    loss) when already known (the sweep's), which saves the clean passes. draws, seed: a random fill's
+    donors per example and their seed (resample), as for ablate_heads.
     """
     if task not in TASKS:
         raise ConfigError(f"task {task!r} is not one of {', '.join(TASKS)}")
@@ -83,7 +85,7 @@ def ablate_together(model: torch.nn.Module, data: Any, heads: Iterable[tuple[int
             shut = Sweep(model, sites, gates, task, reuse=False, closed=base)
             reduce = (lambda sums, counts: r.add_up(sums, counts, device)) if r.active else None
             first = first_example(batches, r)
-            prepare(how, DataPass(shut, mine, reduce, first=first))
+            prepare(how, DataPass(shut, mine, reduce, first=first, draws=draws, seed=seed))
             return _sums(shut, mine, first, clean=not baseline)
 
     # [clean loss_sum, clean correct, closed loss_sum, closed correct, units], added up over the ranks

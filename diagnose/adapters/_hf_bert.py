@@ -6,7 +6,9 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ._hf import HFAdapter
+from ..errors import ConfigError
 from .layout import HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
+from .readout import ResidualPath
 
 
 class BertAdapter(HFAdapter):
@@ -23,3 +25,29 @@ class BertAdapter(HFAdapter):
         if not (isinstance(H, int) and isinstance(D, int)):
             return None
         return H, D, None, out.dense
+
+    def residual_path(self, model: nn.Module, site) -> ResidualPath:
+        """Post-norm: the head's write passes its layer's attention-output LayerNorm and output LayerNorm,
+        then both of every later layer's, before it reaches the encoder's output (readout.py)."""
+        for encoder in model.modules():
+            layers = getattr(encoder, "layer", None)
+            if not isinstance(layers, nn.ModuleList):
+                continue
+            at = [l for l, layer in enumerate(layers) if getattr(layer, "attention", None) is site.module]
+            if not at:
+                continue
+            if [n for n, _ in encoder.named_children()] != ["layer"]:
+                raise ConfigError(f"{type(encoder).__name__} holds more than its layers, so a head's path to the "
+                                  "output is not known and direct effects are not measured")
+            norms = []
+            for layer in layers[at[0]:]:
+                pair = (getattr(getattr(layer, "attention", None), "output", None), getattr(layer, "output", None))
+                if hasattr(layer, "crossattention") or not all(
+                        isinstance(getattr(p, "LayerNorm", None), nn.LayerNorm) for p in pair):
+                    raise ConfigError(f"{type(layer).__name__} is not a post-norm encoder layer (a LayerNorm after "
+                                      "its attention and after its MLP, no cross-attention), so direct effects are "
+                                      "not measured")
+                norms += [p.LayerNorm for p in pair]
+            return ResidualPath(tuple(norms), encoder)
+        raise ConfigError(f"{site.name} is not the self-attention of an encoder's layer, so its path to the output "
+                          "is not known and direct effects are not measured")

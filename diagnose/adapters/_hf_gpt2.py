@@ -11,6 +11,7 @@ from ._hooks import hooks
 from ._probs import LazyProbs
 from .base import AttentionSite, PatternCallback
 from .layout import BLOCKED, HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
+from .readout import named
 
 
 class GPT2Adapter(HFAdapter):
@@ -63,6 +64,11 @@ class GPT2Adapter(HFAdapter):
         if cross:
             register.append(lambda: m.q_attn.register_forward_hook(on_q))
         return hooks(*register)
+
+
+    def final_norm(self, model: nn.Module) -> nn.Module:
+        """transformer.ln_f: GPT-2 is pre-norm, each c_proj output added to the stream (readout.py)."""
+        return named(model, "ln_f", "GPT-2")
 
 
 def _scaling(m: nn.Module, head_dim: int) -> float:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ._hf import HFAdapter
+from ..errors import ConfigError
+from .readout import named
 from .layout import HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
 
 
@@ -27,3 +29,11 @@ class LlamaAdapter(HFAdapter):
             return None
         Hkv = getattr(cfg, "num_key_value_heads", None) or H
         return H, D, (Hkv if Hkv != H else None), o_proj
+
+    def final_norm(self, model: nn.Module) -> nn.Module:
+        """model.norm: pre-norm, each o_proj output added to the stream (readout.py). Families that norm the
+        attention output before adding it (Gemma 2 and 3: post_feedforward_layernorm) have no such path."""
+        if any(n.endswith("post_feedforward_layernorm") for n, _ in model.named_modules()):
+            raise ConfigError("this model norms each sublayer's output before the residual add (Gemma 2/3 style), "
+                              "so a head's direct path is not a subtraction; direct effects are not measured")
+        return named(model, "norm", "LLaMA")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ..errors import ConfigError
 from ..zoo.model import SelfAttention, Transformer
 from ._hooks import blocks_around, gate_projection, hooks
 from .base import AttentionSite, HeadOutputFn, PatternCallback
@@ -34,6 +35,14 @@ class ReferenceAdapter:
 
     def intervene(self, site: AttentionSite, fn: HeadOutputFn):
         return gate_projection(site.module.proj, site.n_heads, site.head_dim, fn)
+
+    def final_norm(self, model: nn.Module) -> nn.Module:
+        """ln_f, when the blocks are pre-norm with residuals (the direct path exists: readout.py)."""
+        if not isinstance(model, Transformer) or model.cfg.norm != "pre" or not model.cfg.residual:
+            raise ConfigError("direct effects need a pre-norm Transformer with residuals; this one is "
+                              f"norm={getattr(getattr(model, 'cfg', None), 'norm', '?')!r}, residual="
+                              f"{getattr(getattr(model, 'cfg', None), 'residual', '?')}, so they are not measured")
+        return model.ln_f
 
     def blocks(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         if isinstance(model, Transformer):

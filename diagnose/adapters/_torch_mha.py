@@ -23,6 +23,7 @@ from ._hooks import blocks_around, hooks
 from ._probs import LazyProbs
 from .base import AttentionSite, HeadOutputFn, PatternCallback
 from .layout import ProjectionLayout
+from .readout import ResidualPath
 
 
 @contextmanager
@@ -146,3 +147,36 @@ class MHAAdapter:
 
     def blocks(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         return blocks_around(model, self.find(model) or [])
+
+    def residual_path(self, model: nn.Module, site: AttentionSite) -> ResidualPath:
+        """The head's path from an nn.TransformerEncoder's self-attention to the encoder's output (readout.py):
+        a post-norm layer's norm1 and norm2 (the head's own and every later one's; a pre-norm layer puts none
+        on the residual stream), then the encoder's final `norm` if it has one."""
+        encoder = next((e for e in model.modules() if isinstance(e, nn.TransformerEncoder)
+                        and any(getattr(layer, "self_attn", None) is site.module for layer in e.layers)), None)
+        if encoder is None:
+            raise ConfigError(f"{site.name} is not the self-attention of an nn.TransformerEncoder's layer, so its path "
+                              "to the output is not known and direct effects are not measured")
+        own = {id(getattr(layer, "self_attn", None)) for layer in encoder.layers}
+        if any(isinstance(m, nn.MultiheadAttention) and id(m) not in own for m in model.modules()):
+            raise ConfigError(f"{site.name}: the model has attention outside its nn.TransformerEncoder (a decoder's "
+                              "cross-attention reads the encoder's output), so a head's path to the output is not "
+                              "known and direct effects are not measured")
+        if type(encoder).forward is not nn.TransformerEncoder.forward:
+            raise ConfigError(f"{type(encoder).__name__} overrides TransformerEncoder.forward, so a head's path to the "
+                              "output is not known and direct effects are not measured")
+        at = next(l for l, layer in enumerate(encoder.layers) if getattr(layer, "self_attn", None) is site.module)
+        norms: list[nn.Module] = []
+        for layer in encoder.layers[at:]:
+            if type(layer).forward is not nn.TransformerEncoderLayer.forward:
+                raise ConfigError(f"{type(layer).__name__} does not run TransformerEncoderLayer.forward, so a head's "
+                                  "path to the output is not known and direct effects are not measured")
+            if not layer.norm_first:  # post-norm: the change crosses norm1 (after attention), then norm2 (after FF)
+                norms += [layer.norm1, layer.norm2]
+        norms += [] if encoder.norm is None else [encoder.norm]
+        for norm in norms:
+            shape = getattr(norm, "normalized_shape", ())
+            if not isinstance(norm, (nn.LayerNorm, nn.RMSNorm)) or len(shape) != 1:
+                raise ConfigError(f"a norm on {site.name}'s path to the output is a {type(norm).__name__}, not a "
+                                  "LayerNorm or RMSNorm over the last dimension, so direct effects are not measured")
+        return ResidualPath(tuple(norms), encoder)

@@ -4,7 +4,7 @@ On one trained model, diagnose ablates every head and sets two side by side: (b)
 puts the most weight on the first token among those whose removal is negligible (both 95 %
 intervals inside the negligible band: shown to be small, not merely not shown to be large),
 and (a) the head that puts the most weight on the first token among those whose removal
-significantly changes the answer: two maps that read alike, two opposite effects. Then it closes both together,
+matters (significant and outside the band: ablation/verdict.py): two maps that read alike, two opposite effects. Then it closes both together,
 to tell an idle head from a backup: if removing b after a costs more than nothing, b was
 covering for a. The claim is written from the run's numbers, so it says what this run found,
 whatever the seed.
@@ -19,6 +19,7 @@ import torch
 from .._head_label import head_label
 from ..ablation import HeadEffect, HeadsResult, ablate_heads, ablate_together
 from ..ablation.contrast import TINY_ACCURACY
+from ..ablation.verdict import MATTERS
 
 TITLE = "Attention map vs ablation"
 
@@ -28,7 +29,7 @@ def name(h: HeadEffect) -> str:
 
 
 def pick(result: HeadsResult) -> tuple[HeadEffect | None, HeadEffect | None]:
-    """(a) among the heads whose removal is significant and not negligible, and (b) among the negligible
+    """(a) among the heads whose verdict is "matters", and (b) among the negligible
     ones (those flagged striking_but_inert first), the head with the most weight on the first token
     (ties: the larger delta loss); None where no head qualifies."""
     known = [h for h in result.heads if h.verified and h.attention.get("first_token") is not None]
@@ -38,7 +39,7 @@ def pick(result: HeadsResult) -> tuple[HeadEffect | None, HeadEffect | None]:
 
     flagged = {(f["layer"], f["head"]) for f in result.flags if f["kind"] == "striking_but_inert"}
     inert = [h for h in known if h.negligible]
-    return (most_first([h for h in known if h.significant and not h.negligible]),
+    return (most_first([h for h in known if h.verdict == MATTERS]),
             most_first([h for h in inert if (h.layer, h.head) in flagged]) or most_first(inert))
 
 
@@ -47,7 +48,7 @@ def measure(model: torch.nn.Module, data: dict[str, torch.Tensor], task: str) ->
     result = ablate_heads(model, data, task=task, progress=False)
     a, b = pick(result)
     if a is None or b is None:
-        missing = "no head has a significant effect" if a is None else "no head's effect is shown to be negligible"
+        missing = "no head matters" if a is None else "no head's effect is shown to be negligible"
         return {"a": "-", "b": "-", "rows": [], "claim": f"Nothing to contrast in this run: {missing}."}
     both = ablate_together(model, data, [(a.layer, a.head), (b.layer, b.head)], task=task)
     flags = {(f["layer"], f["head"]): f["kind"] for f in result.flags}

@@ -16,6 +16,9 @@ V, T, N, H, D = 20, 7, 10, 4, 8
 SETTINGS = {  # name -> ablate_heads keywords; batch 3 cuts 10 examples into 3 + 3 | 3 + 1
     "exact": dict(task="lm", batch_size=3, together=[[(0, 1), (1, 2)]]),
     "mean_fast": dict(task="lm", batch_size=3, method="mean", fast=True, top=3),
+    # donors picked over the whole data set and recorded on the rank that holds them, then gathered
+    "resample": dict(task="lm", batch_size=3, method="resample", draws=3, seed=5, together=[[(0, 1), (1, 2)]]),
+    "resample_fast": dict(task="lm", batch_size=3, method="resample", seed=2, fast=True, top=3),
 }
 
 

@@ -41,9 +41,11 @@ def _same(one: dict, many: dict) -> None:
         # effects: float32 forwards of another replica count (each rank checks prefix replay on its first
         # batch) round differently in the last bits; tests and decisions must not move at all
         for k in ("accuracy", "delta_accuracy", "loss", "delta_loss", "kl", "grad_importance", "grad_importance_raw",
-                  "estimated_delta_loss", "second_order_delta_loss", "delta_accuracy_ci", "delta_loss_ci"):
+                  "estimated_delta_loss", "second_order_delta_loss", "delta_accuracy_ci", "delta_loss_ci",
+                  "direct_delta_loss", "direct_delta_accuracy", "direct_delta_loss_ci", "self_repair"):
             _close(a[k], b[k], k, tol=SIZE)
-        for k in ("p_value", "p_value_adjusted", "p_value_loss", "p_value_loss_adjusted", "role", "negligible"):
+        for k in ("p_value", "p_value_adjusted", "p_value_loss", "p_value_loss_adjusted", "role", "negligible",
+                  "direct_p_value_loss", "direct_p_value_loss_adjusted", "direct_significant", "compensated"):
             _close(a[k], b[k], k)
         _close(a["attention"], b["attention"], "attention")
     assert [(f["kind"], f.get("layer"), f.get("head")) for f in many["flags"]] == \
@@ -52,6 +54,7 @@ def _same(one: dict, many: dict) -> None:
     _close(one["together"], many["together"])
     _close(one["baseline"], many["baseline"])
     assert many["examples"] == one["examples"]
+    assert (many["direct"] or {}).get("n_heads") == (one["direct"] or {}).get("n_heads")
 
 
 def _close(a, b, path="", tol=None) -> None:
@@ -150,7 +153,7 @@ def test_torchrun_cli_writes_the_json_of_one_process_from_rank_0(tmp_path):
     a, b = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
     _same(a, b)
     assert b["timing"]["ranks"] == 2
-    assert many.stdout.count("heads tested change the loss significantly") == 1  # rank 1 is quiet
+    assert many.stdout.count("heads tested matter") == 1  # rank 1 is quiet
     bad = _group([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                   "-m", "diagnose", "heads", "lm.pt", "--data", "missing.pt"], cwd=tmp_path, env=env)
     assert bad.returncode != 0 and bad.stderr.count("error: ") == 1 and "missing.pt" in bad.stderr, bad.stderr

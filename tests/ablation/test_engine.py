@@ -248,7 +248,7 @@ def test_bad_settings_and_default_task(model, data):
     with pytest.raises(ConfigError):
         ablate_heads(model, data, task="regression", progress=False)
     with pytest.raises(ConfigError):
-        ablate_heads(model, data, method="resample", progress=False)
+        ablate_heads(model, data, method="nonesuch", progress=False)  # resample is a method now
     assert default_task(model, data) == "lm"
     assert default_task(model, {**data, "labels": torch.zeros(N, dtype=torch.long)}) == "classification"
     model.diagnose_meta = {"task": "classification"}

@@ -71,4 +71,4 @@ def test_mean_ablation_of_nothing_and_bad_heads(model_and_data):
     with pytest.raises(ConfigError, match="no head 0 in layer 7"):
         ablate_together(model, data, [(7, 0)], task="classification")
     with pytest.raises(ConfigError, match="method"):
-        ablate_together(model, data, [(0, 0)], task="classification", method="resample")
+        ablate_together(model, data, [(0, 0)], task="classification", method="nonesuch")  # resample is one now

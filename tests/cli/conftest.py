@@ -12,15 +12,23 @@ from diagnose.zoo import ModelConfig, Transformer
 from ..wordlevel import WORDS, saved_with_tokenizer
 
 
+def classifier_files(folder, mask: "torch.Tensor | None" = None) -> torch.nn.Module:
+    """Save a tiny classifier checkpoint (model.pt) and matching data (eval.pt, with `mask` as its
+    attention_mask when given) in `folder`; returns the model."""
+    model = Transformer(ModelConfig(kind="classifier", vocab_size=12, n_classes=3, max_len=8, n_layers=1,
+                                    n_heads=2, d_model=16))
+    diagnose.save_checkpoint(model, folder / "model.pt")
+    ids = torch.randint(1, 12, (10, 6))  # [N, T]
+    extra = {} if mask is None else {"attention_mask": mask}
+    torch.save({"input_ids": ids, **extra, "labels": torch.arange(10) % 3}, folder / "eval.pt")
+    return model
+
+
 @pytest.fixture
 def files(tmp_path, monkeypatch):
     """A tiny classifier checkpoint (model.pt) and matching data (eval.pt) in a cwd of their own."""
     monkeypatch.chdir(tmp_path)
-    model = Transformer(ModelConfig(kind="classifier", vocab_size=12, n_classes=3, max_len=8, n_layers=1,
-                                    n_heads=2, d_model=16))
-    diagnose.save_checkpoint(model, tmp_path / "model.pt")
-    ids = torch.randint(1, 12, (10, 6))  # [N, T]
-    torch.save({"input_ids": ids, "labels": torch.arange(10) % 3}, tmp_path / "eval.pt")
+    classifier_files(tmp_path)
     return tmp_path
 
 

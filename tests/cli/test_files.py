@@ -15,7 +15,8 @@ from click.testing import CliRunner
 
 import diagnose
 from diagnose.cli.main import cli
-from diagnose.zoo import ModelConfig, Transformer
+
+from .conftest import classifier_files
 
 _COUNTER = itertools.count()
 
@@ -56,13 +57,9 @@ class _Bag(nn.Module):
 def files(tmp_path, monkeypatch):
     """A classifier checkpoint, matching data, and a factory module, in a cwd of their own."""
     monkeypatch.chdir(tmp_path)
-    model = Transformer(ModelConfig(kind="classifier", vocab_size=12, n_classes=3, max_len=8, n_layers=1,
-                                    n_heads=2, d_model=16))
-    diagnose.save_checkpoint(model, tmp_path / "model.pt")
-    ids = torch.randint(1, 12, (10, 6))  # [N, T]
     mask = torch.ones(10, 6, dtype=torch.long)  # [N, T]
     mask[:, 4:] = 0  # 2 of 6 positions are padding
-    torch.save({"input_ids": ids, "attention_mask": mask, "labels": torch.arange(10) % 3}, tmp_path / "eval.pt")
+    model = classifier_files(tmp_path, mask)
     name = f"clifactory_{next(_COUNTER)}"
     (tmp_path / f"{name}.py").write_text(FACTORY_SRC)
     torch.manual_seed(5)

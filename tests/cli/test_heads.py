@@ -56,9 +56,9 @@ def test_lm_checkpoint_table_and_json(files):
     assert "reference model, 2 layers; lm, zero ablation, 20 examples" in out
     for name in ("L0.H0", "L0.H1", "L1.H0", "L1.H1"):
         assert name in out
-    assert "heads tested change the loss significantly" in out and "after Holm correction" in out
+    assert "heads tested matter" in out and "after Holm correction" in out
     data = json.loads((files / "out" / "heads.json").read_text())
-    assert data["schema"] == "diagnose.heads/1" and data["task"] == "lm" and data["n_examples"] == 20
+    assert data["schema"] == "diagnose.heads/2" and data["task"] == "lm" and data["n_examples"] == 20
     assert len(data["heads"]) == 4 and data["model"]["family"] == "reference"
     assert data["significance"]["min_detectable_examples"] == 8  # 4 heads, alpha 0.05: 2 * 0.5 ** 8 < 0.05 / 4 < 2 * 0.5 ** 7
     assert "examples change one way" in " ".join(out.split())
@@ -127,7 +127,10 @@ def test_bad_inputs_exit_2_with_one_line_and_write_nothing(files, monkeypatch):
         sys.modules.pop("bagfactory", None)
     assert not (files / "x.json").exists()
     assert not list(files.glob("*.partial")) and not list(files.glob(".*partial"))
-    assert _run("lm.pt", "--data", "lm_data.pt", "--method", "resample").exit_code == 2
+    assert _run("lm.pt", "--data", "lm_data.pt", "--method", "nonesuch").exit_code == 2  # resample is a method now
+    _assert_clean_error(_run("lm.pt", "--data", "lm_data.pt", "--method", "zero", "--draws", "2"), "draws")
+    _assert_clean_error(_run("lm.pt", "--data", "lm_data.pt", "--methods", "zero"), "--methods")
+    _assert_clean_error(_run("lm.pt", "--data", "lm_data.pt", "--methods", "zero,nope"), "nope")
 
 
 def test_hf_folder_with_text_data_keeps_token_strings(tmp_path):

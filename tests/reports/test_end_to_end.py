@@ -21,8 +21,13 @@ def test_report_from_objects_matches_the_results(real, real_report):
         assert f'<section id="{section}">' in html
     blob = json.loads(html.split('id="report-data">', 1)[1].split("</script>", 1)[0])
     assert [e["tokens"] for e in blob["heads"][0]["examples"]] == [e["tokens"] for e in result.examples]
-    n_sig = sum(bool(h.significant) for h in result.heads)
-    assert f"{n_sig} of 4 heads" in html
+    # one language (issue 23): "matter" only for significant heads outside the negligible band
+    n_matters = sum(h.verdict == "matters" for h in result.heads)
+    n_small = sum(h.verdict == "detectable but negligible" for h in result.heads)
+    assert (f"{n_matters} of 4 heads matter" if n_matters else "No single head matters") in html
+    more = " more" if n_matters else ""
+    assert (f"{n_small}{more} {'is' if n_small == 1 else 'are'} detectable but negligible" in html) == (n_small > 0)
+    assert "significantly" not in html
     top = result.ranked()[0]
     assert f"the largest effects: {head_label(top.layer, top.head)} (" in html
 

@@ -69,7 +69,7 @@ def test_escape_json_round_trips():
 
 def test_summary_is_generated_from_the_data(report_file):
     text = html.unescape(re.sub(r"<[^>]+>", " ", report_file.read_text()))
-    assert "1 of 8 heads change the result significantly" in text
+    assert "1 of 8 heads matter when removed" in text
     assert "L1.H2" in text and "striking_but_inert" in text
     assert "nonfinite (error) first at step 200" in text
 

@@ -36,6 +36,19 @@ def test_grids_significance_flags_and_ranking():
     assert (given.rho, given.p_value) == (-0.123, 0.456)  # the document's own figure, not a recomputed one
 
 
+def test_the_plots_mark_the_heads_that_matter_not_every_significant_one():
+    doc = rf.make_heads(2, 2, vital=((1, 1), (0, 1)), inert=())
+    small = next(h for h in doc["heads"] if (h["layer"], h["head"]) == (0, 1))
+    small["verdict"] = "detectable but negligible"  # significant, but its effect lies inside the band
+    v = heads_view("m", doc)
+    assert v.significant[0, 1] and v.significant[1, 1]
+    assert set(zip(*np.nonzero(v.matters))) == {(1, 1)}
+    for h in doc["heads"]:  # none matters: the detectable ones are not "more" of anything
+        h["verdict"] = "detectable but negligible" if h["significant"] else "negligible"
+    text = " ".join(s for _, s in heads_verdict(heads_view("m", doc)).lines)
+    assert "No single head matters" in text and "; 2 are detectable but negligible" in text
+
+
 def test_the_view_recomputes_nothing_and_shows_less_for_an_older_document():
     doc = rf.make_heads(2, 2, vital=((1, 1),), inert=())
     doc["flags"] = [{"layer": 1, "head": 1, "kind": "diffuse_but_vital", "reason": "flat map, Δacc -0.2"}]

@@ -1,0 +1,240 @@
+"""Direct effects: each head removed only on its direct path to the output (path patching to the logits).
+
+A head's total effect (the sweep) counts everything its removal sets off, including later heads,
+MLPs and norms that make up for it (self-repair: McGrath et al. 2023, the Hydra effect; Rushing &
+Nanda 2024). Its direct effect freezes everything downstream at its clean value: every later attention
+and MLP sublayer sees its clean input, and the head's change to the stream,
+
+    delta = -W_O[h] (head_out[h] - fill[h])      # [B, T, d]; fill: the method's (0 for zero)
+
+crosses the norms on its path (the adapter declares them: adapters/readout.py), each with its scale
+frozen at its clean value, so each is linear in the change:
+
+    delta <- gamma * (delta - mean(delta)) / sigma_clean      # LayerNorm; RMSNorm: gamma * delta / rms_clean
+
+Pre-norm (GPT-2, LLaMA, the reference model) has one norm on the path, the final one, and its output
+moves by the change (a pre-norm torch nn.TransformerEncoder without a final norm: none, and the encoder's
+output moves); post-norm BERT has its own layer's two LayerNorms and both of every later layer's (a
+post-norm torch encoder: norm1 and norm2 of its layer and every later one, then its final norm if any),
+and the encoder's output moves. Then only the output layers run (the unembedding; pooler and classifier;
+an MLM head). That needs no ablated forward at all: one clean pass per batch gives every head's output
+and each norm's clean input; then each head costs the output layers only, K heads per forward with all
+blocks replaying their clean outputs (prefix.py).
+
+Freezing the norms' scales (NORM) is how Rushing & Nanda 2024 measure direct effects: a norm's rescaling
+after a head is removed is itself a mechanism of self-repair, and freezing it puts that share in
+`self_repair` instead of hiding it in the direct effect (Heimersheim & Nanda 2024 name the choice as one
+to state).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import torch
+import torch.nn as nn
+
+from .._distributed import Ranks
+from ..adapters._hooks import hooks
+from ..adapters.base import AttentionSite
+from ..adapters.readout import ResidualPath, hidden_of, moved, residual_path
+from ..errors import ConfigError
+from ..objectives import call_model, logits_of, score
+from .accumulate import Accumulator
+from .prefix import repeat_batch, replay
+from .shards import merge
+from .steps import indexed
+from .sweep import Ablated, Clean, Sweep, _kl_sums, _same
+
+NORM = ("frozen: every norm on a head's path to the output (pre-norm: the final norm; post-norm BERT or torch "
+        "encoder: its layer's norms and every later layer's, then a final norm if any) has its scale (1 / sigma of "
+        "its clean input) held at its clean value, as Rushing & Nanda 2024 measure direct effects, so the norms' "
+        "own rescaling when a head is removed counts as self-repair")
+
+
+def readiness(sites: Sequence[AttentionSite], model: nn.Module) -> tuple[list[ResidualPath] | None, str | None]:
+    """(each site's path to the output, None) when direct effects can be measured, else (None, one line why)."""
+    if not sites:
+        return None, "no attention sites"
+    try:
+        paths = [residual_path(site.adapter, model, site) for site in sites]
+        for path in paths:
+            for norm in path.norms:
+                frozen_change(norm)  # a norm we cannot freeze: say so now rather than at the first batch
+        for site in sites:
+            head_weights(site)
+    except ConfigError as e:
+        return None, str(e)
+    return paths, None
+
+
+def head_weights(site: AttentionSite) -> torch.Tensor:
+    """Each head's slice of the output projection, without its bias.  # [H, D, d]"""
+    proj, H, D = site.out_proj, site.n_heads, site.head_dim
+    w = getattr(proj, "weight", None)
+    if isinstance(proj, nn.Linear) and w.shape[1] == H * D:
+        return w.detach().t().reshape(H, D, -1)
+    if type(proj).__name__ == "Conv1D" and w is not None and w.shape[0] == H * D:  # GPT-2: weight [in, out]
+        return w.detach().reshape(H, D, -1)
+    raise ConfigError(f"{site.name}: its output projection is not a linear map of the heads side by side, so "
+                      "direct effects are not measured")
+
+
+def frozen_change(norm: nn.Module):
+    """change(x, delta): what `norm` adds to its output when its input x moves by delta, its scale frozen
+    at x's (LayerNorm: centred delta / sigma(x) * weight; RMSNorm: delta / rms(x) * weight)."""
+    name = type(norm).__name__
+    if isinstance(norm, nn.LayerNorm):
+        def change(x, delta):
+            sigma = torch.sqrt(x.float().var(-1, unbiased=False, keepdim=True) + norm.eps)  # [N, T, 1]
+            out = (delta - delta.mean(-1, keepdim=True)) / sigma
+            return out if norm.weight is None else out * norm.weight.float()
+        return change
+    if isinstance(norm, nn.RMSNorm):  # torch's own: eps None means its input dtype's machine epsilon
+        def change(x, delta):
+            eps = torch.finfo(x.dtype).eps if norm.eps is None else norm.eps
+            rms = torch.sqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)  # [N, T, 1]
+            out = delta / rms
+            return out if norm.weight is None else out * norm.weight.float()
+        return change
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    if name.endswith("RMSNorm") and not name.startswith("Gemma") and eps is not None:
+        def change(x, delta):
+            rms = torch.sqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)  # [N, T, 1]
+            return delta / rms * norm.weight.float()
+        return change
+    raise ConfigError(f"a norm on the path to the output is a {name}, whose scale diagnose cannot freeze "
+                      "(LayerNorm and RMSNorm only), so direct effects are not measured")
+
+
+class Direct:
+    """The direct-effect passes of one sweep (its gates, fills and replay); `run` returns an Accumulator
+    whose 'ablated' outcomes are the direct-path ones, so the sweep's tests apply unchanged."""
+
+    def __init__(self, sweep: Sweep, paths: Sequence[ResidualPath]):
+        self.sweep, self.paths = sweep, list(paths)  # per site
+        self.norms = list({id(n): n for path in paths for n in path.norms}.values())  # each once
+        self.changes = {id(n): frozen_change(n) for n in self.norms}
+        self.weights = [head_weights(site) for site in sweep.sites]  # per site [H, D, d]
+        self.replay_ok: bool | None = None  # checked on the first batch
+        self.forwards = 0
+        self.seconds = 0.0
+
+    def run(self, parts: Sequence[tuple[Any, Any]], first: int, r: Ranks, heads: Sequence[int],
+            tick=None) -> Accumulator:
+        """Every head of `heads` (global indices) on this rank's parts; all ranks' sums."""
+        acc = Accumulator(len(self.sweep.heads))
+        started = time.perf_counter()
+
+        def work() -> None:
+            for inputs, labels, rows in indexed(parts, first):
+                clean, outs, normed = self._clean(inputs, labels, rows)
+                acc.add_clean(clean)
+                acc.add_ablated(self._batch(clean, outs, normed, heads))
+                if tick:
+                    tick()
+
+        r.run_local("measuring direct effects", work)
+        self.seconds += time.perf_counter() - started
+        return merge(acc, r)
+
+    def _clean(self, inputs: Any, labels: Any, rows: torch.Tensor
+               ) -> tuple[Clean, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """The clean pass, recording each site's head outputs (per site [B, T, H, D]), block outputs, and
+        each norm's input (by id(norm), [B, T, d]): the clean scale that the path freezes."""
+        outs: dict[int, torch.Tensor] = {}
+        normed: dict[int, list[torch.Tensor]] = {id(n): [] for n in self.norms}
+        for s, gate in enumerate(self.sweep.gates):
+            gate.observer = lambda head_out, s=s: outs.setdefault(s, head_out.detach())
+
+        def record(norm: nn.Module):
+            return lambda: norm.register_forward_pre_hook(lambda _m, args: normed[id(norm)].append(args[0].detach()))
+
+        try:
+            with hooks(*map(record, self.norms)):
+                clean = self.sweep.clean(inputs, labels, grad=False, record=True, rows=rows)
+        finally:
+            for gate in self.sweep.gates:
+                gate.observer = None
+        calls = {len(v) for v in normed.values()}
+        if calls - {1}:  # a path with no norm (pre-norm without a final norm) has nothing to check
+            raise ConfigError(f"a norm on a head's path ran {sorted(calls)} times in one forward, not once, so its "
+                              "clean scale is ambiguous and direct effects cannot be measured (--no-direct)")
+        return clean, outs, {k: v[0] for k, v in normed.items()}
+
+    def _batch(self, clean: Clean, outs: dict[int, torch.Tensor], normed: dict[int, torch.Tensor],
+               heads: Sequence[int]) -> dict[int, Ablated]:
+        by_site: dict[int, list[int]] = {}
+        for m in heads:
+            by_site.setdefault(self.sweep.heads[m][0], []).append(m)
+        k, out = self.sweep.replication, {}
+        for s, ms in by_site.items():
+            for i in range(0, len(ms), k):
+                out.update(self._chunk(clean, outs[s], normed, s, ms[i:i + k]))
+        return out
+
+    def _chunk(self, clean: Clean, head_out: torch.Tensor, normed: dict[int, torch.Tensor], s: int,
+               ms: list[int]) -> dict[int, Ablated]:
+        """Heads ms of site s, one forward of K = len(ms) replicas per draw of the method's fill."""
+        gate, idx = self.sweep.gates[s], [self.sweep.heads[m][1] for m in ms]
+        w = self.weights[s][idx].to(head_out.device, head_out.dtype)  # [K, D, d]
+        outcomes = []
+        for draw in range(self.sweep.draws):
+            fill = None if gate.fill is None else gate.fill(head_out, clean.rows, draw)
+            fill = None if fill is None else fill.to(head_out.device, head_out.dtype).expand_as(head_out)
+            removed = head_out if fill is None else head_out - fill  # [B, T, H, D]
+            delta = -torch.einsum("btkd,kde->kbte", removed[:, :, idx], w)  # [K, B, T, d]
+            outcomes.append(self._outcome(clean, s, self._through(s, delta, normed)))
+        loss_sum, correct, kl = (outcomes[0] if len(outcomes) == 1 else
+                                 (torch.stack([o[i].double() for o in outcomes]).mean(0) for i in range(3)))
+        return {m: Ablated(loss_sum[j], correct[j], float(kl[j])) for j, m in enumerate(ms)}
+
+    def _through(self, s: int, delta: torch.Tensor, normed: dict[int, torch.Tensor]) -> torch.Tensor:
+        """delta [K, B, T, d] carried through site s's norms in order, each frozen at its clean input [B, T, d]."""
+        for norm in self.paths[s].norms:
+            x = normed[id(norm)]  # on the norm's device (a model split over devices)
+            delta = self.changes[id(norm)](x, delta.to(x.device))
+        return delta
+
+    def _outcome(self, clean: Clean, s: int, change: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(loss_sum [K, B], correct [K, B], KL sums [K]) with site s's path output moved by change [K, B, T, d]."""
+        K, B = change.shape[0], clean.batch
+        if self.replay_ok is None:
+            self.replay_ok = self._replay_reproduces(clean, s)
+        logits = self._forward(clean, s, change.reshape(K * B, *change.shape[2:]), K)  # [K * B, ...]
+        sc = score(logits, repeat_batch(clean.targets, K, B))
+        return (sc.loss_sum.view(K, B), sc.correct.view(K, B),
+                _kl_sums(clean, logits.reshape(K, B, *logits.shape[1:])))
+
+    def _forward(self, clean: Clean, s: int, change: torch.Tensor | None, K: int) -> torch.Tensor:
+        """K replicas of the batch, every block replaying its clean output (when that reproduces the clean
+        logits), site s's path output moved by change [K * B, T, d] (None: not moved)."""
+        recorder = self.sweep.recorder
+        blocks = ([i for i in range(len(recorder.blocks)) if recorder.calls.get(i) == 1]
+                  if self.replay_ok and recorder is not None and clean.recorded is not None else [])
+
+        def move(_m, _args, out):
+            hidden = hidden_of(out)
+            assert hidden is None or hidden.shape == change.shape, \
+                f"path output {tuple(hidden.shape)} vs change {tuple(change.shape)}"
+            return moved(out, change)
+
+        with torch.no_grad(), hooks(*([] if change is None else [lambda: self.paths[s].output.register_forward_hook(
+                move)])), (replay(recorder, clean.recorded, blocks, K, clean.batch) if blocks else _nothing()):
+            logits = logits_of(call_model(self.sweep.model, repeat_batch(clean.inputs, K, clean.batch)))
+        self.forwards += 1
+        return logits
+
+    def _replay_reproduces(self, clean: Clean, s: int) -> bool:
+        """With no change, the replaying forward gives the clean logits (else every block recomputes)."""
+        self.replay_ok = True
+        logits = self._forward(clean, s, None, 1)
+        width = max(site.n_heads * site.head_dim for site in self.sweep.sites)
+        return _same(logits, clean.logits, len(self.sweep.sites), width)
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
