@@ -4,12 +4,18 @@ applied inside the module; output projection o_proj."""
 
 from __future__ import annotations
 
+import sys
+
+import torch
 import torch.nn as nn
 
 from ._hf import HFAdapter
+from ._hooks import hooks
+from ._probs import LazyProbs
+from .base import AttentionSite, PatternCallback
 from ..errors import ConfigError
-from .readout import named
 from .layout import HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
+from .readout import named
 
 
 class LlamaAdapter(HFAdapter):
@@ -30,6 +36,57 @@ class LlamaAdapter(HFAdapter):
         Hkv = getattr(cfg, "num_key_value_heads", None) or H
         return H, D, (Hkv if Hkv != H else None), o_proj
 
+    def compile_safe(self, site: AttentionSite) -> bool:
+        """Whether watch_pattern_traced rebuilds this module's scores: its own modeling file's
+        apply_rotary_pos_emb, a float `scaling`, the eager or SDPA implementation (a flex
+        attention BlockMask is not a tensor mask) and no logit soft-capping (Gemma 2). A sliding
+        window is in the mask the module is given whenever it cuts a key."""
+        m = site.module
+        cfg = m.config
+        return (_rope(m) is not None and isinstance(getattr(m, "scaling", None), float)
+                and getattr(cfg, "_attn_implementation", None) in ("eager", "sdpa")
+                and getattr(cfg, "attn_logit_softcapping", None) is None
+                and all(isinstance(getattr(m, n, None), nn.Module) for n in ("q_proj", "k_proj")))
+
+    def watch_pattern_traced(self, site: AttentionSite, callback: PatternCallback):
+        """As watch_pattern, with plain module hooks that dynamo traces into a graph (the intercept's
+        torch function mode breaks it). q and k are read from the outputs of q_proj and k_proj (of
+        q_norm and k_norm where the family normalises them, Qwen3, OLMo2), rotated by the module's
+        own apply_rotary_pos_emb with the cos and sin it is given, and the probabilities recomputed
+        with its mask and scaling as SDPA would (LazyProbs repeats key heads for grouped-query
+        attention). The callback gets what the intercept gives: the whole map under the eager
+        implementation, a LazyProbs otherwise. Past keys of a cache are not seen: sampling reads
+        training forwards (grad enabled), which carry none."""
+        m = site.module
+        D = site.head_dim
+        rope = _rope(m)
+        q_src = m.q_norm if isinstance(getattr(m, "q_norm", None), nn.Module) else m.q_proj
+        k_src = m.k_norm if isinstance(getattr(m, "k_norm", None), nn.Module) else m.k_proj
+        seen: dict[str, object] = {}
+
+        def heads(x: torch.Tensor) -> torch.Tensor:  # [B, T, H * D] or [B, T, H, D] -> [B, H, T, D]
+            return x.reshape(x.shape[0], x.shape[1], -1, D).transpose(1, 2)
+
+        def pre(_m, args: tuple, kwargs: dict) -> None:
+            seen["rope"] = kwargs.get("position_embeddings", args[1] if len(args) > 1 else None)  # (cos, sin)
+            seen["mask"] = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
+
+        def on_q(_m, _args, out: torch.Tensor) -> None:
+            seen["q"] = out
+
+        def on_k(_m, _args, out: torch.Tensor) -> None:
+            q, cos_sin, mask = seen.pop("q", None), seen.pop("rope", None), seen.pop("mask", None)
+            if q is None or cos_sin is None or not torch.is_grad_enabled():
+                return
+            qr, kr = rope(heads(q), heads(out), *cos_sin)  # [B, H, T, D], [B, Hkv, T, D]
+            if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+                mask = mask[..., :kr.shape[-2]]  # eager_attention_forward's own cut to the keys
+            probs = LazyProbs(qr, kr, mask, is_causal=bool(getattr(m, "is_causal", True)), scale=m.scaling)
+            callback(probs.full() if m.config._attn_implementation == "eager" else probs)  # [B, H, Tq, Tk]
+
+        return hooks(lambda: m.register_forward_pre_hook(pre, with_kwargs=True),
+                     lambda: q_src.register_forward_hook(on_q), lambda: k_src.register_forward_hook(on_k))
+
     def final_norm(self, model: nn.Module) -> nn.Module:
         """model.norm: pre-norm, each o_proj output added to the stream (readout.py). Families that norm the
         attention output before adding it (Gemma 2 and 3: post_feedforward_layernorm) have no such path."""
@@ -37,3 +94,8 @@ class LlamaAdapter(HFAdapter):
             raise ConfigError("this model norms each sublayer's output before the residual add (Gemma 2/3 style), "
                               "so a head's direct path is not a subtraction; direct effects are not measured")
         return named(model, "norm", "LLaMA")
+
+
+def _rope(m: nn.Module):
+    """The rotary function of the module's own modeling file (each family keeps its own copy)."""
+    return getattr(sys.modules.get(type(m).__module__), "apply_rotary_pos_emb", None)

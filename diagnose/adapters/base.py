@@ -48,7 +48,8 @@ class Adapter(Protocol):
     `compile_safe = True` when watch_pattern is a plain module hook that dynamo traces into a graph
     without a break (the monitor then keeps it under torch.compile), or when the adapter has
     `watch_pattern_traced(site, callback)`, the same contract with such hooks, which the monitor
-    uses instead while its hooks are held for a compiled model; absent means False."""
+    uses instead while its hooks are held for a compiled model; absent means False. It may also be
+    a method `compile_safe(site) -> bool`, for a family whose modules differ (compile_safe() below)."""
 
     family: str
 
@@ -63,3 +64,9 @@ class Adapter(Protocol):
 
     def blocks(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         """(qualified name, module) of each residual block, whose output is the residual stream."""
+
+
+def compile_safe(site: AttentionSite) -> bool:
+    """Whether the site's adapter watches its attention with hooks dynamo traces (Adapter's `compile_safe`)."""
+    safe = getattr(site.adapter, "compile_safe", False)
+    return bool(safe(site) if callable(safe) else safe)

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .._activations import STAT_NAMES
+from ..adapters.base import compile_safe
 from ._layout import ACTIVATION_REDUCE, ATTENTION_ROWS, record_key
 from ._measure import Measurement, StepInputs
 from ._signals import ActivationWatch, AttentionWatch, GradNorms, scaler_divisor
@@ -108,7 +109,7 @@ class AttentionProbe(_Quiet):
         self.site_names = monitor.site_names
         self.acts = monitor.probe("activations")
         self.watch = AttentionWatch(monitor.sites, self.acts.watch)
-        self.safe = all(getattr(site.adapter, "compile_safe", False) for site in monitor.sites)
+        self.safe = all(compile_safe(site) for site in monitor.sites)
         self.off = False  # attention is not sampled (a compiled model whose attention would break the graph)
         self.pending = bool(monitor.attention_every) and not monitor.compiled and self.safe  # compiled: unknown yet
         if monitor.compiled and not self.safe:

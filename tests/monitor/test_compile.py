@@ -216,16 +216,33 @@ def test_lightning_callback_with_compile_equals_eager(tmp_path):
     _assert_same_run(got, eager, graphs, breaks, ["net.blocks.0", "net.blocks.1"])
 
 
-def _train_gpt2(run_dir, how: str, attn: str, checkpointed: bool = False, steps: int = STEPS) -> list[dict]:
-    """As _train, for a tiny Hugging Face GPT-2 (dropout off: compiled and eager draw different masks),
-    with gradient checkpointing (each block's forward run again in backward) when asked."""
+def _gpt2(attn: str):
+    """A tiny Hugging Face GPT-2 (dropout off: compiled and eager draw different masks)."""
     transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=CFG.n_layers, n_head=CFG.n_heads, n_embd=CFG.d_model,
                                      n_positions=CFG.max_len, vocab_size=CFG.vocab_size, resid_pdrop=0.0,
                                      embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
                                      attn_implementation=attn)
-    model = transformers.GPT2LMHeadModel(config)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _llama(attn: str):
+    """A tiny Hugging Face LLaMA with grouped-query attention (4 query heads read 2 key/value heads)
+    and rotary positions."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(num_hidden_layers=CFG.n_layers, num_attention_heads=4, num_key_value_heads=2,
+                                      hidden_size=CFG.d_model, intermediate_size=2 * CFG.d_model,
+                                      max_position_embeddings=CFG.max_len, vocab_size=CFG.vocab_size,
+                                      bos_token_id=0, eos_token_id=0, pad_token_id=0, attn_implementation=attn)
+    return transformers.LlamaForCausalLM(config)
+
+
+def _train_gpt2(run_dir, how: str, attn: str, checkpointed: bool = False, steps: int = STEPS,
+                make=_gpt2) -> list[dict]:
+    """As _train, for a tiny Hugging Face model (GPT-2 unless `make` says), with gradient
+    checkpointing (each block's forward run again in backward) when asked."""
+    torch.manual_seed(0)
+    model = make(attn)
     if checkpointed:  # transformers 5 renamed it; its own hook on the embedding stays
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     own = [(dict(m._forward_hooks), dict(m._forward_pre_hooks)) for m in model.modules()]
@@ -261,6 +278,18 @@ def test_compiled_hf_gpt2_run_equals_eager(tmp_path, how, attn, checkpointed):
     _assert_same_run(got, eager, graphs, breaks, ["transformer.h.0", "transformer.h.1"])
     sampled = [r for r in got if "attention" in r]
     assert all(("max_logit" in str(r["attention"])) == (attn == "sdpa") for r in sampled)
+
+
+@pytest.mark.parametrize("how, attn, checkpointed", [("compiled", "sdpa", False), ("compiled", "eager", False),
+                                                     ("before", "sdpa", True)])
+def test_compiled_hf_llama_run_equals_eager(tmp_path, how, attn, checkpointed):
+    """LLaMA's attention is watched by hooks dynamo traces: q and k from q_proj and k_proj, rotated
+    by the family's own apply_rotary_pos_emb, key heads repeated for grouped-query attention."""
+    eager = _train_gpt2(tmp_path / "eager", "eager", attn, checkpointed=checkpointed, make=_llama)
+    assert [r["step"] for r in eager if "attention" in r] == list(range(STEPS))[::ATTENTION_EVERY]
+    got, graphs, breaks = _counted(lambda: _train_gpt2(tmp_path / "compiled", how, attn, checkpointed, make=_llama))
+    _assert_same_run(got, eager, graphs, breaks, ["model.layers.0", "model.layers.1"])
+    assert all(len(r["attention"]["model.layers.0.self_attn"]["entropy"]) == 4 for r in got if "attention" in r)
 
 
 def _hf_trainer_run(run_dir, compiled: bool) -> list[dict]:
