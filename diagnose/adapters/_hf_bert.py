@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
 
 from ._hf import HFAdapter
+from ._hooks import hooks
+from ._probs import LazyProbs
+from .base import AttentionSite, PatternCallback
 from ..errors import ConfigError
 from .layout import HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
 from .readout import ResidualPath
@@ -25,6 +29,50 @@ class BertAdapter(HFAdapter):
         if not (isinstance(H, int) and isinstance(D, int)):
             return None
         return H, D, None, out.dense
+
+    def compile_safe(self, site: AttentionSite) -> bool:
+        """Whether watch_pattern_traced rebuilds this module's scores: self-attention (not
+        cross-attention) with query and key projections, a float `scaling`, absolute positions
+        (no relative-position term in the scores) and the eager or SDPA implementation."""
+        inner = site.module.self
+        cfg = getattr(inner, "config", None)
+        return (not type(inner).__name__.endswith("CrossAttention") and cfg is not None
+                and all(isinstance(getattr(inner, n, None), nn.Linear) for n in ("query", "key"))
+                and isinstance(getattr(inner, "scaling", None), float)
+                and getattr(cfg, "position_embedding_type", "absolute") in (None, "absolute")
+                and getattr(cfg, "_attn_implementation", None) in ("eager", "sdpa"))
+
+    def watch_pattern_traced(self, site: AttentionSite, callback: PatternCallback):
+        """As watch_pattern, with plain module hooks that dynamo traces into a graph (the intercept's
+        torch function mode breaks it): q and k from the outputs of `self.query` and `self.key`, the
+        mask from the self-attention's keywords, the probabilities recomputed as SDPA would
+        (LazyProbs). The callback gets the whole map under the eager implementation, a LazyProbs
+        otherwise. Past keys of a cache are not seen: sampling reads training forwards."""
+        inner = site.module.self
+        D = site.head_dim
+        seen: dict[str, object] = {}
+
+        def heads(x: torch.Tensor) -> torch.Tensor:  # [B, T, H * D] -> [B, H, T, D]
+            return x.reshape(x.shape[0], x.shape[1], -1, D).transpose(1, 2)
+
+        def pre(_m, args: tuple, kwargs: dict) -> None:
+            seen["mask"] = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+
+        def on_q(_m, _args, out: torch.Tensor) -> None:
+            seen["q"] = out
+
+        def on_k(_m, _args, out: torch.Tensor) -> None:
+            q, mask = seen.pop("q", None), seen.pop("mask", None)
+            if q is None or not torch.is_grad_enabled():
+                return
+            if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+                mask = mask[..., :out.shape[1]]  # eager_attention_forward's own cut to the keys
+            probs = LazyProbs(heads(q), heads(out), mask, is_causal=bool(getattr(inner, "is_causal", False)),
+                              scale=inner.scaling)
+            callback(probs.full() if inner.config._attn_implementation == "eager" else probs)  # [B, H, Tq, Tk]
+
+        return hooks(lambda: inner.register_forward_pre_hook(pre, with_kwargs=True),
+                     lambda: inner.query.register_forward_hook(on_q), lambda: inner.key.register_forward_hook(on_k))
 
     def residual_path(self, model: nn.Module, site) -> ResidualPath:
         """Post-norm: the head's write passes its layer's attention-output LayerNorm and output LayerNorm,

@@ -24,6 +24,9 @@ def _config(name: str, attn: str):
     if name == "gpt2":
         return t.GPT2LMHeadModel(t.GPT2Config(n_layer=2, n_head=4, n_embd=D_MODEL, vocab_size=40, bos_token_id=0,
                                               eos_token_id=0, attn_implementation=attn))
+    if name == "bert":
+        return t.BertModel(t.BertConfig(num_hidden_layers=2, hidden_size=D_MODEL, num_attention_heads=4,
+                                        intermediate_size=64, vocab_size=40, attn_implementation=attn))
     gqa = dict(num_attention_heads=4, num_key_value_heads=2)
     if name == "llama":
         return t.LlamaForCausalLM(t.LlamaConfig(**small, **gqa))
@@ -36,7 +39,7 @@ def _config(name: str, attn: str):
     raise ValueError(name)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "qwen3", "olmo2", "mistral"])
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "qwen3", "olmo2", "mistral"])
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_traced_watch_gives_the_models_own_attention(name, attn):
     torch.manual_seed(0)

@@ -237,6 +237,17 @@ def _llama(attn: str):
     return transformers.LlamaForCausalLM(config)
 
 
+def _bert(attn: str):
+    """A tiny Hugging Face BERT masked-LM (post-norm encoder, no causal mask), dropout off."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(num_hidden_layers=CFG.n_layers, num_attention_heads=CFG.n_heads,
+                                     hidden_size=CFG.d_model, intermediate_size=2 * CFG.d_model,
+                                     max_position_embeddings=CFG.max_len, vocab_size=CFG.vocab_size,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                     attn_implementation=attn)
+    return transformers.BertForMaskedLM(config)
+
+
 def _train_gpt2(run_dir, how: str, attn: str, checkpointed: bool = False, steps: int = STEPS,
                 make=_gpt2) -> list[dict]:
     """As _train, for a tiny Hugging Face model (GPT-2 unless `make` says), with gradient
@@ -251,10 +262,12 @@ def _train_gpt2(run_dir, how: str, attn: str, checkpointed: bool = False, steps:
     monitor = TrainingMonitor(net, run_dir, attention_every=ATTENTION_EVERY, echo=False)
     net = torch.compile(model, backend=BACKEND) if how == "before" else net
     gen = torch.Generator().manual_seed(1)
+    # a decoder's cache is off (under checkpointing transformers logs that it turns it off: a graph break)
+    cache = {} if make is _bert else {"use_cache": False}
     with monitor:
         for _ in range(steps):
             ids = torch.randint(0, CFG.vocab_size, (4, CFG.max_len), generator=gen)  # [B, T]
-            logits = net(input_ids=ids, use_cache=False).logits  # [B, T, V]; HF's own loss logs (a graph break)
+            logits = net(input_ids=ids, **cache).logits  # [B, T, V]; HF's own loss logs (a graph break)
             loss = F.cross_entropy(logits.reshape(-1, CFG.vocab_size), ids.reshape(-1))
             loss.backward()
             monitor.step(loss, optimizer=opt)
@@ -290,6 +303,14 @@ def test_compiled_hf_llama_run_equals_eager(tmp_path, how, attn, checkpointed):
     got, graphs, breaks = _counted(lambda: _train_gpt2(tmp_path / "compiled", how, attn, checkpointed, make=_llama))
     _assert_same_run(got, eager, graphs, breaks, ["model.layers.0", "model.layers.1"])
     assert all(len(r["attention"]["model.layers.0.self_attn"]["entropy"]) == 4 for r in got if "attention" in r)
+
+
+@pytest.mark.parametrize("how, attn", [("compiled", "sdpa"), ("before", "eager")])
+def test_compiled_hf_bert_run_equals_eager(tmp_path, how, attn):
+    """BERT's attention is watched by hooks dynamo traces: q and k from self.query and self.key."""
+    eager = _train_gpt2(tmp_path / "eager", "eager", attn, make=_bert)
+    got, graphs, breaks = _counted(lambda: _train_gpt2(tmp_path / "compiled", how, attn, make=_bert))
+    _assert_same_run(got, eager, graphs, breaks, ["bert.encoder.layer.0", "bert.encoder.layer.1"])
 
 
 def _hf_trainer_run(run_dir, compiled: bool) -> list[dict]:
