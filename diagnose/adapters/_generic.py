@@ -17,7 +17,7 @@ import torch.nn as nn
 from ..errors import ConfigError, NoAttentionFoundError
 from ..objectives import call_model
 from ._hooks import blocks_around, gate_projection, hooks
-from ._intercept import AttentionMode, watch_probs
+from ._intercept import MODES_TRACED, AttentionMode, watch_probs, watch_probs_traced
 from .base import AttentionSite, HeadOutputFn, PatternCallback
 from .layout import BLOCKED, Projection, ProjectionLayout
 
@@ -40,6 +40,14 @@ class InterceptAdapter(ABC):
 
     def watch_pattern(self, site: AttentionSite, callback: PatternCallback):
         return watch_probs(site.module, callback)
+
+    def compile_safe(self, site: AttentionSite) -> bool:
+        """Under torch.compile the intercept runs as `with mode:` around the forward, which dynamo
+        traces from torch 2.6 (watch_pattern_traced)."""
+        return MODES_TRACED
+
+    def watch_pattern_traced(self, site: AttentionSite, callback: PatternCallback):
+        return watch_probs_traced(site.module, callback)
 
     def intervene(self, site: AttentionSite, fn: HeadOutputFn):
         if site.out_proj is None:

@@ -30,7 +30,7 @@ class BertAdapter(HFAdapter):
             return None
         return H, D, None, out.dense
 
-    def compile_safe(self, site: AttentionSite) -> bool:
+    def _rebuilds(self, site: AttentionSite) -> bool:
         """Whether watch_pattern_traced rebuilds this module's scores: self-attention (not
         cross-attention) with query and key projections, a float `scaling`, absolute positions
         (no relative-position term in the scores) and the eager or SDPA implementation."""
@@ -42,12 +42,17 @@ class BertAdapter(HFAdapter):
                 and getattr(cfg, "position_embedding_type", "absolute") in (None, "absolute")
                 and getattr(cfg, "_attn_implementation", None) in ("eager", "sdpa"))
 
+    def compile_safe(self, site: AttentionSite) -> bool:
+        return self._rebuilds(site) or super().compile_safe(site)
+
     def watch_pattern_traced(self, site: AttentionSite, callback: PatternCallback):
         """As watch_pattern, with plain module hooks that dynamo traces into a graph (the intercept's
         torch function mode breaks it): q and k from the outputs of `self.query` and `self.key`, the
         mask from the self-attention's keywords, the probabilities recomputed as SDPA would
         (LazyProbs). The callback gets the whole map under the eager implementation, a LazyProbs
         otherwise. Past keys of a cache are not seen: sampling reads training forwards."""
+        if not self._rebuilds(site):  # the intercept, in the form dynamo traces (torch >= 2.6)
+            return super().watch_pattern_traced(site, callback)
         inner = site.module.self
         D = site.head_dim
         seen: dict[str, object] = {}

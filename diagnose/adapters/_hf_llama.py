@@ -36,7 +36,7 @@ class LlamaAdapter(HFAdapter):
         Hkv = getattr(cfg, "num_key_value_heads", None) or H
         return H, D, (Hkv if Hkv != H else None), o_proj
 
-    def compile_safe(self, site: AttentionSite) -> bool:
+    def _rebuilds(self, site: AttentionSite) -> bool:
         """Whether watch_pattern_traced rebuilds this module's scores: its own modeling file's
         apply_rotary_pos_emb, a float `scaling`, the eager or SDPA implementation (a flex
         attention BlockMask is not a tensor mask) and no logit soft-capping (Gemma 2). A sliding
@@ -48,6 +48,9 @@ class LlamaAdapter(HFAdapter):
                 and getattr(cfg, "attn_logit_softcapping", None) is None
                 and all(isinstance(getattr(m, n, None), nn.Module) for n in ("q_proj", "k_proj")))
 
+    def compile_safe(self, site: AttentionSite) -> bool:
+        return self._rebuilds(site) or super().compile_safe(site)
+
     def watch_pattern_traced(self, site: AttentionSite, callback: PatternCallback):
         """As watch_pattern, with plain module hooks that dynamo traces into a graph (the intercept's
         torch function mode breaks it). q and k are read from the outputs of q_proj and k_proj (of
@@ -57,6 +60,8 @@ class LlamaAdapter(HFAdapter):
         attention). The callback gets what the intercept gives: the whole map under the eager
         implementation, a LazyProbs otherwise. Past keys of a cache are not seen: sampling reads
         training forwards (grad enabled), which carry none."""
+        if not self._rebuilds(site):  # the intercept, in the form dynamo traces (torch >= 2.6)
+            return super().watch_pattern_traced(site, callback)
         m = site.module
         D = site.head_dim
         rope = _rope(m)

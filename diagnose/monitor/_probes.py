@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .._activations import STAT_NAMES
+from ..adapters._intercept import MODES_TRACED
 from ..adapters.base import compile_safe
 from ._layout import ACTIVATION_REDUCE, ATTENTION_ROWS, record_key
 from ._measure import Measurement, StepInputs
@@ -132,14 +133,16 @@ class AttentionProbe(_Quiet):
         self.off = True
         self.watch.held = False
         self.watch.disarm()
-        families = sorted({site.adapter.family for site in self.watch.sites})
+        families = sorted({site.adapter.family for site in self.watch.sites if not compile_safe(site)})
+        newer = "" if MODES_TRACED else "torch >= 2.6 (for families read through the intercept), or "
         warnings.warn(
             f"diagnose: attention statistics are not sampled under torch.compile for {', '.join(families)}: "
-            "its attention probabilities are read through a torch function mode that dynamo cannot trace "
-            "without breaking the graph. Lost: per-head entropy, max weight and max logit (and "
+            "its attention probabilities are read through a torch function mode, which dynamo traces into "
+            f"the graph from torch 2.6 (this is {torch.__version__}), or through hooks that break the graph. "
+            "Lost: per-head entropy, max weight and max logit (and "
             "entropy_collapse, attention_logit_growth); activations, gradient norms, the output logits' z "
-            "and the optimizer's update sizes are kept. Fix: sample attention from an eager run of the "
-            "model, or register an adapter whose watch_pattern (or watch_pattern_traced) is a plain module "
+            f"and the optimizer's update sizes are kept. Fix: {newer}sample attention from an eager "
+            "run of the model, or register an adapter whose watch_pattern (or watch_pattern_traced) is a plain module "
             "hook (compile_safe = True, see diagnose/adapters/base.py).", RuntimeWarning, stacklevel=4)
 
     def _follow_compile(self) -> None:

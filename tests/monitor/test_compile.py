@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from diagnose.monitor import TrainingMonitor
+from diagnose.adapters._intercept import MODES_TRACED
 from diagnose.monitor._signals import is_compiled, unwrap
 from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import approx
@@ -248,6 +249,71 @@ def _bert(attn: str):
     return transformers.BertForMaskedLM(config)
 
 
+def _gemma2(attn: str):
+    """A tiny Hugging Face Gemma 2: its attention logits are soft-capped (tanh) before the softmax,
+    which the rebuilding hooks do not do, so under compile the intercept runs in its traced form."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Gemma2Config(num_hidden_layers=CFG.n_layers, num_attention_heads=4, num_key_value_heads=2,
+                                       head_dim=4, hidden_size=CFG.d_model, intermediate_size=2 * CFG.d_model,
+                                       max_position_embeddings=CFG.max_len, vocab_size=CFG.vocab_size,
+                                       bos_token_id=0, eos_token_id=0, pad_token_id=0, attn_implementation=attn)
+    return transformers.Gemma2ForCausalLM(config)
+
+
+class _HandAttention(torch.nn.Module):
+    """nanoGPT's attention as people write it: one qkv Linear, explicit softmax or SDPA."""
+
+    def __init__(self, sdpa: bool):
+        super().__init__()
+        self.n_head, self.sdpa = CFG.n_heads, sdpa
+        self.c_attn, self.c_proj = torch.nn.Linear(CFG.d_model, 3 * CFG.d_model), torch.nn.Linear(CFG.d_model, CFG.d_model)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, 2))
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, D]
+        else:
+            att = (q @ k.transpose(-2, -1)) * (k.shape[-1] ** -0.5)  # [B, H, T, T]
+            att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+            y = F.softmax(att, dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class _HandBlock(torch.nn.Module):
+    def __init__(self, sdpa: bool):
+        super().__init__()
+        d = CFG.d_model
+        self.ln_1, self.attn = torch.nn.LayerNorm(d), _HandAttention(sdpa)
+        self.ln_2, self.mlp = torch.nn.LayerNorm(d), torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class _HandDecoder(torch.nn.Module):
+    """A hand-written pre-LN decoder: no adapter of its own, found by the generic adapter."""
+
+    def __init__(self, sdpa: bool):
+        super().__init__()
+        d = CFG.d_model
+        self.wte, self.wpe = torch.nn.Embedding(CFG.vocab_size, d), torch.nn.Embedding(CFG.max_len, d)
+        self.h = torch.nn.ModuleList(_HandBlock(sdpa) for _ in range(CFG.n_layers))
+        self.lm_head = torch.nn.Linear(d, CFG.vocab_size)
+
+    def forward(self, input_ids):
+        x = self.wte(input_ids) + self.wpe(torch.arange(input_ids.shape[1]))  # [B, T, d]
+        for block in self.h:
+            x = block(x)
+        return _Out(self.lm_head(x))
+
+
+class _Out:
+    def __init__(self, logits):
+        self.logits = logits
+
+
 def _train_gpt2(run_dir, how: str, attn: str, checkpointed: bool = False, steps: int = STEPS,
                 make=_gpt2) -> list[dict]:
     """As _train, for a tiny Hugging Face model (GPT-2 unless `make` says), with gradient
@@ -263,7 +329,7 @@ def _train_gpt2(run_dir, how: str, attn: str, checkpointed: bool = False, steps:
     net = torch.compile(model, backend=BACKEND) if how == "before" else net
     gen = torch.Generator().manual_seed(1)
     # a decoder's cache is off (under checkpointing transformers logs that it turns it off: a graph break)
-    cache = {} if make is _bert else {"use_cache": False}
+    cache = {} if make in (_bert, _hand) else {"use_cache": False}
     with monitor:
         for _ in range(steps):
             ids = torch.randint(0, CFG.vocab_size, (4, CFG.max_len), generator=gen)  # [B, T]
@@ -274,6 +340,7 @@ def _train_gpt2(run_dir, how: str, attn: str, checkpointed: bool = False, steps:
             opt.step()
             opt.zero_grad()
     assert [(dict(m._forward_hooks), dict(m._forward_pre_hooks)) for m in model.modules()] == own, "hooks left"
+    assert not any("forward" in vars(m) for m in model.modules()), "a wrapped forward left"
     assert not getattr(torch._dynamo.config, "skip_fwd_side_effects_in_bwd_under_checkpoint", False), "config left"
     return _records(run_dir)
 
@@ -303,6 +370,27 @@ def test_compiled_hf_llama_run_equals_eager(tmp_path, how, attn, checkpointed):
     got, graphs, breaks = _counted(lambda: _train_gpt2(tmp_path / "compiled", how, attn, checkpointed, make=_llama))
     _assert_same_run(got, eager, graphs, breaks, ["model.layers.0", "model.layers.1"])
     assert all(len(r["attention"]["model.layers.0.self_attn"]["entropy"]) == 4 for r in got if "attention" in r)
+
+
+def _hand(attn: str):
+    return _HandDecoder(sdpa=attn == "sdpa")
+
+
+needs_traced_modes = pytest.mark.skipif(not MODES_TRACED, reason="dynamo traces a torch function mode from torch 2.6")
+
+
+@needs_traced_modes
+@pytest.mark.parametrize("how, attn, make", [("compiled", "softmax", _hand), ("compiled", "sdpa", _hand),
+                                             ("before", "softmax", _hand), ("compiled", "eager", _gemma2)])
+def test_compiled_intercepted_run_equals_eager(tmp_path, how, attn, make):
+    """Attention read through the intercept (a hand-written model's softmax or SDPA call; Gemma 2's
+    soft-capped softmax) under compile: the mode runs as `with` around the attention's forward,
+    which dynamo traces into the graph; the forward is put back on close."""
+    eager = _train_gpt2(tmp_path / "eager", "eager", attn, make=make)
+    assert [r["step"] for r in eager if "attention" in r] == list(range(STEPS))[::ATTENTION_EVERY]
+    got, graphs, breaks = _counted(lambda: _train_gpt2(tmp_path / "compiled", how, attn, make=make))
+    _assert_same_run(got, eager, graphs, breaks, list(eager[0]["layers"]))
+    assert len(eager[0]["layers"]) == CFG.n_layers
 
 
 @pytest.mark.parametrize("how, attn", [("compiled", "sdpa"), ("before", "eager")])
