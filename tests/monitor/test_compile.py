@@ -477,3 +477,41 @@ def test_lightning_callback_with_compiled_hf_gpt2_equals_eager(tmp_path):
     eager = _lightning_gpt2_run(tmp_path / "eager", False)
     got, graphs, breaks = _counted(lambda: _lightning_gpt2_run(tmp_path / "compiled", True))
     _assert_same_run(got, eager, graphs, breaks, ["net.transformer.h.0", "net.transformer.h.1"])
+
+
+class _TorchEncoder(torch.nn.Module):
+    """PyTorch's own nn.TransformerEncoder over embeddings: its adapter reads the weights nn.MultiheadAttention
+    returns, which no traced hook rebuilds, so under compile attention is not sampled."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(CFG.vocab_size, CFG.d_model)
+        layer = torch.nn.TransformerEncoderLayer(CFG.d_model, CFG.n_heads, 2 * CFG.d_model, dropout=0.0,
+                                                 batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, CFG.n_layers, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(CFG.d_model, CFG.vocab_size)
+
+    def forward(self, ids):
+        return self.head(self.encoder(self.emb(ids)))  # [B, T, V]
+
+
+def test_a_family_without_traced_hooks_warns_once_and_keeps_the_rest(tmp_path):
+    torch.manual_seed(0)
+    model = _TorchEncoder()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    net = torch.compile(model, backend=BACKEND)
+    with pytest.warns(RuntimeWarning, match="not sampled under torch.compile for torch-mha") as caught:
+        monitor = TrainingMonitor(net, tmp_path, attention_every=ATTENTION_EVERY, echo=False)
+        gen = torch.Generator().manual_seed(1)
+        with monitor:
+            for _ in range(STEPS):
+                ids = torch.randint(0, CFG.vocab_size, (4, CFG.max_len), generator=gen)  # [B, T]
+                loss = F.cross_entropy(net(ids).reshape(-1, CFG.vocab_size), ids.reshape(-1))
+                loss.backward()
+                monitor.step(loss, optimizer=opt)
+                opt.step()
+                opt.zero_grad()
+    assert sum("not sampled under torch.compile" in str(w.message) for w in caught) == 1
+    records = _records(tmp_path)
+    assert len(records) == STEPS and not any("attention" in r for r in records)
+    assert all(len(r["layers"]) == CFG.n_layers and r["grad_norm"] > 0 for r in records)
