@@ -4,7 +4,7 @@
   `attn_logit_max` (200) and at least `attn_logit_growth` (10) x its smallest sample of the last
   `attn_logit_window` (100) steps: a runaway. On the proxies the runs without qk-norm go from
   0.2 to past 200 in 10-20 steps and reach 1e5-5e7; the qk-normed runs drift past 200 too at lr
-  0.3 (steps 505-835 of 1,000), but by at most 2.7x in 100 steps.
+  0.3 (steps 505-835 of 1,000), but by at most 3.5x in 100 steps.
   Cure: qk-layernorm (Dehghani et al. 2023; Wortsman et al. 2023).
 - logit_divergence: the root mean square of the output log-partition z above `z_rms_max` for
   `z_patience` logged steps.
@@ -37,8 +37,8 @@ class AttentionLogitGrowth(Detector):
     Why the growth and not the level alone: without qk-layernorm the logit is bilinear in the q
     and k weights, which start at std 0.02 and which Adam moves by about the lr per coordinate per
     step, so it multiplies (proxy at lr 0.3: 0.2 to 285 in 10 steps, 1e5 by step 100); with it
-    |q| and |k| are sqrt(d_head) x LayerNorm gains that start at 1, so it drifts (88 at step 300,
-    past 200 at 835, never more than 2.6x in 100 steps)."""
+    |q| and |k| are sqrt(d_head) x LayerNorm gains that start at 1, so it drifts (7-11 at step 50,
+    past 200 at steps 505-835, never more than 3.5x in 100 steps)."""
 
     kind, severity, lr_first = "attention_logit_growth", "warning", True
     hint = ("attention logits are growing, the divergence qk-layernorm cures: normalise queries and keys "
