@@ -1,8 +1,10 @@
 """Detectors of the published large-run instabilities, each naming its published cure.
 
 - attention_logit_growth: the largest pre-softmax attention logit of a site above
-  `attn_logit_max` (200: the proxies' qk-normed runs stay below 100 up to lr 0.3, the runs
-  without qk-norm pass 200 within 50 steps from lr 0.03).
+  `attn_logit_max` (200) and at least `attn_logit_growth` (10) x its smallest sample of the last
+  `attn_logit_window` (100) steps: a runaway. On the proxies the runs without qk-norm go from
+  0.2 to past 200 in 10-20 steps and reach 1e5-5e7; the qk-normed runs drift past 200 too at lr
+  0.3 (steps 505-835 of 1,000), but by at most 3.5x in 100 steps.
   Cure: qk-layernorm (Dehghani et al. 2023; Wortsman et al. 2023).
 - logit_divergence: the root mean square of the output log-partition z above `z_rms_max` for
   `z_patience` logged steps.
@@ -21,18 +23,30 @@ unstable runs.
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Any
 
 from ._detect import Context, Detector, Emit, finite
 
 
 class AttentionLogitGrowth(Detector):
-    """Any head's largest pre-softmax attention logit above `attn_logit_max` (at a sampled step)."""
+    """A site's largest pre-softmax attention logit above `attn_logit_max` and up `attn_logit_growth`x
+    on its smallest sample within the last `attn_logit_window` steps (or, sampled more sparsely,
+    on the previous sample): a runaway, not a drift.
+
+    Why the growth and not the level alone: without qk-layernorm the logit is bilinear in the q
+    and k weights, which start at std 0.02 and which Adam moves by about the lr per coordinate per
+    step, so it multiplies (proxy at lr 0.3: 0.2 to 285 in 10 steps, 1e5 by step 100); with it
+    |q| and |k| are sqrt(d_head) x LayerNorm gains that start at 1, so it drifts (7-11 at step 50,
+    past 200 at steps 505-835, never more than 3.5x in 100 steps)."""
 
     kind, severity, lr_first = "attention_logit_growth", "warning", True
     hint = ("attention logits are growing, the divergence qk-layernorm cures: normalise queries and keys "
             "before their dot product (Dehghani et al. 2023; Wortsman et al. 2023), or lower the lr")
-    defaults = {"attn_logit_max": 200.0}
+    defaults = {"attn_logit_max": 200.0, "attn_logit_growth": 10.0, "attn_logit_window": 100}
+
+    def __init__(self) -> None:
+        self.seen: dict[str, deque] = {}  # per site, (step, largest logit) of its samples in the window
 
     def check(self, rec: dict[str, Any], ctx: Context, emit: Emit) -> None:
         logits = {site: max(v for v in st["max_logit"] if finite(v))
@@ -40,10 +54,23 @@ class AttentionLogitGrowth(Detector):
                   if any(finite(v) for v in st.get("max_logit") or [])}
         if not logits:
             return
-        site = max(logits, key=logits.get)
-        limit = ctx.threshold("attn_logit_max")
-        emit(logits[site] > limit, site,
-             f"max pre-softmax attention logit of {site} is {logits[site]:.1f} (> {limit:g})")
+        step, window = rec["step"], ctx.threshold("attn_logit_window")
+        limit, factor = ctx.threshold("attn_logit_max"), ctx.threshold("attn_logit_growth")
+        worst = None  # (growth, site, logit, smallest in the window)
+        for site, now in logits.items():
+            seen = self.seen.setdefault(site, deque())
+            while len(seen) > 1 and seen[0][0] < step - window:
+                seen.popleft()  # leaves the previous sample when every sample is older than the window
+            low = min((v for _, v in seen), default=None)
+            seen.append((step, now))
+            # a first sample has no window: no growth to judge (a run resumed already past 200 is not alerted)
+            if low is not None and now > limit and now >= factor * max(low, 1e-30):
+                growth = now / max(low, 1e-30)
+                if worst is None or growth > worst[0]:
+                    worst = (growth, site, now, low)
+        emit(worst is not None, worst[1] if worst else "",
+             f"max pre-softmax attention logit of {worst[1]} is {worst[2]:.1f} (> {limit:g}), up from "
+             f"{worst[3]:.3g} within {window:g} steps (>= {factor:g}x)" if worst else "")
 
 
 class LogitDivergence(Detector):

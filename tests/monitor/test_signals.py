@@ -142,13 +142,45 @@ def _layers(**row):
                             "token_cos": 0.2, **row} for i in range(2)}
 
 
-def test_attention_logit_growth_fires_on_a_large_logit_and_names_qk_layernorm():
-    healthy = [rec(i, attention={"h.0.attn": {"entropy": [1.0, 1.0], "max_logit": [6.0, 8.0]}}) for i in range(10)]
+def _logit_recs(steps, logit):
+    """Records with attention samples at `steps`, the site's two heads at 1.0 and logit(step)."""
+    return [rec(s, attention={"h.0.attn": {"entropy": [1.0, 1.0], "max_logit": [1.0, logit(s)]}}) for s in steps]
+
+
+def test_attention_logit_growth_fires_on_a_runaway_logit_and_names_qk_layernorm():
+    healthy = _logit_recs(range(0, 50, 5), lambda s: 6.0)
     assert feed(_engine(), healthy) == []
-    grown = healthy + [rec(10, attention={"h.0.attn": {"entropy": [1.0, 1.0], "max_logit": [6.0, 400.0]}})]
+    grown = healthy + _logit_recs([50, 55], lambda s: 30.0 if s == 50 else 400.0)  # 6 -> 400 in 10 steps
     (a,) = feed(_engine(), grown)
-    assert a["kind"] == "attention_logit_growth" and a["where"] == "h.0.attn" and a["step"] == 10
-    assert "qk-layernorm" in a["hint"] and "Dehghani" in a["hint"]
+    assert a["kind"] == "attention_logit_growth" and a["where"] == "h.0.attn" and a["step"] == 55
+    assert "qk-layernorm" in a["hint"] and "Dehghani" in a["hint"] and "up from 6 within 100 steps" in a["message"]
+
+
+def test_a_slow_drift_past_the_level_is_not_a_runaway():
+    # like qk-layernorm's drift past 200 on the lr 0.3 proxy (measured: at most 3.5x per 100 steps); here 1.24x
+    drift = _logit_recs(range(300, 1000, 5), lambda s: 88.0 + 0.4 * (s - 300))
+    assert max(r["attention"]["h.0.attn"]["max_logit"][1] for r in drift) > 300
+    assert feed(_engine(), drift) == []
+    # the same drift 4x faster is still within 10x per 100 steps; a threshold of 1.2x calls it a runaway
+    assert feed(_engine(), _logit_recs(range(300, 500, 5), lambda s: 88.0 + 1.6 * (s - 300))) == []
+    eager = AlertEngine(Thresholds(extra={"attn_logit_growth": 1.2}), ["blocks.0", "blocks.1"])
+    assert [a["kind"] for a in feed(eager, drift)] == ["attention_logit_growth"]
+
+
+def test_attention_logit_growth_with_sparse_samples_and_without_history():
+    # sampled every 50 steps (the default attention_every): 0.2 at step 0, 5e4 at step 50
+    (a,) = feed(_engine(), _logit_recs([0, 50], lambda s: 0.2 if s == 0 else 5e4))
+    assert a["step"] == 50
+    # every 200 steps, past the 100-step window: the previous sample is the reference
+    (a,) = feed(_engine(), _logit_recs([0, 200], lambda s: 0.2 if s == 0 else 5e4))
+    assert a["step"] == 200
+    # a first sample already past the level has nothing to have grown from (a resumed run)
+    assert feed(_engine(), _logit_recs([1000, 1005], lambda s: 5e4)) == []
+    # one site's runaway is named, not the larger steady one
+    recs = [rec(s, attention={"h.0.attn": {"max_logit": [900.0]},
+                              "h.1.attn": {"max_logit": [1.0 if s == 0 else 300.0]}}) for s in (0, 5)]
+    (a,) = feed(_engine(), recs)
+    assert a["where"] == "h.1.attn"
 
 
 def test_logit_divergence_fires_on_a_drifting_log_partition_and_names_z_loss():
