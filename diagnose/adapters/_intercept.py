@@ -51,9 +51,10 @@ class AttentionMode(TorchFunctionMode):
     sees the softmax another one computes to recompute SDPA's probabilities, nor its callback's.
     """
 
-    def __init__(self, on_call: OnCall):
+    def __init__(self, on_call: OnCall, on_scores: Callable[[torch.Tensor], None] | None = None):
         super().__init__()
         self.on_call = on_call
+        self.on_scores = on_scores  # given the softmax's input (the logits) of a model's own softmax
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -66,6 +67,8 @@ class AttentionMode(TorchFunctionMode):
                 q, k, mask, causal, scale = _sdpa_args(*args, **kwargs)
                 self.on_call("sdpa", LazyProbs(q, k, mask, causal, scale), q)
             elif _is_attention_softmax(func, args, kwargs, out):
+                if self.on_scores is not None:
+                    self.on_scores((args[0] if args else kwargs["input"]).detach())  # [B, H, Tq, Tk] logits
                 self.on_call("softmax", out.detach(), None)  # the model's own map, in its own dtype
         finally:
             _BUSY[0] -= 1
@@ -129,7 +132,8 @@ def mode_around_forward(module: nn.Module, make_mode: Callable[[], TorchFunction
 
 def watch_probs_traced(module: nn.Module, callback: Callable[[Probs], None]):
     """watch_probs in the form dynamo traces (mode_around_forward)."""
-    return mode_around_forward(module, lambda: AttentionMode(lambda _kind, probs, _q: callback(probs)))
+    return mode_around_forward(module, lambda: AttentionMode(lambda _kind, probs, _q: callback(probs),
+                                                            getattr(callback, "on_scores", None)))
 
 
 def intercept(module: nn.Module, on_call: OnCall):
@@ -138,5 +142,7 @@ def intercept(module: nn.Module, on_call: OnCall):
 
 
 def watch_probs(module: nn.Module, callback: Callable[[Probs], None]):
-    """Context manager: callback(probs [B, H, Tq, Tk]) for each attention call inside module."""
-    return intercept(module, lambda _kind, probs, _q: callback(probs))
+    """Context manager: callback(probs [B, H, Tq, Tk]) for each attention call inside module (and
+    callback.on_scores(logits) first for a model's own softmax, when the callback has it: base.py)."""
+    return mode_inside(module, lambda: AttentionMode(lambda _kind, probs, _q: callback(probs),
+                                                     getattr(callback, "on_scores", None)))

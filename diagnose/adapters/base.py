@@ -20,6 +20,10 @@ from ._probs import LazyProbs
 # callback(probs), one call per forward of the site, probs [B, H, Tq, Tk] per head: a Tensor (any float dtype)
 # or a _probs.LazyProbs (recomputed SDPA rows, made on demand). Consumers read it through
 # _probs.query_chunks (bounded memory) or _probs.materialise (the whole map, float32).
+# A callback may carry an attribute `on_scores(scores)`: where the model computes its own softmax, an
+# adapter that sees its input (the pre-softmax logits, masked entries -inf or very negative) calls it
+# first with that Tensor [B, H, Tq, Tk], or with a LazyProbs whose scores() are those logits, so that a
+# consumer of a Tensor map can still read the logits (the monitor's max logit). send_scores() below.
 PatternCallback = Callable[["torch.Tensor | LazyProbs"], None]
 # fn(head_out) -> head_out, both [B, T, H, D]: each head's output before the output projection
 HeadOutputFn = Callable[[torch.Tensor], torch.Tensor]
@@ -64,6 +68,13 @@ class Adapter(Protocol):
 
     def blocks(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         """(qualified name, module) of each residual block, whose output is the residual stream."""
+
+
+def send_scores(callback: PatternCallback, scores: "torch.Tensor | LazyProbs") -> None:
+    """Hand the pre-softmax logits of a model's own softmax to the callback's `on_scores`, if it has one."""
+    on_scores = getattr(callback, "on_scores", None)
+    if on_scores is not None:
+        on_scores(scores)
 
 
 def compile_safe(site: AttentionSite) -> bool:

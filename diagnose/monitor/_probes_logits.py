@@ -4,8 +4,10 @@
   each head over the step's visible (query, key) pairs. Attention-logit growth is the divergence
   qk-layernorm cures (Dehghani et al. 2023, ViT-22B; Wortsman et al. 2023). It is read from the
   q and k the adapters already keep to recompute SDPA's probabilities (`LazyProbs.scores`), so it
-  is taken where the model calls scaled_dot_product_attention; a model that writes its own
-  softmax hands over probabilities only, and its sites then have no `max_logit`.
+  is taken where the model calls scaled_dot_product_attention; where the model writes its own
+  softmax, from the softmax's input, which the intercept and the traced hooks hand over
+  (base.send_scores). Adapters that see only the probabilities (the reference model's, TransformerLens's,
+  nn.MultiheadAttention's need_weights) give no `max_logit`.
 - logit_z: per logged step, the log-partition z = logsumexp(logits) of the model's output
   logits over the vocabulary, per position: its mean, the largest |z| and the mean of z^2 (what
   the z-loss of PaLM and Wortsman et al. 2023 penalises). Output-logit divergence shows as z
@@ -26,7 +28,7 @@ _CHUNK = 1 << 22  # score elements per chunk: the max logit never holds more tha
 
 def max_logit(probs: Any) -> torch.Tensor | None:
     """Per head, the largest visible pre-softmax logit of one SDPA call; None for a model's own
-    softmax (its logits are not handed over).  # [H] float32 on the device, no sync"""
+    softmax map (its logits come separately: max_of_scores).  # [H] float32 on the device, no sync"""
     if not isinstance(probs, LazyProbs):
         return None
     B, H, Tq, Tk = probs.shape
@@ -39,6 +41,14 @@ def max_logit(probs: Any) -> torch.Tensor | None:
     return best
 
 
+def max_of_scores(scores: Any) -> torch.Tensor:
+    """Per head, the largest logit of a model's own softmax input (masked entries are -inf or very
+    negative, so they do not win), or of a LazyProbs.  # [H] float32 on the device, no sync"""
+    if isinstance(scores, LazyProbs):
+        return max_logit(scores)
+    return scores.detach().amax(dim=(0, 2, 3)).float()  # [B, H, Tq, Tk] -> [H]
+
+
 class AttentionLogitProbe:
     """On sampled steps: per site, per head, the largest pre-softmax logit (the max over the step's
     forwards). It reads the attention probe's hooks (AttentionWatch.readers) rather than entering
@@ -47,7 +57,9 @@ class AttentionLogitProbe:
 
     def __init__(self, monitor: Any):
         self.site_names = monitor.site_names
-        monitor.probe("attention").watch.readers.append(self._read)
+        watch = monitor.probe("attention").watch
+        watch.readers.append(self._read)
+        watch.score_readers.append(self._read_scores)
         self._seen: list[list[torch.Tensor]] = [[] for _ in self.site_names]
         self.ran: list[bool] = []
 
@@ -55,6 +67,9 @@ class AttentionLogitProbe:
         m = max_logit(probs)
         if m is not None:
             self._seen[i].append(m.float())
+
+    def _read_scores(self, i: int, scores: Any) -> None:
+        self._seen[i].append(max_of_scores(scores))
 
     def arm(self, step: int, logged: bool, sampled: bool) -> None:
         pass  # the attention probe arms the hooks

@@ -213,6 +213,9 @@ class AttentionWatch:
         # more readers of the same sampled probabilities, reader(site index, probs): another probe
         # shares these hooks, and so their place in a compiled graph, instead of adding its own
         self.readers: list[Callable[[int, Any], None]] = []
+        # reader(site index, scores) of the pre-softmax logits of a model's own softmax (base.send_scores):
+        # a Tensor [B, H, Tq, Tk] or a LazyProbs; for SDPA the probabilities above hold them
+        self.score_readers: list[Callable[[int, Any], None]] = []
 
     @property
     def armed(self) -> bool:
@@ -256,6 +259,13 @@ class AttentionWatch:
             self._seen[i].append(torch.stack([rows[r] for r in ATTENTION_ROWS]))  # [3, H]
             for read in self.readers:
                 read(i, probs)
+
+        def on_scores(scores: Any) -> None:  # [B, H, Tq, Tk] logits of the model's own softmax
+            if self.sampling and torch.is_grad_enabled():
+                for read in self.score_readers:
+                    read(i, scores)
+
+        callback.on_scores = on_scores
         return callback
 
     def collect(self) -> list[torch.Tensor | None]:

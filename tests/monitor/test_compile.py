@@ -357,7 +357,7 @@ def test_compiled_hf_gpt2_run_equals_eager(tmp_path, how, attn, checkpointed):
     got, graphs, breaks = _counted(lambda: _train_gpt2(tmp_path / "compiled", how, attn, checkpointed))
     _assert_same_run(got, eager, graphs, breaks, ["transformer.h.0", "transformer.h.1"])
     sampled = [r for r in got if "attention" in r]
-    assert all(("max_logit" in str(r["attention"])) == (attn == "sdpa") for r in sampled)
+    assert sampled and all("max_logit" in str(r["attention"]) for r in sampled)  # eager: from the softmax's input
 
 
 @pytest.mark.parametrize("how, attn, checkpointed", [("compiled", "sdpa", False), ("compiled", "eager", False),

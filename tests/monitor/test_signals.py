@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from diagnose.monitor import TrainingMonitor
 from diagnose.monitor._alerts import AlertEngine, Thresholds
+from diagnose.zoo import ModelConfig, Transformer
 from ..nano import NanoGPT
 from ..tolerance import approx
 from .test_alerts import feed, rec
@@ -25,8 +27,11 @@ def _ids() -> torch.Tensor:
     return torch.randint(0, 20, (3, 8), generator=torch.Generator().manual_seed(1))  # [B, T]
 
 
-def test_max_attention_logit_is_the_largest_visible_scaled_dot_product(tmp_path):
-    model, ids = _model(), _ids()
+@pytest.mark.parametrize("scale", ["sdpa_causal", "sqrt"])
+def test_max_attention_logit_is_the_largest_visible_scaled_dot_product(tmp_path, scale):
+    """Under SDPA from the q and k the intercept keeps; with the model's own softmax ("sqrt": masked
+    with the dtype's minimum), from the softmax's input."""
+    model, ids = _model(scale), _ids()
     with torch.no_grad():  # independent: q, k from c_attn, every visible (query, key) pair by hand
         want, x = [], model.wte(ids) + model.wpe(torch.arange(8))
         for block in model.h:
@@ -45,8 +50,9 @@ def test_max_attention_logit_is_the_largest_visible_scaled_dot_product(tmp_path)
         assert g == approx(w, depth=2, width=16)
 
 
-def test_a_model_with_its_own_softmax_has_no_max_logit_and_still_its_entropy(tmp_path):
-    model = _model("sqrt")
+def test_an_adapter_that_hands_over_probabilities_only_has_no_max_logit_and_still_its_entropy(tmp_path):
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=20))  # its pattern hook
     with TrainingMonitor(model, tmp_path / "r", attention_every=1, echo=False) as mon:
         model(_ids()).sum().backward()
         record = mon.step(1.0)
