@@ -23,9 +23,9 @@ def corpus() -> torch.Tensor:
 
 
 class ProxyAttention(nn.Module):
-    def __init__(self, d: int, n_heads: int, qk_norm: bool, ln_bias: bool = True):
+    def __init__(self, d: int, n_heads: int, qk_norm: bool, ln_bias: bool = True, softmax: bool = False):
         super().__init__()
-        self.n_heads = n_heads
+        self.n_heads, self.softmax = n_heads, softmax
         self.c_attn, self.c_proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
         hs = d // n_heads
         self.q_norm = nn.LayerNorm(hs, bias=ln_bias) if qk_norm else nn.Identity()
@@ -35,15 +35,21 @@ class ProxyAttention(nn.Module):
         B, T, C = x.size()  # batch, sequence, embedding
         q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
                    for t in self.c_attn(x).split(C, dim=2))  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(self.q_norm(q), self.k_norm(k), v, is_causal=True)  # (B, nh, T, hs)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if self.softmax:  # nanoGPT's path without flash attention: the logits exist, masked with -inf
+            att = (q @ k.transpose(-2, -1)) * k.shape[-1] ** -0.5  # (B, nh, T, T)
+            att = att.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+            y = F.softmax(att, dim=-1) @ v  # (B, nh, T, hs)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
 class ProxyBlock(nn.Module):
-    def __init__(self, d: int, n_heads: int, qk_norm: bool, ln_bias: bool = True):
+    def __init__(self, d: int, n_heads: int, qk_norm: bool, ln_bias: bool = True, softmax: bool = False):
         super().__init__()
         self.ln_1, self.ln_2 = nn.LayerNorm(d, bias=ln_bias), nn.LayerNorm(d, bias=ln_bias)
-        self.attn = ProxyAttention(d, n_heads, qk_norm, ln_bias)
+        self.attn = ProxyAttention(d, n_heads, qk_norm, ln_bias, softmax)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d, bias=False), nn.GELU(), nn.Linear(4 * d, d, bias=False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -55,10 +61,10 @@ class ProxyDecoder(nn.Module):
     """Byte-level decoder: forward(idx [B, T]) -> logits [B, T, 256]."""
 
     def __init__(self, d: int = 64, n_layers: int = 2, n_heads: int = 4, max_len: int = 64, qk_norm: bool = False,
-                 head_bias: bool = True, ln_bias: bool = True):
+                 head_bias: bool = True, ln_bias: bool = True, softmax: bool = False):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(256, d), nn.Embedding(max_len, d)
-        self.h = nn.ModuleList(ProxyBlock(d, n_heads, qk_norm, ln_bias) for _ in range(n_layers))
+        self.h = nn.ModuleList(ProxyBlock(d, n_heads, qk_norm, ln_bias, softmax) for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d, bias=ln_bias)
         # the loss does not see a shift of all logits, and Adam's per-coordinate steps do not keep it
         # still: without weight decay the logits of bytes the text never holds sink (mean logit -15 to -20
@@ -90,15 +96,16 @@ def batches(data: torch.Tensor, steps: int, batch: int, seq: int, seed: int):
 def train(lr: float, *, qk_norm: bool, z_loss: float, head_bias: bool = True, ln_bias: bool = True,
           eps: float = 1e-8, steps: int = 300, warmup: int = 20, batch: int = 16,
           seq: int = 64, seed: int = 0, monitor_dir=None, every: int = 1, attention_every: int = 5,
-          data: torch.Tensor | None = None):
+          data: torch.Tensor | None = None, softmax: bool = False):
     """Train one proxy with AdamW (no weight decay, Adam's `eps`, linear warmup then constant lr);
     returns (losses [steps] floats, the monitor's alerts as (step, kind) in order).
-    ln_bias=False with head_bias=False leaves no bias anywhere, as in Wortsman et al. 2023."""
+    ln_bias=False with head_bias=False leaves no bias anywhere, as in Wortsman et al. 2023.
+    softmax=True computes the attention with an explicit softmax instead of SDPA."""
     from diagnose.monitor import TrainingMonitor
 
     torch.manual_seed(seed)
     data = corpus() if data is None else data
-    model = ProxyDecoder(max_len=seq, qk_norm=qk_norm, head_bias=head_bias, ln_bias=ln_bias)
+    model = ProxyDecoder(max_len=seq, qk_norm=qk_norm, head_bias=head_bias, ln_bias=ln_bias, softmax=softmax)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95), eps=eps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
     losses, alerts = [], []

@@ -14,7 +14,7 @@ A run whose loss falls behind is unstable; the goal is that the alert naming its
 and that a run that does not fall behind raises none of these alerts.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_proxies.py [--lrs 0.003,0.03,0.1,0.3] [--steps 300]
-        [--warmup 20] [--no-head-bias] [--no-ln-bias] [--eps 1e-8]
+        [--warmup 20] [--no-head-bias] [--no-ln-bias] [--eps 1e-8] [--softmax]
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ def main() -> None:
     ap.add_argument("--no-head-bias", action="store_true", help="an output layer without bias")
     ap.add_argument("--no-ln-bias", action="store_true", help="LayerNorms without bias")
     ap.add_argument("--eps", type=float, default=1e-8, help="Adam's eps")
+    ap.add_argument("--softmax", action="store_true", help="attention by an explicit softmax (nanoGPT without flash)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     data = corpus()
@@ -97,7 +98,7 @@ def main() -> None:
                     losses, alerts = train(lr, qk_norm=qk, z_loss=z, steps=args.steps, warmup=args.warmup,
                                            head_bias=not args.no_head_bias, ln_bias=not args.no_ln_bias,
                                            eps=args.eps, monitor_dir=d,
-                                           attention_every=args.attention_every, data=data)
+                                           attention_every=args.attention_every, data=data, softmax=args.softmax)
                     zpeak = peak_z(d)
                 runs[qk, z] = (losses, alerts, zpeak, time.perf_counter() - t0)
         stable = runs[True, 1e-4][0]
