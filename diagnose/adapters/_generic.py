@@ -17,7 +17,7 @@ import torch.nn as nn
 from ..errors import ConfigError, NoAttentionFoundError
 from ..objectives import call_model
 from ._hooks import blocks_around, gate_projection, hooks
-from ._intercept import MODES_TRACED, AttentionMode, watch_probs, watch_probs_traced
+from ._intercept import AttentionMode, watch_probs, watch_probs_traced
 from .base import AttentionSite, HeadOutputFn, PatternCallback
 from .layout import BLOCKED, Projection, ProjectionLayout
 
@@ -43,8 +43,8 @@ class InterceptAdapter(ABC):
 
     def compile_safe(self, site: AttentionSite) -> bool:
         """Under torch.compile the intercept runs as `with mode:` around the forward, which dynamo
-        traces from torch 2.6 (watch_pattern_traced)."""
-        return MODES_TRACED
+        traces into the graph (watch_pattern_traced; base.TRACED_HOOKS says from which torch)."""
+        return True
 
     def watch_pattern_traced(self, site: AttentionSite, callback: PatternCallback):
         return watch_probs_traced(site.module, callback)

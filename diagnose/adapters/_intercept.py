@@ -102,15 +102,12 @@ def mode_inside(module: nn.Module, make_mode: Callable[[], TorchFunctionMode]) -
             entered.pop().__exit__(None, None, None)
 
 
-# dynamo traces `with mode:` of a torch function mode into the graph from torch 2.6 (pytorch#135422);
-# torch 2.4 breaks the graph there (measured)
-MODES_TRACED = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 6)
 _NONE = object()
 
 
 @contextmanager
 def mode_around_forward(module: nn.Module, make_mode: Callable[[], TorchFunctionMode]) -> Iterator[None]:
-    """As mode_inside, in the form dynamo traces into a compiled graph (MODES_TRACED): the module's
+    """As mode_inside, in the form dynamo traces into a compiled graph (base.TRACED_HOOKS): the module's
     forward is wrapped, as an attribute of the instance, in `with make_mode():` (a mode entered in
     a pre-hook and left in a forward hook breaks the graph). `finally` puts the forward back."""
     own = module.__dict__.get("forward", _NONE)

@@ -77,7 +77,17 @@ def send_scores(callback: PatternCallback, scores: "torch.Tensor | LazyProbs") -
         on_scores(scores)
 
 
+# watch_pattern_traced (hooks that rebuild q and k, or the intercept as `with mode:`) is traced into one
+# graph by the dynamo of torch 2.13 and 2.14 (tests/monitor/test_compile.py); torch 2.4's fails on it (an
+# internal error on the hooks' closures, a graph per step, a break: measured). Versions between were not
+# available to test, so they are treated as 2.4 (attention not sampled under compile, with a warning).
+TRACED_HOOKS = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
+
+
 def compile_safe(site: AttentionSite) -> bool:
-    """Whether the site's adapter watches its attention with hooks dynamo traces (Adapter's `compile_safe`)."""
+    """Whether the site's adapter watches its attention with hooks dynamo traces (Adapter's `compile_safe`);
+    an adapter that does so through watch_pattern_traced only from torch 2.13 (TRACED_HOOKS)."""
+    if hasattr(site.adapter, "watch_pattern_traced") and not TRACED_HOOKS:
+        return False
     safe = getattr(site.adapter, "compile_safe", False)
     return bool(safe(site) if callable(safe) else safe)

@@ -16,8 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .._activations import STAT_NAMES
-from ..adapters._intercept import MODES_TRACED
-from ..adapters.base import compile_safe
+from ..adapters.base import TRACED_HOOKS, compile_safe
 from ._layout import ACTIVATION_REDUCE, ATTENTION_ROWS, record_key
 from ._measure import Measurement, StepInputs
 from ._signals import ActivationWatch, AttentionWatch, GradNorms, scaler_divisor
@@ -134,11 +133,11 @@ class AttentionProbe(_Quiet):
         self.watch.held = False
         self.watch.disarm()
         families = sorted({site.adapter.family for site in self.watch.sites if not compile_safe(site)})
-        newer = "" if MODES_TRACED else "torch >= 2.6 (for families read through the intercept), or "
+        newer = "" if TRACED_HOOKS else "torch >= 2.13 (whose dynamo traces diagnose's attention hooks), or "
         warnings.warn(
             f"diagnose: attention statistics are not sampled under torch.compile for {', '.join(families)}: "
-            "its attention probabilities are read through a torch function mode, which dynamo traces into "
-            f"the graph from torch 2.6 (this is {torch.__version__}), or through hooks that break the graph. "
+            "its attention probabilities are read through hooks this dynamo cannot trace into the graph "
+            f"(diagnose's traced hooks need torch >= 2.13; this is {torch.__version__}). "
             "Lost: per-head entropy, max weight and max logit (and "
             "entropy_collapse, attention_logit_growth); activations, gradient norms, the output logits' z "
             f"and the optimizer's update sizes are kept. Fix: {newer}sample attention from an eager "
