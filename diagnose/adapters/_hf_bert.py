@@ -9,7 +9,7 @@ import torch.nn as nn
 from ._hf import HFAdapter
 from ._hooks import hooks
 from ._probs import LazyProbs
-from .base import AttentionSite, PatternCallback, send_scores
+from .base import AttentionSite, PatternCallback, hand_over
 from ..errors import ConfigError
 from .layout import HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
 from .readout import ResidualPath
@@ -74,11 +74,7 @@ class BertAdapter(HFAdapter):
                 mask = mask[..., :out.shape[1]]  # eager_attention_forward's own cut to the keys
             probs = LazyProbs(heads(q), heads(out), mask, is_causal=bool(getattr(inner, "is_causal", False)),
                               scale=inner.scaling)
-            if inner.config._attn_implementation == "eager":  # the model's own map, and its logits
-                send_scores(callback, probs)  # as the intercept hands them over
-                callback(probs.full())  # [B, H, Tq, Tk]
-            else:  # SDPA: the recomputed rows, which hold the logits
-                callback(probs)
+            hand_over(callback, probs, eager=inner.config._attn_implementation == "eager")
 
         return hooks(lambda: inner.register_forward_pre_hook(pre, with_kwargs=True),
                      lambda: inner.query.register_forward_hook(on_q), lambda: inner.key.register_forward_hook(on_k))

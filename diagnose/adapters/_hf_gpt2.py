@@ -9,7 +9,7 @@ import torch.nn as nn
 from ._hf import HFAdapter
 from ._hooks import hooks
 from ._probs import LazyProbs
-from .base import AttentionSite, PatternCallback, send_scores
+from .base import AttentionSite, PatternCallback, hand_over
 from .layout import BLOCKED, HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
 from .readout import named
 
@@ -57,11 +57,7 @@ class GPT2Adapter(HFAdapter):
                 return
             mask = seen.pop("mask", None)  # additive, [B or 1, 1, Tq, Tk], or None
             probs = LazyProbs(heads(q), heads(k), mask, is_causal=not cross, scale=_scaling(m, D))  # [B, H, Tq, Tk]
-            if m.config._attn_implementation == "eager":  # the model's own map, and its logits
-                send_scores(callback, probs)  # as the intercept hands them over
-                callback(probs.full())  # [B, H, Tq, Tk]
-            else:  # SDPA: the recomputed rows, which hold the logits
-                callback(probs)
+            hand_over(callback, probs, eager=m.config._attn_implementation == "eager")
 
         register = [lambda: m.register_forward_pre_hook(pre, with_kwargs=True),
                     lambda: m.c_attn.register_forward_hook(on_qkv)]

@@ -12,7 +12,7 @@ import torch.nn as nn
 from ._hf import HFAdapter
 from ._hooks import hooks
 from ._probs import LazyProbs
-from .base import AttentionSite, PatternCallback, send_scores
+from .base import AttentionSite, PatternCallback, hand_over
 from ..errors import ConfigError
 from .layout import HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
 from .readout import named
@@ -87,11 +87,7 @@ class LlamaAdapter(HFAdapter):
             if isinstance(mask, torch.Tensor) and mask.dim() == 4:
                 mask = mask[..., :kr.shape[-2]]  # eager_attention_forward's own cut to the keys
             probs = LazyProbs(qr, kr, mask, is_causal=bool(getattr(m, "is_causal", True)), scale=m.scaling)
-            if m.config._attn_implementation == "eager":  # the model's own map, and its logits
-                send_scores(callback, probs)  # as the intercept hands them over
-                callback(probs.full())  # [B, H, Tq, Tk]
-            else:  # SDPA: the recomputed rows, which hold the logits
-                callback(probs)
+            hand_over(callback, probs, eager=m.config._attn_implementation == "eager")
 
         return hooks(lambda: m.register_forward_pre_hook(pre, with_kwargs=True),
                      lambda: q_src.register_forward_hook(on_q), lambda: k_src.register_forward_hook(on_k))

@@ -84,6 +84,16 @@ def send_scores(callback: PatternCallback, scores: "torch.Tensor | LazyProbs") -
 TRACED_HOOKS = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
 
 
+def hand_over(callback: PatternCallback, probs: LazyProbs, eager: bool) -> None:
+    """Rebuilt probabilities as the intercept would hand them over: under the eager implementation (the
+    model's own softmax) its logits to `on_scores`, then the whole map; under SDPA the rows."""
+    if eager:
+        send_scores(callback, probs)
+        callback(probs.full())  # [B, H, Tq, Tk]
+    else:
+        callback(probs)
+
+
 def compile_safe(site: AttentionSite) -> bool:
     """Whether the site's adapter watches its attention with hooks dynamo traces (Adapter's `compile_safe`);
     an adapter that does so through watch_pattern_traced only from torch 2.13 (TRACED_HOOKS)."""
