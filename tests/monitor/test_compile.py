@@ -183,18 +183,21 @@ def test_graph_traced_without_the_hooks_warns_once(tmp_path):
     assert "act_mean" in record["layers"]["blocks.0"] and "attention" in record
 
 
-def _lightning_run(run_dir, compiled: bool) -> list[dict]:
+def _lightning_run(run_dir, compiled: bool, make_net=lambda: Transformer(CFG),
+                   logits_of=lambda net, ids: net(ids)) -> list[dict]:
+    """STEPS Lightning steps of next-token loss with the diagnose callback; Lightning compiles
+    training_step with the backend given when `compiled`."""
     L = pytest.importorskip("lightning.pytorch")
     from diagnose.monitor.lightning import DiagnoseCallback
 
     class Module(L.LightningModule):
         def __init__(self):
             super().__init__()
-            self.net = Transformer(CFG)
+            self.net = make_net()
 
         def training_step(self, batch, _):
             (ids,) = batch
-            logits = self.net(ids)  # [B, T, V]
+            logits = logits_of(self.net, ids)  # [B, T, V]
             return F.cross_entropy(logits[:, :-1].reshape(-1, CFG.vocab_size), ids[:, 1:].reshape(-1))
 
         def configure_optimizers(self):
@@ -207,7 +210,6 @@ def _lightning_run(run_dir, compiled: bool) -> list[dict]:
     trainer = L.Trainer(max_steps=STEPS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, accelerator="cpu", default_root_dir=str(run_dir),
                         callbacks=[DiagnoseCallback(run_dir / "diag", echo=False, attention_every=ATTENTION_EVERY)])
-    # Lightning compiles training_step with the backend given here
     trainer.fit(torch.compile(module, backend=BACKEND) if compiled else module, loader)
     return _records(run_dir / "diag")
 
@@ -446,35 +448,8 @@ def test_hf_callback_with_compile_equals_eager(tmp_path):
 
 
 def _lightning_gpt2_run(run_dir, compiled: bool) -> list[dict]:
-    L = pytest.importorskip("lightning.pytorch")
-    transformers = pytest.importorskip("transformers")
-    from diagnose.monitor.lightning import DiagnoseCallback
-
-    class Module(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-                n_layer=CFG.n_layers, n_head=CFG.n_heads, n_embd=CFG.d_model, n_positions=CFG.max_len,
-                vocab_size=CFG.vocab_size, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                eos_token_id=0))
-
-        def training_step(self, batch, _):
-            (ids,) = batch
-            logits = self.net(input_ids=ids, use_cache=False).logits  # [B, T, V]
-            return F.cross_entropy(logits[:, :-1].reshape(-1, CFG.vocab_size), ids[:, 1:].reshape(-1))
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    torch.manual_seed(0)
-    module = Module()
-    ids = torch.randint(0, CFG.vocab_size, (4 * STEPS, CFG.max_len), generator=torch.Generator().manual_seed(1))
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=4)
-    trainer = L.Trainer(max_steps=STEPS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu", default_root_dir=str(run_dir),
-                        callbacks=[DiagnoseCallback(run_dir / "diag", echo=False, attention_every=ATTENTION_EVERY)])
-    trainer.fit(torch.compile(module, backend=BACKEND) if compiled else module, loader)
-    return _records(run_dir / "diag")
+    return _lightning_run(run_dir, compiled, make_net=lambda: _gpt2("sdpa"),
+                          logits_of=lambda net, ids: net(input_ids=ids, use_cache=False).logits)
 
 
 @needs_traced_hooks
