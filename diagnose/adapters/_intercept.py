@@ -127,19 +127,17 @@ def mode_around_forward(module: nn.Module, make_mode: Callable[[], TorchFunction
             module.forward = own
 
 
-def watch_probs_traced(module: nn.Module, callback: Callable[[Probs], None]):
-    """watch_probs in the form dynamo traces (mode_around_forward)."""
-    return mode_around_forward(module, lambda: AttentionMode(lambda _kind, probs, _q: callback(probs),
-                                                            getattr(callback, "on_scores", None)))
-
-
-def intercept(module: nn.Module, on_call: OnCall):
-    """Context manager: on_call for every attention softmax / SDPA inside `module`'s forward."""
-    return mode_inside(module, lambda: AttentionMode(on_call))
+def _watching(callback: Callable[[Probs], None]) -> Callable[[], AttentionMode]:
+    """A fresh mode per forward that hands callback the probabilities, and callback.on_scores the logits
+    of a model's own softmax first, when the callback has it (base.py)."""
+    return lambda: AttentionMode(lambda _kind, probs, _q: callback(probs), getattr(callback, "on_scores", None))
 
 
 def watch_probs(module: nn.Module, callback: Callable[[Probs], None]):
-    """Context manager: callback(probs [B, H, Tq, Tk]) for each attention call inside module (and
-    callback.on_scores(logits) first for a model's own softmax, when the callback has it: base.py)."""
-    return mode_inside(module, lambda: AttentionMode(lambda _kind, probs, _q: callback(probs),
-                                                     getattr(callback, "on_scores", None)))
+    """Context manager: callback(probs [B, H, Tq, Tk]) for each attention call inside module."""
+    return mode_inside(module, _watching(callback))
+
+
+def watch_probs_traced(module: nn.Module, callback: Callable[[Probs], None]):
+    """watch_probs in the form dynamo traces (mode_around_forward)."""
+    return mode_around_forward(module, _watching(callback))
