@@ -7,9 +7,9 @@ import torch
 import torch.nn as nn
 
 from ._hf import HFAdapter
-from ._hooks import hooks
+from ._hooks import watch_q_k
 from ._probs import LazyProbs
-from .base import AttentionSite, PatternCallback, hand_over
+from .base import AttentionSite, PatternCallback
 from ..errors import ConfigError
 from .layout import HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
 from .readout import ResidualPath
@@ -51,33 +51,16 @@ class BertAdapter(HFAdapter):
         mask from the self-attention's keywords, the probabilities recomputed as SDPA would
         (LazyProbs). The callback gets the whole map under the eager implementation, a LazyProbs
         otherwise. Past keys of a cache are not seen: sampling reads training forwards."""
-        if not self._rebuilds(site):  # the intercept, in the form dynamo traces (torch >= 2.6)
+        if not self._rebuilds(site):  # the intercept, in the form dynamo traces (base.TRACED_HOOKS)
             return super().watch_pattern_traced(site, callback)
         inner = site.module.self
-        D = site.head_dim
-        seen: dict[str, object] = {}
 
-        def heads(x: torch.Tensor) -> torch.Tensor:  # [B, T, H * D] -> [B, H, T, D]
-            return x.reshape(x.shape[0], x.shape[1], -1, D).transpose(1, 2)
+        def probs_of(q: torch.Tensor, k: torch.Tensor, kept: dict) -> LazyProbs:  # q, k [B, H, T, D]
+            return LazyProbs(q, k, kept["attention_mask"], is_causal=bool(getattr(inner, "is_causal", False)),
+                             scale=inner.scaling)
 
-        def pre(_m, args: tuple, kwargs: dict) -> None:
-            seen["mask"] = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
-
-        def on_q(_m, _args, out: torch.Tensor) -> None:
-            seen["q"] = out
-
-        def on_k(_m, _args, out: torch.Tensor) -> None:
-            q, mask = seen.pop("q", None), seen.pop("mask", None)
-            if q is None or not torch.is_grad_enabled():
-                return
-            if isinstance(mask, torch.Tensor) and mask.dim() == 4:
-                mask = mask[..., :out.shape[1]]  # eager_attention_forward's own cut to the keys
-            probs = LazyProbs(heads(q), heads(out), mask, is_causal=bool(getattr(inner, "is_causal", False)),
-                              scale=inner.scaling)
-            hand_over(callback, probs, eager=inner.config._attn_implementation == "eager")
-
-        return hooks(lambda: inner.register_forward_pre_hook(pre, with_kwargs=True),
-                     lambda: inner.query.register_forward_hook(on_q), lambda: inner.key.register_forward_hook(on_k))
+        return watch_q_k(inner, inner.query, inner.key, site.head_dim, {"attention_mask": 1}, probs_of,
+                         inner.config._attn_implementation == "eager", callback)
 
     def residual_path(self, model: nn.Module, site) -> ResidualPath:
         """Post-norm: the head's write passes its layer's attention-output LayerNorm and output LayerNorm,

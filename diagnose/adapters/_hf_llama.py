@@ -10,9 +10,9 @@ import torch
 import torch.nn as nn
 
 from ._hf import HFAdapter
-from ._hooks import hooks
+from ._hooks import watch_q_k
 from ._probs import LazyProbs
-from .base import AttentionSite, PatternCallback, hand_over
+from .base import AttentionSite, PatternCallback
 from ..errors import ConfigError
 from .layout import HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
 from .readout import named
@@ -60,37 +60,22 @@ class LlamaAdapter(HFAdapter):
         attention). The callback gets what the intercept gives: the whole map under the eager
         implementation, a LazyProbs otherwise. Past keys of a cache are not seen: sampling reads
         training forwards (grad enabled), which carry none."""
-        if not self._rebuilds(site):  # the intercept, in the form dynamo traces (torch >= 2.6)
+        if not self._rebuilds(site):  # the intercept, in the form dynamo traces (base.TRACED_HOOKS)
             return super().watch_pattern_traced(site, callback)
         m = site.module
-        D = site.head_dim
         rope = _rope(m)
         q_src = m.q_norm if isinstance(getattr(m, "q_norm", None), nn.Module) else m.q_proj
         k_src = m.k_norm if isinstance(getattr(m, "k_norm", None), nn.Module) else m.k_proj
-        seen: dict[str, object] = {}
 
-        def heads(x: torch.Tensor) -> torch.Tensor:  # [B, T, H * D] or [B, T, H, D] -> [B, H, T, D]
-            return x.reshape(x.shape[0], x.shape[1], -1, D).transpose(1, 2)
+        def probs_of(q: torch.Tensor, k: torch.Tensor, kept: dict) -> LazyProbs | None:  # q, k [B, H(kv), T, D]
+            if kept["position_embeddings"] is None:
+                return None
+            qr, kr = rope(q, k, *kept["position_embeddings"])  # cos, sin
+            return LazyProbs(qr, kr, kept["attention_mask"], is_causal=bool(getattr(m, "is_causal", True)),
+                             scale=m.scaling)
 
-        def pre(_m, args: tuple, kwargs: dict) -> None:
-            seen["rope"] = kwargs.get("position_embeddings", args[1] if len(args) > 1 else None)  # (cos, sin)
-            seen["mask"] = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
-
-        def on_q(_m, _args, out: torch.Tensor) -> None:
-            seen["q"] = out
-
-        def on_k(_m, _args, out: torch.Tensor) -> None:
-            q, cos_sin, mask = seen.pop("q", None), seen.pop("rope", None), seen.pop("mask", None)
-            if q is None or cos_sin is None or not torch.is_grad_enabled():
-                return
-            qr, kr = rope(heads(q), heads(out), *cos_sin)  # [B, H, T, D], [B, Hkv, T, D]
-            if isinstance(mask, torch.Tensor) and mask.dim() == 4:
-                mask = mask[..., :kr.shape[-2]]  # eager_attention_forward's own cut to the keys
-            probs = LazyProbs(qr, kr, mask, is_causal=bool(getattr(m, "is_causal", True)), scale=m.scaling)
-            hand_over(callback, probs, eager=m.config._attn_implementation == "eager")
-
-        return hooks(lambda: m.register_forward_pre_hook(pre, with_kwargs=True),
-                     lambda: q_src.register_forward_hook(on_q), lambda: k_src.register_forward_hook(on_k))
+        return watch_q_k(m, q_src, k_src, site.head_dim, {"position_embeddings": 1, "attention_mask": 2}, probs_of,
+                         m.config._attn_implementation == "eager", callback)
 
     def final_norm(self, model: nn.Module) -> nn.Module:
         """model.norm: pre-norm, each o_proj output added to the stream (readout.py). Families that norm the

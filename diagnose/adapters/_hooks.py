@@ -4,13 +4,13 @@ removed in `finally`, so a forward that raises never leaves one behind."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
-from .base import AttentionSite, HeadOutputFn
+from .base import AttentionSite, HeadOutputFn, PatternCallback, hand_over
 
 
 @contextmanager
@@ -74,3 +74,38 @@ def blocks_around(model: nn.Module, sites: list[AttentionSite]) -> list[tuple[st
             seen.add(chosen)
             out.append((chosen, parents[chosen]))
     return out
+
+
+def watch_q_k(module: nn.Module, q_src: nn.Module, k_src: nn.Module, head_dim: int, arguments: dict[str, int],
+              probs_of: Callable, eager: bool, callback: PatternCallback):
+    """Context manager: attention probabilities rebuilt from plain module hooks, which dynamo traces into a
+    compiled graph. A pre-hook on `module` keeps its `arguments` (keyword name: position when passed
+    positionally); forward hooks on q_src and k_src (in that order in the forward) give q and k, each seen
+    as heads [B, H, T, D]; probs_of(q, k, kept) builds the LazyProbs, a 4-D `attention_mask` cut to the keys
+    first (eager_attention_forward's own cut), and hand_over gives it to callback as the intercept would.
+    Forwards without grad (evaluation, a cache's decoding) are not read."""
+    seen: dict[str, Any] = {}
+
+    def heads(x: torch.Tensor) -> torch.Tensor:  # [B, T, H * D] or [B, T, H, D] -> [B, H, T, D]
+        return x.reshape(x.shape[0], x.shape[1], -1, head_dim).transpose(1, 2)
+
+    def pre(_m, args: tuple, kwargs: dict) -> None:
+        for name, pos in arguments.items():
+            seen[name] = kwargs.get(name, args[pos] if len(args) > pos else None)
+
+    def on_q(_m, _args, out: torch.Tensor) -> None:
+        seen["q"] = out
+
+    def on_k(_m, _args, out: torch.Tensor) -> None:
+        q, kept = seen.pop("q", None), {name: seen.pop(name, None) for name in arguments}
+        if q is None or not torch.is_grad_enabled():
+            return
+        mask = kept.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+            kept["attention_mask"] = mask[..., :out.shape[1]]
+        probs = probs_of(heads(q), heads(out), kept)
+        if probs is not None:
+            hand_over(callback, probs, eager)
+
+    return hooks(lambda: module.register_forward_pre_hook(pre, with_kwargs=True),
+                 lambda: q_src.register_forward_hook(on_q), lambda: k_src.register_forward_hook(on_k))
