@@ -120,7 +120,8 @@ def _ablate(load_args: tuple, options: dict, compared: list[str] | None, draws: 
 
     ranks, device = init_from_env()  # torchrun: join the group (NCCL on this rank's GPU, else gloo)
     try:
-        net, ds, sites, task = _load(*load_args)
+        # every rank loads; one failing tells the others, so none is left waiting in a collective
+        net, ds, sites, task = ranks.run_local("loading the model and data", lambda: _load(*load_args))
         if device is not None:
             net.to(device)  # after the checks on the CPU; the data stays there, each batch moves when used
         config = AblationConfig(task=task, distributed=ranks.active, **options)

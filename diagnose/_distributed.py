@@ -13,7 +13,9 @@ stops the other workers when one exits; a hand-made process group waits for its 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Callable, Sequence, TypeVar
 
 import torch
@@ -136,3 +138,46 @@ def pick(items: Sequence[T], r: Ranks) -> Sequence[T]:
     """My shard of a sequence (the whole of it when alone)."""
     s = r.shard(len(items))
     return items[s.start:s.stop]
+
+
+SAID_WAIT = 60.0  # seconds a rank other than 0 waits, after an error, for rank 0 to have said it
+
+
+def say_on_rank0(say: Callable[[], None], wait: float = SAID_WAIT) -> None:
+    """An error every rank of a torchrun launch met: rank 0 calls say() and marks the launcher's store;
+    the others print nothing and return only once that mark is there (or after `wait` seconds).
+    torchrun stops every worker as soon as one exits with an error, so a rank that left first
+    could cut rank 0 off before its line. Alone (or with no launcher store to reach), say() runs
+    on rank 0 and the others return at once. Never raises."""
+    world, rank = int(os.environ.get("WORLD_SIZE", "1") or 1), os.environ.get("RANK", "0")
+    if world <= 1 or rank == "0":
+        say()
+    if world <= 1:
+        return
+    store = _launcher_store(wait)
+    if store is None:
+        return
+    key = f"diagnose/error-said/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    try:
+        if rank == "0":
+            store.set(key, "1")
+            return
+        deadline = time.monotonic() + wait
+        while not store.check([key]) and time.monotonic() < deadline:  # polled: a timed-out wait logs from C++
+            time.sleep(0.05)
+    except Exception:  # noqa: BLE001 -- rank 0 died or the store is gone: nothing left to wait for
+        pass
+
+
+def _launcher_store(wait: float):
+    """A client of the key-value store torchrun's agent serves at MASTER_ADDR:MASTER_PORT (None: not
+    under a launcher, or not reachable). Works whether or not a process group was joined or left."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not (port or "").isdigit():
+        return None
+    try:
+        import torch.distributed as dist
+
+        return dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=wait))
+    except Exception:  # noqa: BLE001 -- no store there
+        return None
