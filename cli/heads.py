@@ -119,19 +119,17 @@ def _ablate(load_args: tuple, options: dict, compared: list[str] | None, draws: 
     from ._progress import progress_bar
 
     ranks, device = init_from_env()  # torchrun: join the group (NCCL on this rank's GPU, else gloo)
-    try:
-        # every rank loads; one failing tells the others, so none is left waiting in a collective
-        net, ds, sites, task = ranks.run_local("loading the model and data", lambda: _load(*load_args))
-        if device is not None:
-            net.to(device)  # after the checks on the CPU; the data stays there, each batch moves when used
-        config = AblationConfig(task=task, distributed=ranks.active, **options)
-        with progress_bar("ablating heads", shown=ranks.main) as bar:
-            if compared:
-                result = ablate_methods(net, ds, compared, config=config, draws=draws, sites=sites, progress=bar)
-            else:
-                result = ablate_heads(net, ds, config=config, sites=sites, progress=bar)
-    finally:
-        leave()
+    # every rank loads; one failing tells the others, so none is left waiting in a collective
+    net, ds, sites, task = ranks.run_local("loading the model and data", lambda: _load(*load_args))
+    if device is not None:
+        net.to(device)  # after the checks on the CPU; the data stays there, each batch moves when used
+    config = AblationConfig(task=task, distributed=ranks.active, **options)
+    with progress_bar("ablating heads", shown=ranks.main) as bar:
+        if compared:
+            result = ablate_methods(net, ds, compared, config=config, draws=draws, sites=sites, progress=bar)
+        else:
+            result = ablate_heads(net, ds, config=config, sites=sites, progress=bar)
+    leave()  # on an error the group stays up until rank 0 has said it (cli.main, say_on_rank0)
     return result, ranks.main
 
 

@@ -144,40 +144,39 @@ SAID_WAIT = 60.0  # seconds a rank other than 0 waits, after an error, for rank 
 
 
 def say_on_rank0(say: Callable[[], None], wait: float = SAID_WAIT) -> None:
-    """An error every rank of a torchrun launch met: rank 0 calls say() and marks the launcher's store;
+    """An error every rank of a torchrun launch met: rank 0 calls say() and marks the group's store;
     the others print nothing and return only once that mark is there (or after `wait` seconds).
     torchrun stops every worker as soon as one exits with an error, so a rank that left first
-    could cut rank 0 off before its line. Alone (or with no launcher store to reach), say() runs
-    on rank 0 and the others return at once. Never raises."""
+    could cut rank 0 off before its line. Then the process group, kept up for this, is left.
+    The store: the process group's, else the one torchrun's agent serves (torch >= 2.5); with
+    neither, say() runs on rank 0 and the others return at once. Never raises."""
     world, rank = int(os.environ.get("WORLD_SIZE", "1") or 1), os.environ.get("RANK", "0")
     if world <= 1 or rank == "0":
         say()
     if world <= 1:
         return
-    store = _launcher_store(wait)
-    if store is None:
-        return
-    key = f"diagnose/error-said/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     try:
-        if rank == "0":
+        store = _store(wait)
+        key = f"diagnose/error-said/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        if store is not None and rank == "0":
             store.set(key, "1")
-            return
-        deadline = time.monotonic() + wait
-        while not store.check([key]) and time.monotonic() < deadline:  # polled: a timed-out wait logs from C++
-            time.sleep(0.05)
+        elif store is not None:
+            deadline = time.monotonic() + wait
+            while not store.check([key]) and time.monotonic() < deadline:  # polled: a timed-out wait logs from C++
+                time.sleep(0.05)
     except Exception:  # noqa: BLE001 -- rank 0 died or the store is gone: nothing left to wait for
         pass
+    finally:
+        leave()
 
 
-def _launcher_store(wait: float):
-    """A client of the key-value store torchrun's agent serves at MASTER_ADDR:MASTER_PORT (None: not
-    under a launcher, or not reachable). Works whether or not a process group was joined or left."""
+def _store(wait: float):
+    """The key-value store every rank reaches: the process group's when one is joined, else a client
+    of the store torchrun's agent serves at MASTER_ADDR:MASTER_PORT; None: neither."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.distributed_c10d._get_default_store()
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not addr or not (port or "").isdigit():
-        return None
-    try:
-        import torch.distributed as dist
-
-        return dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=wait))
-    except Exception:  # noqa: BLE001 -- no store there
-        return None
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not addr or not (port or "").isdigit():
+        return None  # before torch 2.5 rank 0's process group serves the store: nothing there yet
+    return torch.distributed.TCPStore(addr, int(port), is_master=False,
+                                      timeout=timedelta(seconds=max(1.0, min(wait, 10.0))))
