@@ -22,6 +22,7 @@ import torch
 
 from ..adapters._probs import LazyProbs
 from ._measure import Measurement, StepInputs
+from ._probes import _Quiet
 
 _CHUNK = 1 << 22  # score elements per chunk: the max logit never holds more than this
 
@@ -49,11 +50,12 @@ def max_of_scores(scores: Any) -> torch.Tensor:
     return scores.detach().amax(dim=(0, 2, 3)).float()  # [B, H, Tq, Tk] -> [H]
 
 
-class AttentionLogitProbe:
+class AttentionLogitProbe(_Quiet):
     """On sampled steps: per site, per head, the largest pre-softmax logit (the max over the step's
     forwards). It reads the attention probe's hooks (AttentionWatch.readers) rather than entering
     watch_pattern itself: one set of hooks per site, sampled on the same steps, and under
-    torch.compile kept in the graph the same way (or given up with it, with its warning)."""
+    torch.compile kept in the graph the same way (or given up with it, with its warning). So it
+    has no hooks of its own to arm or remove (_Quiet's)."""
 
     def __init__(self, monitor: Any):
         self.site_names = monitor.site_names
@@ -71,9 +73,6 @@ class AttentionLogitProbe:
     def _read_scores(self, i: int, scores: Any) -> None:
         self._seen[i].append(max_of_scores(scores))
 
-    def arm(self, step: int, logged: bool, sampled: bool) -> None:
-        pass  # the attention probe arms the hooks
-
     def discard(self) -> None:
         self._seen = [[] for _ in self.site_names]
 
@@ -87,9 +86,6 @@ class AttentionLogitProbe:
         names = [n for n, r in zip(self.site_names, self.ran) if r]
         for site, unit in zip(names, units):
             record.setdefault("attention", {}).setdefault(site, {})["max_logit"] = unit["max_logit"]
-
-    def remove(self) -> None:
-        pass  # the attention probe removes the hooks
 
 
 def _logits(out: Any) -> torch.Tensor | None:
