@@ -26,12 +26,13 @@ class _Group(click.Group):
             # messages quote file names and values from files: printed as text, no escapes;
             # under torchrun every rank meets the same error (or is told another's): rank 0 says it,
             # and the others wait until it has, since the first to exit gets the rest stopped
+            line = f"error: {plain(exc)}"
             if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-                click.echo(f"error: {plain(exc)}", err=True)
+                click.echo(line, err=True)
             else:
                 from diagnose._distributed import say_on_rank0
 
-                say_on_rank0(lambda: click.echo(f"error: {plain(exc)}", err=True))
+                say_on_rank0(lambda: click.echo(line, err=True))
             ctx.exit(2)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)

@@ -33,6 +33,11 @@ def finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def layer_values(rec: dict[str, Any], field: str) -> dict[str, float]:
+    """{block: rec["layers"][block][field]} for the blocks where that field is a finite number."""
+    return {n: st[field] for n, st in (rec.get("layers") or {}).items() if finite(st.get(field))}
+
+
 def robust_center(values) -> tuple[float, float]:
     """(median, scaled MAD) of a sequence of finite floats."""
     med = statistics.median(values)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ._detect import Context, Detector, Emit, finite
+from ._detect import Context, Detector, Emit, finite, layer_values
 
 
 class VanishingGrad(Detector):
@@ -17,8 +17,7 @@ class VanishingGrad(Detector):
     reads = ("vanishing_ratio", "vanishing_patience")
 
     def check(self, rec: dict[str, Any], ctx: Context, emit: Emit) -> None:
-        layers = rec.get("layers") or {}
-        gnorms = {n: st.get("grad_norm") for n, st in layers.items() if finite(st.get("grad_norm"))}
+        gnorms = layer_values(rec, "grad_norm")
         lo = min(gnorms, key=gnorms.get) if gnorms else None
         hi = max(gnorms.values()) if gnorms else 0.0
         vanish = lo is not None and hi > 0 and gnorms[lo] < ctx.t.vanishing_ratio * hi

@@ -26,7 +26,7 @@ import math
 from collections import deque
 from typing import Any
 
-from ._detect import Context, Detector, Emit, finite
+from ._detect import Context, Detector, Emit, finite, layer_values
 
 
 class AttentionLogitGrowth(Detector):
@@ -101,8 +101,7 @@ class UpdateSize(Detector):
     defaults = {"update_ratio_max": 0.3, "update_ratio_min": 1e-7, "update_patience": 3}
 
     def check(self, rec: dict[str, Any], ctx: Context, emit: Emit) -> None:
-        ratios = {n: st["update_ratio"] for n, st in (rec.get("layers") or {}).items()
-                  if finite(st.get("update_ratio"))}
+        ratios = layer_values(rec, "update_ratio")
         if not ratios:
             return  # not a measured step: the streak carries over
         hi, lo = max(ratios, key=ratios.get), min(ratios, key=ratios.get)
@@ -124,8 +123,7 @@ class AdamEps(Detector):
     defaults = {"adam_eps_ratio_min": 1.0}
 
     def check(self, rec: dict[str, Any], ctx: Context, emit: Emit) -> None:
-        ratios = {n: st["adam_rms_v_eps"] for n, st in (rec.get("layers") or {}).items()
-                  if finite(st.get("adam_rms_v_eps"))}
+        ratios = layer_values(rec, "adam_rms_v_eps")
         if not ratios:
             return
         lo = min(ratios, key=ratios.get)
