@@ -39,12 +39,6 @@ def is_compiled(model: nn.Module) -> bool:
     return isinstance(getattr(model, "_orig_mod", None), nn.Module)
 
 
-def compiling() -> bool:
-    """True while dynamo traces the calling code (torch.compile), False when it runs eagerly."""
-    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    return bool(check()) if check is not None else False
-
-
 def at_end_of_backward(fn) -> None:
     """From inside a backward pass (a tensor hook), run fn() once the pass is over and after every
     callback queued during it: DDP queues its gradient averaging there, so fn sees the final
