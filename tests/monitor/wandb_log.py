@@ -38,27 +38,29 @@ def _payloads(data: bytes):
             part = b""
 
 
-def history(path: str | Path) -> list[dict]:
-    """The run's history rows (run.log calls) as {key: value}, in order."""
+def _records(path: str | Path, kind: str):
+    """The run's records of one kind ("history", "summary"), in order."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    rows = []
     for payload in _payloads(Path(path).read_bytes()):
         record = pb.Record()
         record.ParseFromString(payload)
-        if record.WhichOneof("record_type") == "history":
-            rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item})
-    return rows
+        if record.WhichOneof("record_type") == kind:
+            yield getattr(record, kind)
+
+
+def _items(items) -> dict:
+    return {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in items}
+
+
+def history(path: str | Path) -> list[dict]:
+    """The run's history rows (run.log calls) as {key: value}, in order."""
+    return [_items(h.item) for h in _records(path, "history")]
 
 
 def summary(path: str | Path) -> dict:
     """The run's summary updates, the last value of each key."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
     out = {}
-    for payload in _payloads(Path(path).read_bytes()):
-        record = pb.Record()
-        record.ParseFromString(payload)
-        if record.WhichOneof("record_type") == "summary":
-            out.update({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.summary.update})
+    for update in _records(path, "summary"):
+        out.update(_items(update.update))
     return out
