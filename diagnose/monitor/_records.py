@@ -64,11 +64,10 @@ def check_record(rec: dict[str, Any], where: str) -> None:
         for site, stats in attention.items():
             if not isinstance(stats, dict):
                 raise RunFolderError(f"{where}: `attention.{_short(site)}` is {_kind(stats)}, not an object; {_FIX}")
-            for key in ("entropy", "max_weight"):
-                values = stats.get(key)
-                if values is not None and not (isinstance(values, list) and all(_is_number(v) for v in values)):
-                    raise RunFolderError(f"{where}: `attention.{_short(site)}.{key}` is not a list of numbers "
-                                         f"(one per head); {_FIX}")
+            for key, values in stats.items():  # every per-head field a measurement wrote, declared or not
+                if not (_is_number(values) or isinstance(values, list) and all(_is_number(v) for v in values)):
+                    raise RunFolderError(f"{where}: `attention.{_short(site)}.{_short(key)}` is not a list of "
+                                         f"numbers (one per head) nor a number; {_FIX}")
 
 
 def check_alert(rec: dict[str, Any], where: str) -> None:
