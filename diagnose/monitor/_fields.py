@@ -10,7 +10,7 @@ is a `diagnose.schema.Field`; its `per` says where it sits in a record:
     site    attention.<site>.<key>, one number    uniform_entropy
 
 `leaves` walks a record once; `flatten` (the live sinks, the TensorBoard export), `steps_row`
-(Run.steps) and `attention_rows` (Run.attention) are built on it, and `keys_in` gives the keys of
+(Run.steps) and `attention_rows` (Run.attention) are built on it, and `record_keys` gives the keys of
 one kind that some records hold, declared ones first. A number a record carries that nothing
 declares (an older folder, a measurement registered only in the training process) is walked
 too, under its own name: a reader shows it, never drops it.
@@ -117,7 +117,7 @@ def steps_row(record: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def keys_in(records: Iterable[dict[str, Any]], per: str) -> list[str]:
+def record_keys(records: Iterable[dict[str, Any]], per: str) -> list[str]:
     """The keys of `per` fields the records hold: the declared ones first, in declaration order,
     then any other in the order first seen. Model keys are the top-level ones that are not objects."""
     seen: dict[str, None] = {}
@@ -131,8 +131,8 @@ def keys_in(records: Iterable[dict[str, Any]], per: str) -> list[str]:
 
 def attention_rows(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
     """(one row per step, site and head with every per-head field, NaN where a field has no value
-    for that head; the per-head keys, in keys_in's order): what Run.attention holds."""
-    keys = keys_in(records, "head")
+    for that head; the per-head keys, in record_keys's order): what Run.attention holds."""
+    keys = record_keys(records, "head")
     rows = []
     for r in records:
         for site, stats in (r.get("attention") or {}).items():

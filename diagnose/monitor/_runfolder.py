@@ -39,7 +39,7 @@ from .._write import atomic_write
 from ..errors import InputFileError, RunFolderError
 from ..io._read import iter_lines, read_json, require_file
 from ._evals import EVALS, check_eval, evals_frame
-from ._fields import attention_rows, keys_in, steps_row
+from ._fields import attention_rows, record_keys, steps_row
 from ._records import FIX as _FIX, check_alert, check_info, check_record
 from ._spikes import read_spikes
 
@@ -230,8 +230,8 @@ class Run:
 
     def fields(self, per: str) -> list[str]:
         """The keys of the `per` fields (model, layer, head, site) this run's records hold:
-        the declared ones first, then any other (_fields.keys_in)."""
-        return keys_in(self.records, per)
+        the declared ones first, then any other (_fields.record_keys)."""
+        return record_keys(self.records, per)
 
     @property
     def closed(self) -> bool:

@@ -9,7 +9,7 @@ from typing import Any
 
 from .._terminal import plain
 from ..errors import RunFolderError
-from ._fields import keys_in
+from ._fields import record_keys
 from ._runfolder import Run
 from ._spikes import SPIKES, read_spike, spike_stem, top_examples
 
@@ -30,7 +30,7 @@ def step_view(run: Run, step: int) -> dict[str, Any]:
         raise RunFolderError(f"{run.dir}: step {step} was not logged (logged steps {logged[0]}..{logged[-1]}, "
                              f"{len(logged)} of them); give a logged step"
                              + (f" or one with a saved batch: {saved}" if saved else ""))
-    view: dict[str, Any] = {"step": step, "record": {k: rec[k] for k in keys_in([rec], "model")} if rec else {},
+    view: dict[str, Any] = {"step": step, "record": {k: rec[k] for k in record_keys([rec], "model")} if rec else {},
                             "alerts": [a for a in run.alerts if a.get("step") == step], "spike": spike,
                             "examples": [], "saved_steps": [s["step"] for s in run.spikes]}
     if spike is not None:
