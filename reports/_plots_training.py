@@ -221,6 +221,19 @@ def depth_over_time(v: TrainingView) -> str | None:
         return to_data_uri(fig)
 
 
+def depth_map(v: TrainingView, label: str, mat) -> str | None:
+    """Another per-block field through depth over time (its declaration asks for a plot)."""
+    if not np.isfinite(mat[1]).any():
+        return None
+    with style():
+        fig = _figure(1.0 + 1.2 + 0.1 * len(v.layer_names))
+        ax = fig.subplots()
+        _depth(ax, fig, mat, v, f"{label} through depth", "viridis")
+        ax.set_xlabel("step")
+        ax.set_xlim(*v.xlim)
+        return to_data_uri(fig)
+
+
 def entropy(v: TrainingView) -> str | None:
     """Per-head attention entropy over time: one row per head, grouped by attention site. Each
     sample is drawn from the step it was taken at until the next one, on an absolute scale from 0

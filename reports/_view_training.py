@@ -108,6 +108,7 @@ class TrainingView:
     spikes: list[Spike] = field(default_factory=list)
     fields: list[Section] = field(default_factory=list)  # every record field the run holds (_run_fields)
     head_maps: list[HeadEntropy] = field(default_factory=list)  # the other per-head fields declared for plots
+    depth_maps: list[tuple[str, tuple[np.ndarray, np.ndarray]]] = field(default_factory=list)  # (header, map)
     xlim: tuple[float, float] = (0.0, 1.0)  # the report's shared step axis
     prefix: str = ""  # "2." before alert numbers when the report holds several runs
     color: str = "#1565c0"  # this run's colour where runs are overlaid
@@ -191,6 +192,21 @@ def _entropy(run: Any) -> HeadEntropy | None:
     if e is not None:
         e.uniform = _uniform_entropy(run)
     return e
+
+
+_DRAWN = ("grad_norm", "act_var", "token_cos")  # per-block fields with a picture of their own above
+
+
+def _depth_maps(run: Any, df: pd.DataFrame, steps: np.ndarray, names: list[str]) -> list:
+    """(header, map) for each other per-block field whose declaration asks for a plot."""
+    keys = list(dict.fromkeys(c.rsplit("/", 1)[1] for c in df.columns if c.startswith("layers/")))
+    out = []
+    for k in keys:
+        f = field_of("layer", k)
+        m = _depth_map(df, steps, names, k, log=False) if "plot" in f.show and k not in _DRAWN else None
+        if m is not None:
+            out.append((f.header, m))
+    return out
 
 
 def _head_maps(run: Any) -> list[HeadEntropy]:
@@ -295,4 +311,4 @@ def training_view(name: str, run: Any) -> TrainingView:
         tokens_per_s_median=float(np.median(tps[np.isfinite(tps)])) if np.isfinite(tps).any() else None,
         step_time=_series(steps, step_time) if np.isfinite(step_time).any() else None,
         clipping=clipping(run, _column(df, "clip_coef")), spikes=spikes(run), fields=field_tables(run),
-        head_maps=_head_maps(run), xlim=(lo, max(hi, lo + 1.0)))
+        head_maps=_head_maps(run), depth_maps=_depth_maps(run, df, steps, names), xlim=(lo, max(hi, lo + 1.0)))
