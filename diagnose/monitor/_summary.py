@@ -155,6 +155,11 @@ def _cell(f, v: Any) -> str:
     return plain(f.format(v))
 
 
+def _shown(per: str, keys) -> list:
+    """The fields of these keys that are shown in the CLI (a field declared for the JSON only is not)."""
+    return [f for f in (field_of(per, k) for k in keys) if "cli" in f.show]
+
+
 def _table(title: str, columns: list[str], rows: list[list[str]], console) -> None:
     """The one table printer of `diagnose stats`: the first column left, the others right."""
     from rich.table import Table
@@ -170,7 +175,7 @@ def _table(title: str, columns: list[str], rows: list[list[str]], console) -> No
 
 def _model_table(s: dict[str, Any], console) -> None:
     last = s.get("last") or {}
-    fields = [field_of("model", k) for k in last]
+    fields = _shown("model", last)
     if fields:
         _table("model fields (last logged step)", [f.header for f in fields],
                [[_cell(f, last[f.key]) for f in fields]], console)
@@ -178,7 +183,7 @@ def _model_table(s: dict[str, Any], console) -> None:
 
 def _depth_table(s: dict[str, Any], console) -> None:
     keys = list(dict.fromkeys(k for r in s["layers"] for k in r if k not in ("name", "grad_norm_median")))
-    fields = [field_of("layer", k) for k in keys]
+    fields = _shown("layer", keys)
     columns, rows = ["block"], []
     for f in fields:
         columns += [f.header] + (["median grad norm"] if f.key == "grad_norm" else [])
@@ -194,8 +199,8 @@ def _attention_table(s: dict[str, Any], console) -> None:
     if not s["attention"]:
         return
     keys = list(dict.fromkeys(k for a in s["attention"] for k in a if k not in ("site", "step")))
-    fields = [field_of("head" if any(isinstance(a.get(k), list) for a in s["attention"]) else "site", k)
-              for k in keys]
+    fields = [f for k in keys for f in _shown("head" if any(isinstance(a.get(k), list) for a in s["attention"])
+                                              else "site", [k])]
     rows = [[plain(a["site"])] + [(" ".join(_cell(f, v) for v in a[f.key]) if isinstance(a.get(f.key), list)
                                    else _cell(f, a.get(f.key))) for f in fields] for a in s["attention"]]
     _table(f"attention at step {s['attention'][0]['step']} (per head)", ["site"] + [f.header for f in fields],

@@ -229,3 +229,24 @@ def test_fields_nothing_declares_are_shown_by_name(toy_run):
     finally:
         for m in TOYS:
             register_measurement(m)
+
+
+def test_a_field_is_left_out_where_its_declaration_does_not_show_it():
+    """show: where a declared field goes; one declared for the CLI only stays out of TensorBoard and
+    the live sinks, while an undeclared number goes everywhere."""
+    from diagnose.monitor._fields import flatten
+    from diagnose.monitor._live import flatten as live
+    from diagnose.schema import Field
+
+    register_measurement(Measurement("toy_cli_only", ("x",), "model", ("toy_x",), _SquaredWeights,
+                                     fields=(Field("toy_x", "toy x", per="model", show={"cli"}),)))
+    try:
+        rec = {"step": 3, "time": 1.0, "toy_x": 1.5, "other": 2.5, "attention": {"s": {"toy_q_norm": [1.0, 2.0]}}}
+        assert flatten(rec) == {"toy_x": 1.5, "other": 2.5, "attention/s/toy_q_norm/head0": 1.0,
+                                "attention/s/toy_q_norm/head1": 2.0}
+        assert set(flatten(rec, place="tensorboard")) == {"other", "attention/s/toy_q_norm/head0",
+                                                          "attention/s/toy_q_norm/head1"}
+        assert set(live(rec)) == {"diagnose/other", "diagnose/attention/s/toy_q_norm/head0",
+                                  "diagnose/attention/s/toy_q_norm/head1"}
+    finally:
+        unregister_measurement("toy_cli_only")
