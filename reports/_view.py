@@ -160,6 +160,9 @@ def _training(report: Report, views: list[TrainingView]) -> None:
         images += [("Activations through depth over time", plots_training.depth_over_time(v)),
                    ("Attention entropy per head over time (0 to the uniform entropy log T)",
                     plots_training.entropy(v))]
+        images += [(f"{label} through depth over time", plots_training.depth_map(v, label, m))
+                   for label, m in v.depth_maps]
+        images += [(f"{m.label} per head over time", plots_training.head_map(v, m)) for m in v.head_maps]
         report.training.append(TrainingSection(v, [(c, img) for c, img in images if img]))
 
 
