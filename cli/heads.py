@@ -213,7 +213,7 @@ def _table(result, corr: str):
     from rich.text import Text
 
     from diagnose._head_label import head_label
-    from diagnose.statistics import shown
+    from diagnose.statistics import role_label, shown
 
     stats = shown("cli")  # the attention statistics' columns, from the registry
     # each as narrow as its longest header word (a header wraps), so the effect columns keep their room
@@ -230,7 +230,7 @@ def _table(result, corr: str):
                       _direct(h)]
         else:
             effect = [UNVERIFIED, "", "", "", ""]
-        cells = [str(rank), head_label(h.layer, h.head), h.verdict or "", (h.role or "").replace("_", " "), *effect,
+        cells = [str(rank), head_label(h.layer, h.head), h.verdict or "", role_label(h.role), *effect,
                  *(_f(h.attention.get(s.name), s.fmt) for s in stats)]
         table.add_row(*(Text(c) for c in cells))
     return table

@@ -18,7 +18,7 @@ import numpy as np
 from diagnose._head_label import head_label, heads_label
 from diagnose.ablation.verdict import DETECTABLE, MATTERS, VERDICTS
 from diagnose.errors import InputFileError
-from diagnose.statistics import ATTENTION_STATS, Statistic, shown
+from diagnose.statistics import ATTENTION_STATS, Statistic, role_label, shown
 
 HEAD_NUMBERS = ("delta_accuracy", "delta_loss", "accuracy", "loss", "kl", "grad_importance", "p_value",
                 "p_value_loss_adjusted", "direct_delta_loss", "self_repair")
@@ -151,7 +151,7 @@ class HeadsView:
         out = []
         for layer in range(self.n_layers):
             rows = [HeadRow(head, head_label(layer, head),
-                            "" if self.roles is None else str(self.roles[layer, head]).replace("_", " "),
+                            "" if self.roles is None else role_label(str(self.roles[layer, head])),
                             bool(self.significant[layer, head]), {k: _known(g[k][layer, head]) for k in g},
                             "" if self.verdicts is None else str(self.verdicts[layer, head]))
                     for head in range(self.n_heads)]
