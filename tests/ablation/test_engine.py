@@ -241,7 +241,19 @@ def test_json_and_frame(model, data):
     # the JSON keeps 4 decimals (ablation/attention.py): a row's sum is 1 within real half-quanta, not eps
     assert np.abs(np.array(ex["attention"][0]).sum(-1) - 1).max() <= real * 0.5e-4 + tol(1.0, width=real)
     frame = result.to_frame()
-    assert len(frame) == 2 * H and {"delta_accuracy", "ci_low", "attn_entropy"} <= set(frame.columns)
+    assert len(frame) == 2 * H and {"delta_accuracy", "delta_accuracy_ci_low", "attn_entropy"} <= set(frame.columns)
+    assert frame["delta_loss_ci_high"].tolist() == [h.delta_loss_ci[1] for h in result.heads]
+
+
+def test_every_head_field_is_declared_once_for_the_readers():
+    """HeadEffect writes the keys that diagnose/head_fields.py declares, no more and no fewer, in one order."""
+    from dataclasses import fields
+
+    from diagnose.ablation.result import HeadEffect
+    from diagnose.head_fields import head_keys
+
+    assert sorted(f.name for f in fields(HeadEffect)) == sorted(head_keys())
+    assert len(set(head_keys())) == len(head_keys())
 
 
 def test_bad_settings_and_default_task(model, data):

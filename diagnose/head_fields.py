@@ -1,0 +1,78 @@
+"""One head of the heads JSON (`diagnose.heads/2`, each `heads[i]`), declared once as fields.
+
+The writer (`ablation/result.py`: `HeadEffect`, one key per field; a test holds the two together),
+`HeadsResult.to_frame`, the report's validation (`reports/_sources.py`) and its parsing into grids
+(`reports/view_heads.py`) all walk these tuples, so a per-head number added to `HeadEffect` is declared
+here, once, and every reader checks, parses and tabulates it. The attention statistics sit under each
+head's `attention` object and are declared by their own registry (`diagnose/statistics.py`):
+`attention_fields()` are their fields.
+
+Torch-free on purpose: the report (which reads only files) imports it.
+
+    IDS        the head's place: integers
+    NUMBERS    a number, or null where it was not measured (--fast's unverified heads, no direct path)
+    FLAGS      true / false, or null
+    WORDS      a string, or null
+    INTERVALS  a [low, high] pair of numbers (95 %), or null
+"""
+
+from __future__ import annotations
+
+from .schema import Field
+from .statistics import STATISTICS
+
+
+def _head(key: str, label: str, fmt: str = ".3g", unit: str = "", show: frozenset[str] = frozenset()) -> Field:
+    return Field(key, label, fmt, unit, per="head", show=show)
+
+
+_SHOWN = frozenset({"cli", "report"})
+
+IDS = (_head("layer", "layer", "d"), _head("head", "head", "d"))
+NUMBERS = (
+    _head("accuracy", "accuracy", ".3f"),
+    _head("delta_accuracy", "Δ accuracy", "+.3f", show=_SHOWN),
+    _head("p_value", "p (Δ accuracy)", ".2g"),
+    _head("p_value_adjusted", "p (Δ accuracy), corrected", ".2g"),
+    _head("loss", "loss", ".4f", "nats"),
+    _head("delta_loss", "Δ loss", "+.3f", "nats", show=_SHOWN),
+    _head("kl", "KL", ".4f", "nats", show=_SHOWN),
+    _head("grad_importance", "grad imp.", ".3f", show=frozenset({"report"})),
+    _head("grad_importance_raw", "grad imp., raw", ".3g"),
+    _head("estimated_delta_loss", "Δ loss, first-order estimate", "+.3g", "nats"),
+    _head("p_value_loss", "p (Δ loss), uncorrected", ".2g"),
+    _head("p_value_loss_adjusted", "p (Δ loss)", ".2g", show=_SHOWN),
+    _head("second_order_delta_loss", "Δ loss, second-order estimate", "+.3g", "nats"),
+    _head("direct_delta_loss", "direct Δ loss", "+.3f", "nats", show=_SHOWN),
+    _head("direct_delta_accuracy", "direct Δ accuracy", "+.3f"),
+    _head("direct_p_value_loss", "direct p (Δ loss), uncorrected", ".2g"),
+    _head("direct_p_value_loss_adjusted", "direct p (Δ loss)", ".2g"),
+    _head("self_repair", "self-repair", "+.3f", "nats", show=frozenset({"report"})),
+)
+FLAGS = (
+    _head("significant", "significant", "s"),
+    _head("verified", "verified", "s"),
+    _head("negligible", "negligible", "s"),
+    _head("direct_significant", "direct significant", "s"),
+    _head("compensated", "compensated", "s"),
+)
+WORDS = (_head("role", "role", "s", show=_SHOWN), _head("verdict", "verdict", "s", show=_SHOWN))
+INTERVALS = (
+    _head("delta_accuracy_ci", "Δ accuracy, 95 % CI", "+.3f"),
+    _head("delta_loss_ci", "Δ loss, 95 % CI", "+.3f", "nats"),
+    _head("direct_delta_loss_ci", "direct Δ loss, 95 % CI", "+.3f", "nats"),
+    _head("direct_delta_accuracy_ci", "direct Δ accuracy, 95 % CI", "+.3f"),
+)
+ATTENTION = "attention"  # an object under each head: statistic name -> number (the statistics registry)
+HEAD_FIELDS = (*IDS, *NUMBERS, *FLAGS, *WORDS, *INTERVALS)  # every key of one head but `attention`
+HEAD_NUMBERS = tuple(f.key for f in NUMBERS)  # the per-head numbers the report draws as layer x head grids
+
+
+def attention_fields() -> list[Field]:
+    """A field per registered attention statistic (its column header and format), read at each use."""
+    return [Field(s.name, s.column, s.fmt, per="head") for s in STATISTICS.values()]
+
+
+def head_keys() -> list[str]:
+    """Every key of one head in the JSON, in declaration order."""
+    return [*(f.key for f in HEAD_FIELDS), ATTENTION]
