@@ -201,6 +201,9 @@ def _print(result, json_path: str | None) -> None:
         names = heads_label(g["heads"])
         out.print(Text(f"Closed together {names}: accuracy {g['accuracy']:.2%} ({g['delta_accuracy']:+.2%}), "
                        f"loss {g['loss']:.4f} ({g['delta_loss']:+.4f})"))
+    from ._table import print_sections
+
+    print_sections(out, result.sections)  # the analysis steps' tables (diagnose/ablation/analyses.py)
     t = result.timing
     where = f"; JSON: {json_path}" if json_path else ""
     chosen = f", micro-batch {t['micro_batch']}, {t['replication']} head(s) per forward" if "micro_batch" in t else ""

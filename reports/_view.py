@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diagnose._head_label import head_label
+from diagnose.schema import Section
 
 from . import _plots_heads as plots_heads, _plots_training as plots_training
 from ._sources import Sources
@@ -27,6 +28,7 @@ class HeadsSection:
     correlations: list[tuple[str, Any, Any]]  # (statistic, vs Δloss, vs Δaccuracy)
     note: str = ""  # why there are no pictures, when there are none
     per_layer: bool = False  # grids drawn as images, without numbers: list every layer's values on the page
+    sections: list[Section] = field(default_factory=list)  # the analysis steps' tables, drawn by one macro
 
 
 @dataclass
@@ -173,7 +175,7 @@ def build_report(sources: Sources, title: str | None = None) -> Report:
         report.verdicts.append(heads_verdict(v))
         report.heads.append(HeadsSection(v, plots_heads.head_grids(v), plots_heads.attention_grids(v),
                                          plots_heads.scatter(v), v.ranked[:10], *_tables(v),
-                                         per_layer=plots_heads.is_image(v)))
+                                         per_layer=plots_heads.is_image(v), sections=src.sections))
     _training(report, [training_view(src.name, src.run) for src in sources.runs])
     for src in sources.checks:
         findings = [_finding(f) for f in src.data.get("findings", [])]
