@@ -10,13 +10,16 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 
-def table(columns: Sequence[Any], rows: Iterable[Mapping[str, Any]]):
-    """A rich Table: a header per field (label and unit), each cell formatted by its field."""
+def table(columns: Sequence[Any], rows: Iterable[Mapping[str, Any]],
+          options: Mapping[str, Mapping[str, Any]] | None = None):
+    """A rich Table: a header per field (label and unit), each cell formatted by its field (a string as it
+    is: a cell a command composed itself). options: rich Column settings by column key (max_width, ...)."""
     from rich.table import Column, Table
 
     from diagnose._terminal import text
 
-    out = Table(*(Column(text(c.header), justify="left" if c.fmt == "s" else "right") for c in columns))
+    options = options or {}
+    out = Table(*(Column(text(c.header), **options.get(c.key, {})) for c in columns))
     for row in rows:
         out.add_row(*(text(c.format(row.get(c.key))) for c in columns))
     return out

@@ -22,32 +22,29 @@ from .schema import Field
 from .statistics import STATISTICS
 
 
-def _head(key: str, label: str, fmt: str = ".3g", unit: str = "", show: frozenset[str] = frozenset()) -> Field:
-    return Field(key, label, fmt, unit, per="head", show=show)
-
-
-_SHOWN = frozenset({"cli", "report"})
+def _head(key: str, label: str, fmt: str = ".3g", unit: str = "") -> Field:
+    return Field(key, label, fmt, unit, per="head")
 
 IDS = (_head("layer", "layer", "d"), _head("head", "head", "d"))
 NUMBERS = (
     _head("accuracy", "accuracy", ".3f"),
-    _head("delta_accuracy", "Δ accuracy", "+.3f", show=_SHOWN),
+    _head("delta_accuracy", "Δacc", "+.2%"),
     _head("p_value", "p (Δ accuracy)", ".2g"),
     _head("p_value_adjusted", "p (Δ accuracy), corrected", ".2g"),
     _head("loss", "loss", ".4f", "nats"),
-    _head("delta_loss", "Δ loss", "+.3f", "nats", show=_SHOWN),
-    _head("kl", "KL", ".4f", "nats", show=_SHOWN),
-    _head("grad_importance", "grad imp.", ".3f", show=frozenset({"report"})),
+    _head("delta_loss", "Δloss", "+.4f", "nats"),
+    _head("kl", "KL", ".4f", "nats"),
+    _head("grad_importance", "grad imp.", ".3f"),
     _head("grad_importance_raw", "grad imp., raw", ".3g"),
     _head("estimated_delta_loss", "Δ loss, first-order estimate", "+.3g", "nats"),
     _head("p_value_loss", "p (Δ loss), uncorrected", ".2g"),
-    _head("p_value_loss_adjusted", "p (Δ loss)", ".2g", show=_SHOWN),
+    _head("p_value_loss_adjusted", "p (Δ loss)", ".2g"),
     _head("second_order_delta_loss", "Δ loss, second-order estimate", "+.3g", "nats"),
-    _head("direct_delta_loss", "direct Δ loss", "+.3f", "nats", show=_SHOWN),
+    _head("direct_delta_loss", "direct Δloss", "+.4f", "nats"),
     _head("direct_delta_accuracy", "direct Δ accuracy", "+.3f"),
     _head("direct_p_value_loss", "direct p (Δ loss), uncorrected", ".2g"),
     _head("direct_p_value_loss_adjusted", "direct p (Δ loss)", ".2g"),
-    _head("self_repair", "self-repair", "+.3f", "nats", show=frozenset({"report"})),
+    _head("self_repair", "self-repair", "+.3f", "nats"),
 )
 FLAGS = (
     _head("significant", "significant", "s"),
@@ -56,7 +53,7 @@ FLAGS = (
     _head("direct_significant", "direct significant", "s"),
     _head("compensated", "compensated", "s"),
 )
-WORDS = (_head("role", "role", "s", show=_SHOWN), _head("verdict", "verdict", "s", show=_SHOWN))
+WORDS = (_head("role", "role", "s"), _head("verdict", "verdict", "s"))
 INTERVALS = (
     _head("delta_accuracy_ci", "Δ accuracy, 95 % CI", "+.3f"),
     _head("delta_loss_ci", "Δ loss, 95 % CI", "+.3f", "nats"),
@@ -66,6 +63,11 @@ INTERVALS = (
 ATTENTION = "attention"  # an object under each head: statistic name -> number (the statistics registry)
 HEAD_FIELDS = (*IDS, *NUMBERS, *FLAGS, *WORDS, *INTERVALS)  # every key of one head but `attention`
 HEAD_NUMBERS = tuple(f.key for f in NUMBERS)  # the per-head numbers the report draws as layer x head grids
+
+
+def by_key() -> dict[str, Field]:
+    """Every declared head field by its key."""
+    return {f.key: f for f in HEAD_FIELDS}
 
 
 def attention_fields() -> list[Field]:

@@ -116,3 +116,18 @@ def test_a_step_is_checked_when_registered_and_when_run():
     with pytest.raises(ConfigError, match="not registered"):
         unregister_analysis("toy")
     assert "toy" not in ANALYSES
+
+
+def test_the_table_printer_prints_values_as_text():
+    """A value from a file is text to the one printer, never rich markup or an escape sequence."""
+    from rich.console import Console
+
+    from diagnose.cli._table import print_sections
+
+    console = Console(record=True, width=120)
+    rows = [{"sum_delta_loss": None, "who": "[/i]\x1b[2J"}]
+    print_sections(console, [Section("t", "[bold]title[/bold]", COLUMNS[2:], rows,
+                                     note="[link=http://x]n[/link]")])
+    out = console.export_text()
+    assert "[bold]title[/bold]" in out and "[/i][2J" in out and "[link=http://x]n[/link]" in out and "\x1b" not in out
+    assert "│ -" in out  # a missing value is a dash
