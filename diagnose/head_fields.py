@@ -1,4 +1,5 @@
-"""One head of the heads JSON (`diagnose.heads/2`, each `heads[i]`), declared once as fields.
+"""The heads JSON (`diagnose.heads/2`) declared once: its top-level keys by kind, and one head
+(each `heads[i]`) as fields.
 
 The writer (`ablation/result.py`: `HeadEffect`, one key per field; a test holds the two together),
 `HeadsResult.to_frame`, the report's validation (`reports/_sources.py`) and its parsing into grids
@@ -8,6 +9,10 @@ head's `attention` object and are declared by their own registry (`diagnose/stat
 `attention_fields()` are their fields.
 
 Torch-free on purpose: the report (which reads only files) imports it.
+
+The document: DOCUMENT_WORDS and DOCUMENT_COUNTS are a string and an integer, DOCUMENT_OBJECTS an
+object or null, DOCUMENT_LISTS a list or absent; `sections` are `diagnose.schema.Section`s (absent in
+files from before them). One head:
 
     IDS        the head's place: integers
     NUMBERS    a number, or null where it was not measured (--fast's unverified heads, no direct path)
@@ -60,6 +65,11 @@ INTERVALS = (
     _head("direct_delta_loss_ci", "direct Δ loss, 95 % CI", "+.3f", "nats"),
     _head("direct_delta_accuracy_ci", "direct Δ accuracy, 95 % CI", "+.3f"),
 )
+DOCUMENT_WORDS = ("schema", "task", "method")
+DOCUMENT_COUNTS = ("n_examples", "n_units")
+DOCUMENT_OBJECTS = ("model", "baseline", "timing", "significance", "fast", "correlations", "direct", "agreement")
+DOCUMENT_LISTS = ("heads", "flags", "together", "examples", "sections")
+
 ATTENTION = "attention"  # an object under each head: statistic name -> number (the statistics registry)
 HEAD_FIELDS = (*IDS, *NUMBERS, *FLAGS, *WORDS, *INTERVALS)  # every key of one head but `attention`
 HEAD_NUMBERS = tuple(f.key for f in NUMBERS)  # the per-head numbers the report draws as layer x head grids

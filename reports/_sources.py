@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from diagnose.errors import DiagnoseError, InputFileError
-from diagnose.head_fields import ATTENTION, FLAGS, INTERVALS, NUMBERS, WORDS
+from diagnose.head_fields import ATTENTION, DOCUMENT_LISTS, DOCUMENT_OBJECTS, FLAGS, INTERVALS, NUMBERS, WORDS
 from diagnose.io._read import read_bytes
 from diagnose.schema import Section
 
@@ -86,8 +86,6 @@ def _label(path: Path) -> str:
 # A heads document may describe any model, but the report keeps a layers x heads grid per
 # statistic in memory: beyond this the declared shape is a broken or hostile file.
 MAX_HEADS = 1 << 16  # 256 x 256
-_OBJECTS = ("baseline", "timing", "significance", "fast", "correlations")
-_LISTS = ("flags", "together", "examples", "sections")
 _REGENERATE = "regenerate it with `diagnose heads ... --json`"
 
 
@@ -122,10 +120,10 @@ def _check_heads(data: dict[str, Any], where: str) -> None:
     if n_layers * n_heads > MAX_HEADS:
         raise InputFileError(f"{where}: declares a {n_layers} x {n_heads} grid of heads, over the {MAX_HEADS:,} "
                              f"heads a report holds; {_REGENERATE}, or give the heads of fewer layers")
-    for key in _OBJECTS:
+    for key in DOCUMENT_OBJECTS:  # as head_fields.py declares the document
         if data.get(key) is not None and not isinstance(data[key], dict):
             raise InputFileError(f"{where}: `{key}` is {_kind(data[key])}, not an object; {_REGENERATE}")
-    for key in _LISTS:
+    for key in DOCUMENT_LISTS:
         if data.get(key) is not None and not isinstance(data[key], list):
             raise InputFileError(f"{where}: `{key}` is {_kind(data[key])}, not a list; {_REGENERATE}")
     for key, value in (data.get("baseline") or {}).items():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from diagnose.ablation import SCHEMA, ablate_heads
+from diagnose.ablation import SCHEMA, ablate_heads, ablate_methods
 from diagnose.ablation.gate import close_heads, gated
 from diagnose.ablation.result import ATTENTION_STATS
 from diagnose.errors import ConfigError
@@ -254,6 +254,19 @@ def test_every_head_field_is_declared_once_for_the_readers():
 
     assert sorted(f.name for f in fields(HeadEffect)) == sorted(head_keys())
     assert len(set(head_keys())) == len(head_keys())
+
+
+def test_every_document_key_is_declared(model, data):
+    """HeadsResult's JSON writes the top-level keys head_fields.py declares, each of its declared kind."""
+    from diagnose import head_fields as d
+
+    out = ablate_methods(model, data, ["zero", "mean"], task="lm").to_json()  # with `agreement`
+    declared = (*d.DOCUMENT_WORDS, *d.DOCUMENT_COUNTS, *d.DOCUMENT_OBJECTS, *d.DOCUMENT_LISTS)
+    assert sorted(out) == sorted(declared)
+    assert all(isinstance(out[k], str) for k in d.DOCUMENT_WORDS)
+    assert all(isinstance(out[k], int) for k in d.DOCUMENT_COUNTS)
+    assert all(out[k] is None or isinstance(out[k], dict) for k in d.DOCUMENT_OBJECTS)
+    assert all(isinstance(out[k], list) for k in d.DOCUMENT_LISTS)
 
 
 def test_bad_settings_and_default_task(model, data):
