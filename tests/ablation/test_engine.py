@@ -17,7 +17,7 @@ from diagnose.objectives import default_task, targets_for
 from diagnose.sites import find_heads
 
 from .helpers import assert_untouched, evaluate, loss_tol, snapshot, with_head_weights_zeroed
-from ..tolerance import F64, approx, size_of, tol
+from ..tolerance import F64, approx, assert_exact, size_of, tol
 
 V, T, N, H, D = 20, 7, 10, 4, 8
 
@@ -242,7 +242,8 @@ def test_json_and_frame(model, data):
     assert np.abs(np.array(ex["attention"][0]).sum(-1) - 1).max() <= real * 0.5e-4 + tol(1.0, width=real)
     frame = result.to_frame()
     assert len(frame) == 2 * H and {"delta_accuracy", "delta_accuracy_ci_low", "attn_entropy"} <= set(frame.columns)
-    assert frame["delta_loss_ci_high"].tolist() == [h.delta_loss_ci[1] for h in result.heads]
+    high = [h.delta_loss_ci[1] for h in result.heads]  # the interval's columns are the heads' own numbers
+    assert_exact(torch.tensor(frame["delta_loss_ci_high"].tolist()), torch.tensor(high))
 
 
 def test_every_head_field_is_declared_once_for_the_readers():
