@@ -30,26 +30,27 @@ from .statistics import STATISTICS
 def _head(key: str, label: str, fmt: str = ".3g", unit: str = "") -> Field:
     return Field(key, label, fmt, unit, per="head")
 
+
 IDS = (_head("layer", "layer", "d"), _head("head", "head", "d"))
 NUMBERS = (
-    _head("accuracy", "accuracy", ".3f"),
+    _head("accuracy", "accuracy", ".2%"),
     _head("delta_accuracy", "Δacc", "+.2%"),
-    _head("p_value", "p (Δ accuracy)", ".2g"),
-    _head("p_value_adjusted", "p (Δ accuracy), corrected", ".2g"),
+    _head("p_value", "p (Δacc)", ".2g"),
+    _head("p_value_adjusted", "p (Δacc), corrected", ".2g"),
     _head("loss", "loss", ".4f", "nats"),
     _head("delta_loss", "Δloss", "+.4f", "nats"),
     _head("kl", "KL", ".4f", "nats"),
     _head("grad_importance", "grad imp.", ".3f"),
     _head("grad_importance_raw", "grad imp., raw", ".3g"),
-    _head("estimated_delta_loss", "Δ loss, first-order estimate", "+.3g", "nats"),
-    _head("p_value_loss", "p (Δ loss), uncorrected", ".2g"),
-    _head("p_value_loss_adjusted", "p (Δ loss)", ".2g"),
-    _head("second_order_delta_loss", "Δ loss, second-order estimate", "+.3g", "nats"),
+    _head("estimated_delta_loss", "Δloss, first-order estimate", "+.3g", "nats"),
+    _head("p_value_loss", "p (Δloss), uncorrected", ".2g"),
+    _head("p_value_loss_adjusted", "p (Δloss)", ".2g"),
+    _head("second_order_delta_loss", "Δloss, second-order estimate", "+.3g", "nats"),
     _head("direct_delta_loss", "direct Δloss", "+.4f", "nats"),
-    _head("direct_delta_accuracy", "direct Δ accuracy", "+.3f"),
-    _head("direct_p_value_loss", "direct p (Δ loss), uncorrected", ".2g"),
-    _head("direct_p_value_loss_adjusted", "direct p (Δ loss)", ".2g"),
-    _head("self_repair", "self-repair", "+.3f", "nats"),
+    _head("direct_delta_accuracy", "direct Δacc", "+.2%"),
+    _head("direct_p_value_loss", "direct p (Δloss), uncorrected", ".2g"),
+    _head("direct_p_value_loss_adjusted", "direct p (Δloss)", ".2g"),
+    _head("self_repair", "self-repair", "+.4f", "nats"),
 )
 FLAGS = (
     _head("significant", "significant", "s"),
@@ -60,11 +61,12 @@ FLAGS = (
 )
 WORDS = (_head("role", "role", "s"), _head("verdict", "verdict", "s"))
 INTERVALS = (
-    _head("delta_accuracy_ci", "Δ accuracy, 95 % CI", "+.3f"),
-    _head("delta_loss_ci", "Δ loss, 95 % CI", "+.3f", "nats"),
-    _head("direct_delta_loss_ci", "direct Δ loss, 95 % CI", "+.3f", "nats"),
-    _head("direct_delta_accuracy_ci", "direct Δ accuracy, 95 % CI", "+.3f"),
+    _head("delta_accuracy_ci", "Δacc, 95 % CI", "+.2%"),
+    _head("delta_loss_ci", "Δloss, 95 % CI", "+.4f", "nats"),
+    _head("direct_delta_loss_ci", "direct Δloss, 95 % CI", "+.4f", "nats"),
+    _head("direct_delta_accuracy_ci", "direct Δacc, 95 % CI", "+.2%"),
 )
+
 DOCUMENT_WORDS = ("schema", "task", "method")
 DOCUMENT_COUNTS = ("n_examples", "n_units")
 DOCUMENT_OBJECTS = ("model", "baseline", "timing", "significance", "fast", "correlations", "direct", "agreement")
@@ -72,7 +74,10 @@ DOCUMENT_LISTS = ("heads", "flags", "together", "examples", "sections")
 
 ATTENTION = "attention"  # an object under each head: statistic name -> number (the statistics registry)
 HEAD_FIELDS = (*IDS, *NUMBERS, *FLAGS, *WORDS, *INTERVALS)  # every key of one head but `attention`
-HEAD_NUMBERS = tuple(f.key for f in NUMBERS)  # the per-head numbers the report draws as layer x head grids
+HEAD_NUMBERS = tuple(f.key for f in NUMBERS)
+# the report's table of the heads whose removal hurts most, in this order (then the statistics it shows)
+REPORT_TABLE = ("verdict", "delta_accuracy", "delta_accuracy_ci", "delta_loss", "p_value_loss_adjusted",
+                "direct_delta_loss", "self_repair", "kl", "grad_importance")  # the per-head numbers the report draws as layer x head grids
 
 
 def by_key() -> dict[str, Field]:
