@@ -45,7 +45,7 @@ def shares(att: dict[str, float | None]) -> np.ndarray | None:
     table = roles()
     if any(att.get(k) is None or not math.isfinite(att[k]) for k in table):
         return None
-    named = [att[k] - sum(att[w] for w in r.within) for k, r in table.items()]
+    named = [att[k] - sum(att[w] for w in r.within if w in table) for k, r in table.items()]
     named = [max(0.0, x) if r.within else x for x, r in zip(named, table.values())]
     return np.array([*named, max(0.0, 1.0 - sum(named))])
 
