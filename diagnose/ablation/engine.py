@@ -8,7 +8,7 @@ several heads per forward (steps.py, the same steps prune's rounds use). `fast=T
 ranks every head by a cheap estimate from that one clean pass (FAST_RANK: the change of the
 loss to second order, the curvature from the same per-example gradients; it tracked the
 exact effect best on real and demo models, see bench/bench_estimators.py) and ablates only
-the top ones exactly.
+the top ones exactly. Last, the registered analysis steps (analyses.py) each add a Section.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ..errors import ConfigError
 from ..modes import eval_mode
 from ..sites import find_heads
 from . import contrast, roles, significance, verdict
+from .analyses import AnalysisInput, run_analyses
 from .accumulate import Accumulator, head_effects
 from .attention import summarise
 from .batches import Batches, as_batches
@@ -90,6 +91,8 @@ def _run(model: torch.nn.Module, data: Any, cfgs: list[AblationConfig], sites: S
         result = _assemble(model, sites, batches, r, c, m, summary if i == 0 else None, started)
         result.together = together
         results.append(result)
+    with eval_mode(model):  # the analysis steps (analyses.py): the first config's result, its sections
+        results[0].sections = run_analyses(AnalysisInput(model, sites, batches, cfg, results[0], r.active))
     return results
 
 
