@@ -1,0 +1,115 @@
+"""diagnose.calling: one way to call a model, read from its forward's signature."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from diagnose import UsageError
+from diagnose.calling import call, call_arguments, convention, last_position_batch, last_position_only, logits, use_forward
+from tests.nano import NanoGPT, NanoNoMask
+from tests.tolerance import assert_exact
+
+
+class Recorder(nn.Module):
+    """Records what its forward received: forward(x, *, mask=None, **kwargs), as x-transformers'."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(1, 1)
+        self.got: dict = {}
+
+    def forward(self, x, return_embeddings=False, mask=None, **kwargs):
+        self.got = {"x": x, "mask": mask, **kwargs}
+        return x.float()[..., None]
+
+
+class TakesPixels(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x):  # [B, 3, H, W] -> [B, 2]
+        return self.lin(x.mean((2, 3)))
+
+
+def test_nanogpt_style_forward_takes_the_ids_positionally_and_drops_an_all_ones_mask():
+    torch.manual_seed(0)
+    model = NanoNoMask(vocab=20, d=8, n_heads=2, max_len=8).eval()
+    ids = torch.randint(0, 20, (2, 6))
+    args, kwargs = call_arguments(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    assert args[0] is ids and kwargs == {}
+    assert_exact(call(model, {"input_ids": ids}), model(ids))
+
+
+def test_a_mask_the_forward_cannot_take_is_dropped_with_one_warning():
+    model = NanoNoMask(vocab=20, d=8, n_heads=2, max_len=8).eval()
+    ids = torch.randint(0, 20, (2, 6))
+    mask = torch.ones_like(ids)
+    mask[0, -1] = 0
+    with pytest.warns(RuntimeWarning, match="takes no padding mask"):
+        call(model, {"input_ids": ids, "attention_mask": mask})
+
+
+def test_hugging_face_style_keywords_are_passed_by_name():
+    model = NanoGPT(vocab=20, d=8, n_heads=2, max_len=8).eval()
+    ids = torch.randint(0, 20, (2, 6))
+    mask = torch.ones_like(ids)
+    args, kwargs = call_arguments(model, {"input_ids": ids, "attention_mask": mask})
+    assert args == () and set(kwargs) == {"input_ids", "attention_mask"}
+
+
+def test_x_transformers_style_forward_gets_x_positionally_and_the_mask_as_bool_mask():
+    model = Recorder()
+    ids = torch.arange(6).view(2, 3)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    call(model, {"input_ids": ids, "attention_mask": mask})
+    assert model.got["x"] is ids
+    assert model.got["mask"].dtype == torch.bool
+    assert model.got["mask"].tolist() == [[True, True, False], [True, True, True]]
+
+
+def test_pixel_values_go_to_the_first_parameter():
+    model = TakesPixels()
+    x = torch.randn(2, 3, 4, 4)
+    assert_exact(call(model, {"pixel_values": x}), model(x))
+    assert convention(model).first == "x"
+
+
+def test_a_model_that_cannot_be_called_names_its_signature_and_the_fix():
+    class TwoInputs(nn.Module):
+        def forward(self, a, b):
+            return a
+
+    with pytest.raises(UsageError, match=r"TwoInputs\.forward\(a, b\).*forward=") as err:
+        call(TwoInputs(), {"input_ids": torch.zeros(1, 2, dtype=torch.long)})
+    assert "\n" not in str(err.value)
+
+
+def test_use_forward_replaces_the_inferred_call():
+    model = NanoNoMask(vocab=20, d=8, n_heads=2, max_len=8).eval()
+    ids = torch.randint(0, 20, (2, 6))
+    use_forward(model, lambda m, inputs: (m(inputs["tokens"]), None))
+    assert_exact(logits(call(model, {"tokens": ids})), model(ids))
+    use_forward(model, None)
+    with pytest.raises(UsageError, match="forward"):
+        call(model, {"input_ids": ids, "tokens": ids})
+
+
+def test_logits_are_read_from_a_logits_loss_pair_and_last_position_outputs_are_recognised():
+    out = torch.randn(2, 1, 5)
+    assert logits((out, None)) is out
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    assert last_position_only(out, {"input_ids": ids})
+    assert not last_position_only(torch.randn(2, 4, 5), ids)
+    assert not last_position_only(torch.randn(2, 1, 5), ids[:, :1])
+
+
+def test_last_position_batch_scores_the_token_after_the_last_input():
+    ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    cut, target = last_position_batch({"input_ids": ids, "attention_mask": mask}, None)
+    assert cut["input_ids"].tolist() == [[1, 2, 3], [5, 6, 7]]
+    assert cut["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 1]]
+    assert target.tolist() == [[-100], [8]]
