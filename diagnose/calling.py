@@ -24,8 +24,9 @@ inputs)` passes them the way the model's forward takes them:
 
 Outputs: `logits(output)` reads a Tensor, a tuple/list's first element (nanoGPT's and minGPT's
 `(logits, loss)`) or `.logits`. `last_position_only(logits, inputs)` tells a model whose output
-covers only the last position (nanoGPT without targets: [B, 1, V] for T > 1); such a model is
-scored on that position (for task lm: the token after the last input, see `last_position_batch`),
+covers only the last position (nanoGPT without targets: [B, 1, V] for T > 1); `per_position`
+reads every position of such a model from the hidden state its head reads (what the checks
+use); it is scored on its last position (for task lm: the token after the last input, see `last_position_batch`),
 and the user is told once (`note_last_position`).
 """
 
@@ -43,7 +44,7 @@ from .errors import DataError, UsageError
 
 __all__ = ["Convention", "MAIN_INPUTS", "MASK_NAMES", "call", "call_arguments", "convention", "forward_of",
            "last_position_batch", "last_position_only", "logits", "main_input", "note_last_position",
-           "use_forward"]
+           "per_position", "use_forward"]
 
 # Names of a batch's main input, in the order they are looked for in a Mapping.
 MAIN_INPUTS = ("input_ids", "pixel_values", "input_features", "inputs_embeds")
@@ -120,7 +121,9 @@ def call_arguments(model: nn.Module, inputs: Any) -> tuple[tuple, dict[str, Any]
     if not isinstance(inputs, Mapping):
         return _bound(model, conv, (inputs,), {})
     name, value = main_input(inputs)
-    if name is None or all(k in conv.keywords for k in inputs) or (conv.var_keyword and name in conv.keywords):
+    by_name = all(k in conv.keywords for k in inputs) or (conv.var_keyword and (name in conv.keywords
+                                                                                 or conv.first is None))
+    if name is None or by_name:  # forward(**kwargs) and forward(*args, **kwargs) too: the names are its own
         return _bound(model, conv, (), dict(inputs))
     rest = {k: v for k, v in inputs.items() if k != name}
     kwargs: dict[str, Any] = {}
@@ -209,6 +212,51 @@ def last_position_only(out: torch.Tensor, inputs: Any) -> bool:
             and ids.shape[1] > 1 and out.dim() == 3 and tuple(out.shape[:2]) == (ids.shape[0], 1))
 
 
+def _prefix(inputs: Any, shape: torch.Size, t: int) -> Any:
+    """The inputs cut to their first t positions (every tensor whose [B, T] is the ids')."""
+    if not isinstance(inputs, Mapping):
+        return inputs[:, :t]
+    return {k: (v[:, :t] if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[:2] == shape else v)
+            for k, v in inputs.items()}
+
+
+def per_position(model: nn.Module, inputs: Any, read: Callable[[Any], torch.Tensor] | None = None) -> torch.Tensor:
+    """The model's output at every position.  # [B, T, ...], or the model's own shape ([B, C] pooled)
+
+    For a model that returns the last position only (see last_position_only) this is the output
+    of the last submodule to finish with one value per position, [B, T, C]: the hidden state the
+    head reads (nanoGPT's ln_f), so that tests comparing positions (a causal leak, padding) still
+    see every position (calls on prefixes would hide any leak: a prefix has no future). The user
+    is told once which module was read. `read` takes the tensor from the output (default: `logits`).
+    """
+    from .adapters._hooks import hooks
+
+    read = read or logits
+    out = read(call(model, inputs))
+    if not last_position_only(out, inputs):
+        return out
+    _, ids = main_input(inputs)
+    seen: list[tuple[str, torch.Tensor]] = []
+
+    def keep(name: str):
+        def hook(_m, _args, o):
+            if isinstance(o, torch.Tensor) and o.dim() >= 3 and o.shape[:2] == ids.shape and o.is_floating_point():
+                seen.append((name, o))
+        return hook
+
+    with hooks(*[lambda m=m, n=n: m.register_forward_hook(keep(n)) for n, m in model.named_modules() if m is not model]):
+        call(model, inputs)
+    if not seen:
+        raise DataError(f"{type(_unwrap(model)).__name__} returns the last position only ({tuple(out.shape)}) and "
+                        "no submodule gives one value per position; pass forward= / --forward with a function "
+                        "that returns the logits at every position")
+    name, hidden = seen[-1]
+    warnings.warn(f"diagnose: {type(_unwrap(model)).__name__} returns logits for the last position only, so every "
+                  f"position is read from {name!r}, the last module with one output per position",
+                  RuntimeWarning, stacklevel=2)
+    return hidden
+
+
 def last_position_batch(inputs: Any, labels: torch.Tensor | None) -> tuple[Any, torch.Tensor]:
     """A language-model batch for a model that predicts only after its last input: the inputs
     without their last position, and as labels [B, 1] the token that follows (IGNORE where it is
@@ -218,8 +266,7 @@ def last_position_batch(inputs: Any, labels: torch.Tensor | None) -> tuple[Any, 
     name, ids = main_input(inputs)
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] < 2:
         raise DataError("a model that predicts only after its last input needs token ids [B, T] with T >= 2")
-    cut = {k: (v[:, :-1] if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[:2] == ids.shape else v)
-           for k, v in inputs.items()} if isinstance(inputs, Mapping) else ids[:, :-1]
+    cut = _prefix(inputs, ids.shape, ids.shape[1] - 1)
     if labels is not None and labels.dim() == 2:
         return cut, labels[:, -2:-1]
     if labels is not None:

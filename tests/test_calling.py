@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from diagnose import UsageError
-from diagnose.calling import call, call_arguments, convention, last_position_batch, last_position_only, logits, use_forward
+from diagnose import UsageError, check_model
+from diagnose.calling import (call, call_arguments, convention, last_position_batch, last_position_only, logits,
+                              per_position, use_forward)
 from tests.nano import NanoGPT, NanoNoMask
 from tests.tolerance import assert_exact
 
@@ -113,3 +114,38 @@ def test_last_position_batch_scores_the_token_after_the_last_input():
     assert cut["input_ids"].tolist() == [[1, 2, 3], [5, 6, 7]]
     assert cut["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 1]]
     assert target.tolist() == [[-100], [8]]
+
+
+class LastPosition(NanoNoMask):
+    """nanoGPT's convention: forward(idx, targets=None) -> (logits, loss), the last position only
+    without targets (its lm_head reads the final norm's last row)."""
+
+    def forward(self, idx, targets=None):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for block in self.h:
+            x = block(x, None)
+        x = self.ln_f(x)
+        return (self.lm_head(x[:, [-1], :]), None) if targets is None else (self.lm_head(x), 0.0)
+
+
+def test_per_position_reads_a_last_position_model_at_every_position_from_its_final_norm():
+    torch.manual_seed(0)
+    model = LastPosition(vocab=20, d=8, n_heads=2, max_len=8).eval()
+    ids = torch.randint(0, 20, (2, 6))
+    with pytest.warns(RuntimeWarning, match="read from 'ln_f'"):
+        got = per_position(model, {"input_ids": ids})
+    x = model.wte(ids) + model.wpe(torch.arange(6))
+    for block in model.h:
+        x = block(x, None)
+    assert_exact(got, model.ln_f(x))
+
+
+def test_the_causal_check_tests_a_last_position_model():
+    torch.manual_seed(0)
+    leaky = LastPosition(vocab=20, d=8, n_heads=2, max_len=16, mask_offset=2).eval()
+    tight = LastPosition(vocab=20, d=8, n_heads=2, max_len=16, mask_offset=1).eval()
+    with pytest.warns(RuntimeWarning, match="last position only"):
+        leak = check_model(leaky, checks=["causal"], causal=True).to_json()
+        fine = check_model(tight, checks=["causal"], causal=True).to_json()
+    assert [f["check"] for f in leak["findings"]] == ["causal"] and leak["findings"][0]["severity"] == "error"
+    assert fine["passed"] == ["causal"] and fine["findings"] == []
