@@ -54,7 +54,9 @@ def info(model: str, factory: str | None, trust_pickle: bool, attn_implementatio
         _echo(f"labels      {lab['kind']} {lab['shape']}, {lab['min']}..{lab['max']} "
               f"({lab['distinct']} distinct{extra})")
     fits = "" if fit["labels_fit"] is None else "; labels fit"
-    _echo(f"output      {fit['output_shape']} on the first {min(2, d['n_examples'])} examples{fits}")
+    last = " (last position only: scored on the token after each example's last input)" \
+        if fit["last_position_only"] else ""
+    _echo(f"output      {fit['output_shape']} on the first {min(2, d['n_examples'])} examples{fits}{last}")
 
 
 def _echo(line: str) -> None:

@@ -44,6 +44,30 @@ def as_batches(data: Any, batch_size: int | None, device: torch.device | None = 
     return Batches(pairs, device)
 
 
+def for_last_position(model: torch.nn.Module, batches: "Batches", task: str) -> "Batches":
+    """`batches` as `model` can be scored on them. A language model that returns the last position
+    only (nanoGPT without targets: [B, 1, V], see diagnose.calling) is scored there, on the token
+    after each example's last input: its batches lose their last position, which becomes the label
+    [B, 1]; the user is told once. Any other model (or task) gets `batches` unchanged.
+    One forward of one example decides."""
+    from ..calling import last_position_batch, last_position_only, logits, note_last_position
+    from ..modes import eval_mode
+
+    if task != "lm" or not len(batches):
+        return batches
+    x, _ = batches[0]
+    one = {k: v[:1] if isinstance(v, torch.Tensor) and v.dim() > 0 else v for k, v in x.items()} \
+        if isinstance(x, Mapping) else x[:1]
+    from ..objectives import call_model
+
+    with eval_mode(model), torch.no_grad():
+        out = logits(call_model(model, one))
+    if not last_position_only(out, one):
+        return batches
+    note_last_position(model)
+    return Batches([last_position_batch(x, y) for x, y in batches.pairs], batches.device)
+
+
 class Batches(Sequence):
     """A re-iterable list of (inputs, labels) pairs that are moved to `device` one at a time, as read."""
 

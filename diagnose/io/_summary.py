@@ -8,7 +8,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..errors import DataError
+from ..calling import last_position_only
+from ..errors import DataError, UsageError
 from ..objectives import call_model, logits_of
 from ._files import one_line
 from ._data import IGNORE, DataSet, check_labels, check_vocab
@@ -86,14 +87,15 @@ def trial_forward(model: nn.Module, data: DataSet, n: int = 2) -> dict[str, Any]
     inputs, _ = next(data.take(n).batches(n))
     try:
         logits = logits_of(call_model(model, inputs))
+    except UsageError:  # diagnose.calling: the signature cannot take the inputs (it says which and the fix)
+        raise
     except Exception as exc:  # the model's own forward can raise anything
-        fix = ("diagnose calls model(input_ids=..., attention_mask=...): give forward those parameter names"
-               if isinstance(exc, TypeError) and "keyword argument" in str(exc)
-               else "check that the data was made for this model")
         raise DataError(f"{data.source}: the model fails on the first examples ({type(exc).__name__}: "
-                        f"{one_line(exc)}); {fix}") from None
+                        f"{one_line(exc)}); check that the data was made for this model, or pass --forward "
+                        "module:function to say how to call it") from None
     _try_largest_id(model, data, n)
-    out = {"output_shape": list(logits.shape), "labels_fit": None}
+    out = {"output_shape": list(logits.shape), "labels_fit": None,
+           "last_position_only": last_position_only(logits, inputs)}
     labels = data.labels
     if labels is not None:
         # labels [N] score logits [B, C]; labels [N, T] score logits [B, T, C]
