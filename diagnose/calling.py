@@ -33,7 +33,6 @@ and the user is told once (`note_last_position`).
 from __future__ import annotations
 
 import inspect
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -41,6 +40,7 @@ import torch
 import torch.nn as nn
 
 from .errors import DataError, UsageError
+from .notes import note
 
 __all__ = ["Convention", "MAIN_INPUTS", "MASK_NAMES", "call", "call_arguments", "convention", "forward_of",
            "last_position_batch", "last_position_only", "logits", "main_input", "note_last_position",
@@ -158,10 +158,9 @@ def _drop_mask(conv: Convention, mask: Any) -> None:
     if isinstance(mask, torch.Tensor) and bool((mask != 0).all()):
         return  # no padding: the mask says nothing the model does not already assume
     # warnings shows a message once per place (its default filter), so a sweep warns once, not per batch
-    warnings.warn(f"diagnose: {conv.text} takes no padding mask, so the data's attention_mask is not passed: "
-                  "padded positions are never scored, but a model that is not causal reads them; "
-                  "drop the padding from the data, or pass forward= / --forward to give the model its mask",
-                  RuntimeWarning, stacklevel=4)
+    note(f"{conv.text} takes no padding mask, so the data's attention_mask is not passed: padded positions "
+         "are never scored, but a model that is not causal reads them; drop the padding from the data, or pass "
+         "forward= / --forward to give the model its mask", stacklevel=4)
 
 
 def use_forward(model: nn.Module, fn: Callable[[nn.Module, Any], Any] | None) -> nn.Module:
@@ -251,9 +250,8 @@ def per_position(model: nn.Module, inputs: Any, read: Callable[[Any], torch.Tens
                         "no submodule gives one value per position; pass forward= / --forward with a function "
                         "that returns the logits at every position")
     name, hidden = seen[-1]
-    warnings.warn(f"diagnose: {type(_unwrap(model)).__name__} returns logits for the last position only, so every "
-                  f"position is read from {name!r}, the last module with one output per position",
-                  RuntimeWarning, stacklevel=2)
+    note(f"{type(_unwrap(model)).__name__} returns logits for the last position only, so every position is read "
+         f"from {name!r}, the last module with one output per position")
     return hidden
 
 
@@ -279,9 +277,9 @@ def last_position_batch(inputs: Any, labels: torch.Tensor | None) -> tuple[Any, 
 
 
 def note_last_position(model: nn.Module) -> str:
-    """Tell the user (a RuntimeWarning, shown once per model class) that only the last position is
-    scored; returns the line."""
+    """Tell the user (a diagnose.notes.Note, shown once per model class) that only the last position
+    is scored; returns the line."""
     line = (f"{type(_unwrap(model)).__name__} returns logits for the last position only ([B, 1, V]), so it is "
             "scored there: on the token after each example's last input (the inputs are cut by one position)")
-    warnings.warn(f"diagnose: {line}", RuntimeWarning, stacklevel=3)
+    note(line, stacklevel=3)
     return line

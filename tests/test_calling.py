@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 
 from diagnose import UsageError, check_model
+from diagnose.notes import Note
 from diagnose.calling import (call, call_arguments, convention, last_position_batch, last_position_only, logits,
                               per_position, use_forward)
 from tests.nano import NanoGPT, NanoNoMask
@@ -49,7 +50,7 @@ def test_a_mask_the_forward_cannot_take_is_dropped_with_one_warning():
     ids = torch.randint(0, 20, (2, 6))
     mask = torch.ones_like(ids)
     mask[0, -1] = 0
-    with pytest.warns(RuntimeWarning, match="takes no padding mask"):
+    with pytest.warns(Note, match="takes no padding mask"):
         call(model, {"input_ids": ids, "attention_mask": mask})
 
 
@@ -132,7 +133,7 @@ def test_per_position_reads_a_last_position_model_at_every_position_from_its_fin
     torch.manual_seed(0)
     model = LastPosition(vocab=20, d=8, n_heads=2, max_len=8).eval()
     ids = torch.randint(0, 20, (2, 6))
-    with pytest.warns(RuntimeWarning, match="read from 'ln_f'"):
+    with pytest.warns(Note, match="read from 'ln_f'"):
         got = per_position(model, {"input_ids": ids})
     x = model.wte(ids) + model.wpe(torch.arange(6))
     for block in model.h:
@@ -144,7 +145,7 @@ def test_the_causal_check_tests_a_last_position_model():
     torch.manual_seed(0)
     leaky = LastPosition(vocab=20, d=8, n_heads=2, max_len=16, mask_offset=2).eval()
     tight = LastPosition(vocab=20, d=8, n_heads=2, max_len=16, mask_offset=1).eval()
-    with pytest.warns(RuntimeWarning, match="last position only"):
+    with pytest.warns(Note, match="last position only"):
         leak = check_model(leaky, checks=["causal"], causal=True).to_json()
         fine = check_model(tight, checks=["causal"], causal=True).to_json()
     assert [f["check"] for f in leak["findings"]] == ["causal"] and leak["findings"][0]["severity"] == "error"
