@@ -14,6 +14,11 @@ factory_option = click.option(
     "--factory", metavar="MODULE:FUNCTION", default=None,
     help="A function that builds the model; MODEL is then its state_dict (.pt or .safetensors).")
 
+forward_option = click.option(
+    "--forward", metavar="MODULE:FUNCTION", default=None,
+    help="A function fn(model, inputs) -> output that calls the model, for a forward whose signature does not "
+         "say how (diagnose.calling); inputs are {'input_ids': ..., 'attention_mask': ...} or {'pixel_values': ...}.")
+
 trust_pickle_option = click.option(
     "--trust-pickle", is_flag=True, default=False,
     help="Allow a fully pickled nn.Module. Unpickling runs code from the file: only for files you trust.")
@@ -36,8 +41,8 @@ def data_option(required: bool = False) -> Callable:
 
 
 def model_options(fn: Callable) -> Callable:
-    """MODEL argument plus --factory, --trust-pickle and --attn-implementation."""
-    for deco in (attn_implementation_option, trust_pickle_option, factory_option, model_argument):
+    """MODEL argument plus --factory, --forward, --trust-pickle and --attn-implementation."""
+    for deco in (attn_implementation_option, trust_pickle_option, forward_option, factory_option, model_argument):
         fn = deco(fn)
     return fn
 

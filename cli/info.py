@@ -13,7 +13,7 @@ from ._options import data_option, max_length_option, model_options
 @model_options
 @data_option()
 @max_length_option
-def info(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None,
+def info(model: str, factory: str | None, forward: str | None, trust_pickle: bool, attn_implementation: str | None,
          data: str | None, max_length: int | None) -> None:
     """Load MODEL (and --data) the way every command does, and say what is in them.
 
@@ -28,7 +28,8 @@ def info(model: str, factory: str | None, trust_pickle: bool, attn_implementatio
         trial_forward,
     )
 
-    net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
+    net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation,
+                     forward=forward)
     m = describe_model(net)
     _echo(f"model       {m['source']}  ({m['format']})")
     _echo(f"class       {m['class']}")

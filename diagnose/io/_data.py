@@ -1,5 +1,7 @@
 """Data files: tensors (.pt / .safetensors / .npz) with input_ids [N, T], optional
-attention_mask [N, T] and optional labels ([N] or [N, T]); or text (.jsonl / .csv, see _text.py).
+attention_mask [N, T] and optional labels ([N] or [N, T]); raw uint16 token streams (nanoGPT's
+.bin, see _token_stream.py); or text (.jsonl / .csv, see _text.py). Token ids may be any integer
+dtype, uint16 and uint32 included (widened to int64).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ IGNORE = -100
 TENSOR_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".npz")
 TEXT_SUFFIXES = (".jsonl", ".csv")
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+# numpy's unsigned ids (nanoGPT's uint16 .bin, a uint32 vocabulary over 65,535): widened to int64
+# exactly (torch has few operations for them, not even max)
+_UINT_DTYPES = (torch.uint16, torch.uint32)
 
 
 @dataclass
@@ -89,8 +94,14 @@ def load_data(path: str | Path, *, tokenizer: Any = None, max_length: int | None
         return validate(tensors, path, tokens=tokens)
     if suffix not in TENSOR_SUFFIXES:
         raise InputFileError(f"{path}: unknown data format {suffix or '(no suffix)'!r}; use .pt, .safetensors "
-                             "or .npz tensors (input_ids, attention_mask, labels), or .jsonl/.csv text")
-    data = validate(_read_tensors(path), path)
+                             "or .npz tensors (input_ids, attention_mask, labels), .bin token ids (nanoGPT's), "
+                             "or .jsonl/.csv text")
+    from ._token_stream import is_token_stream, read_token_stream
+    if is_token_stream(path):
+        tensors = read_token_stream(path, max_length or model_max_length)
+    else:
+        tensors = _read_tensors(path)
+    data = validate(tensors, path)
     if tokenizer is not None:
         data.tokens = token_strings(tokenizer, data.input_ids)
     return data
@@ -195,6 +206,8 @@ def _as_int64(name: str, value: Any, path: Path) -> torch.Tensor:
         raise DataError(f"{path}: {name} is a {type(value).__name__}, not a tensor; store it as a torch tensor")
     if value.dtype == torch.bool and name != "input_ids":
         return value.long()
+    if value.dtype in _UINT_DTYPES:
+        return value.to(torch.int64)  # every uint16 / uint32 value fits
     if value.dtype not in _INT_DTYPES:
         raise DataError(f"{path}: {name} has dtype {str(value.dtype).replace('torch.', '')}, but must hold "
                         f"integers; convert it with .long() before saving")

@@ -19,35 +19,38 @@ from ._files import cwd_on_path, one_line, require_file, torch_load
 _WRAPPER_KEYS = ("state_dict", "model_state_dict", "model")
 
 
-def resolve_factory(spec: str) -> Callable[[], Any]:
-    """Import `module:function` (module may be dotted or a path to a .py file; cwd is searched)."""
+def resolve_factory(spec: str, *, option: str = "--factory") -> Callable[..., Any]:
+    """Import `module:function` (module may be dotted or a path to a .py file; cwd is searched).
+
+    option: the flag it came from, for the messages (--factory builds the model, --forward calls it)."""
+    wants = ("builds the model (with no arguments, or the checkpoint entries it names, e.g. model_args)"
+             if option == "--factory" else "calls the model: fn(model, inputs) -> output")
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(f"--factory {spec!r}: expected module:function, e.g. mymodels:build_model")
+        raise ConfigError(f"{option} {spec!r}: expected module:function, e.g. mymodels:build_model")
     with cwd_on_path():
         try:
-            module = _import(module_name)
+            module = _import(module_name, option)
         except ConfigError:
             raise
         except Exception as exc:  # the module's own import-time code can raise anything
-            raise ConfigError(f"--factory {spec}: cannot import {module_name} ({type(exc).__name__}: "
+            raise ConfigError(f"{option} {spec}: cannot import {module_name} ({type(exc).__name__}: "
                               f"{one_line(exc)}); run diagnose from the folder that holds it") from None
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):
-            raise ConfigError(f"--factory {spec}: {module_name} has no {attr!r}; name a function that "
-                              "builds the model (with no arguments, or the checkpoint entries it names, e.g. model_args)")
+            raise ConfigError(f"{option} {spec}: {module_name} has no {attr!r}; name a function that {wants}")
         target = getattr(target, part)
     if not callable(target):
-        raise ConfigError(f"--factory {spec}: {attr} is not callable; name a function that builds the model")
+        raise ConfigError(f"{option} {spec}: {attr} is not callable; name a function that {wants}")
     return target
 
 
-def _import(name: str) -> Any:
+def _import(name: str, option: str = "--factory") -> Any:
     if name.endswith(".py"):
         path = Path(name)
         if not path.is_file():
-            raise ConfigError(f"--factory: {path} does not exist")
+            raise ConfigError(f"{option}: {path} does not exist")
         spec = importlib.util.spec_from_file_location(f"_diagnose_factory_{path.stem}", path)
         assert spec is not None and spec.loader is not None, f"no import spec for {path}"
         module = importlib.util.module_from_spec(spec)
