@@ -44,11 +44,18 @@ def info(model: str, factory: str | None, forward: str | None, trust_pickle: boo
     fit = trial_forward(net, ds)
     d = describe_data(ds)
     _echo(f"data        {d['source']}")
-    _echo(f"examples    N={d['n_examples']}  T={d['seq_len']}  token ids {d['token_ids'][0]}..{d['token_ids'][1]}")
-    _echo("padding     " + (f"{d['padding_share']:.1%} of positions" if d["has_attention_mask"]
-                            else "no attention_mask"))
+    if "image_size" in d:  # pixel_values
+        c, h, w = d["image_size"]
+        lo, hi = d["pixel_range"]
+        _echo(f"examples    N={d['n_examples']}  images {c}x{h}x{w}  pixel values {lo:.3g}..{hi:.3g}")
+    else:
+        _echo(f"examples    N={d['n_examples']}  T={d['seq_len']}  token ids {d['token_ids'][0]}..{d['token_ids'][1]}")
+        _echo("padding     " + (f"{d['padding_share']:.1%} of positions" if d["has_attention_mask"]
+                                else "no attention_mask"))
     lab = d["labels"]
-    if lab is None:
+    if lab is None and "image_size" in d:
+        _echo("labels      none (images are scored against class labels [N]: heads and prune need them)")
+    elif lab is None:
         _echo("labels      none (language-model data: targets are the inputs shifted by one)")
     else:
         extra = f", {lab['scored_share']:.1%} of positions scored" if lab["kind"] == "token" else ""

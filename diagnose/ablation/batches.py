@@ -25,8 +25,10 @@ def as_batches(data: Any, batch_size: int | None, device: torch.device | None = 
         raise DataError(f"batch_size must be at least 1, got {batch_size}")
     if isinstance(data, Batches):  # already cut: keep the pairs where they are
         return Batches(data.pairs, device)
-    if isinstance(data, Mapping) and "input_ids" in data:
+    if isinstance(data, Mapping) and ("input_ids" in data or "pixel_values" in data):
         pairs = _chunks(dict(data), data.get("labels"), bs)
+    elif isinstance(getattr(data, "pixel_values", None), torch.Tensor):  # an ImageSet (diagnose.io)
+        pairs = _chunks({"pixel_values": data.pixel_values}, getattr(data, "labels", None), bs)
     elif hasattr(data, "input_ids") and isinstance(getattr(data, "input_ids"), torch.Tensor):
         fields = {"input_ids": data.input_ids}
         for name in ("attention_mask", "token_type_ids"):
@@ -97,7 +99,7 @@ def padding_mask(inputs: Any) -> torch.Tensor | None:
 
 def _chunks(fields: dict[str, Any], labels: Any, bs: int) -> list[tuple[Any, Any]]:
     inputs = {k: v for k, v in fields.items() if k != "labels" and isinstance(v, torch.Tensor)}
-    n = int(inputs["input_ids"].shape[0])
+    n = int(inputs["input_ids" if "input_ids" in inputs else "pixel_values"].shape[0])
     return [({k: v[i:i + bs] for k, v in inputs.items()}, None if labels is None else labels[i:i + bs])
             for i in range(0, n, bs)]
 

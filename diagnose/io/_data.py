@@ -77,12 +77,13 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path) -> Path:
 
 
 def load_data(path: str | Path, *, tokenizer: Any = None, max_length: int | None = None,
-              label2id: Mapping[str, int] | None = None, model_max_length: int | None = None) -> DataSet:
+              label2id: Mapping[str, int] | None = None, model_max_length: int | None = None) -> Any:
     """Read and validate a data file. Text files need `tokenizer` (a Hugging Face tokenizer).
 
     max_length truncates text when tokenising (default: the lower of model_max_length and the
     tokenizer's own limit); label2id maps label names in text files to ids.
-    With a tokenizer, `tokens` holds each example's token strings.
+    With a tokenizer, `tokens` holds each example's token strings. A file holding pixel_values
+    gives an ImageSet (images and class labels, see _images.py) instead of a DataSet.
     """
     path = Path(path)
     require_file(path, "data file")
@@ -102,7 +103,7 @@ def load_data(path: str | Path, *, tokenizer: Any = None, max_length: int | None
     else:
         tensors = _read_tensors(path)
     data = validate(tensors, path)
-    if tokenizer is not None:
+    if tokenizer is not None and isinstance(data, DataSet):
         data.tokens = token_strings(tokenizer, data.input_ids)
     return data
 
@@ -214,12 +215,17 @@ def _as_int64(name: str, value: Any, path: Path) -> torch.Tensor:
     return value.long()
 
 
-def validate(tensors: Mapping[str, Any], path: str | Path, *, tokens: list[list[str]] | None = None) -> DataSet:
-    """Check names, shapes, dtypes and values; return the DataSet or raise DataError naming the fix."""
+def validate(tensors: Mapping[str, Any], path: str | Path, *, tokens: list[list[str]] | None = None) -> Any:
+    """Check names, shapes, dtypes and values; return the DataSet (or, for pixel_values, the
+    ImageSet: see _images.py) or raise DataError naming the fix."""
     path = Path(path)
+    if "pixel_values" in tensors:
+        from ._images import validate_images
+        return validate_images(tensors, path)
     if "input_ids" not in tensors:
         found = ", ".join(sorted(map(str, tensors))) or "nothing"
-        raise DataError(f"{path}: has no input_ids (found: {found}); store the token ids [N, T] as 'input_ids'")
+        raise DataError(f"{path}: has no input_ids (found: {found}); store the token ids [N, T] as 'input_ids' "
+                        "(or images [N, C, H, W] as 'pixel_values')")
     ids = _as_int64("input_ids", tensors["input_ids"], path)
     if ids.dim() != 2:
         raise DataError(f"{path}: input_ids has shape {tuple(ids.shape)}, but must be [N, T] (examples x "
@@ -282,6 +288,11 @@ def check_task(data: DataSet, task: str) -> None:
     real tokens in a row: with T = 1 nothing is predicted, and no statistic can be computed)."""
     from ..objectives import targets_for
 
+    if getattr(data, "main_input", "input_ids") == "pixel_values":
+        if task != "classification" or data.labels is None:
+            raise DataError(f"{data.source}: images are scored as classification against labels [N]; store the "
+                            "class ids as 'labels' (and use --task classification)")
+        return
     targets = targets_for(task, data.inputs(), data.labels)
     if not bool((targets != IGNORE).any()):
         why = (f"every example has fewer than two real tokens (T = {data.seq_len})" if task == "lm"
