@@ -29,15 +29,16 @@ attn_implementation_option = click.option(
 
 max_length_option = click.option(
     "--max-length", type=click.IntRange(min=1), default=None,
-    help="Truncate text data to this many tokens (default: the model's maximum positions, "
-         "e.g. max_position_embeddings).")
+    help="Truncate text data to this many tokens, or cut a raw .bin token stream into examples of this many "
+         "(default: the model's maximum positions, e.g. max_position_embeddings or block_size).")
 
 
 def data_option(required: bool = False) -> Callable:
     """--data DATA: .pt/.safetensors/.npz tensors or .jsonl/.csv text."""
     return click.option("--data", "data", metavar="DATA", type=click.Path(path_type=str), required=required,
                         help="Data file: .pt, .safetensors or .npz with input_ids [N, T] (attention_mask, "
-                             "labels optional), or .jsonl/.csv with text and label.")
+                             "labels optional) or pixel_values [N, C, H, W] (labels [N]), a raw uint16 .bin of "
+                             "token ids (nanoGPT's), or .jsonl/.csv with text and label.")
 
 
 def model_options(fn: Callable) -> Callable:

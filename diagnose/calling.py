@@ -13,21 +13,26 @@ inputs)` passes them the way the model's forward takes them:
   `forward(idx, targets=None)`, timm's `forward(x)`, x-transformers' `forward(x, **kwargs)`),
   else by that parameter's name; the padding mask (`attention_mask`, 1 = real token) goes to the
   parameter that takes one (`attention_mask`, or `mask` as x-transformers names it); other entries
-  go by name. A mask that the forward has no place for is dropped when it is all ones (nothing is
-  lost) and otherwise dropped with one warning (padded positions are still never scored).
+  go by name (an x-transformers `mask` as bool). A mask the forward has no place for is dropped:
+  silently when it is all ones (nothing is lost), else with one note (padded positions are
+  still never scored).
 - Forward's arguments are bound to its signature before the call, so a model that cannot be
   called this way raises `UsageError` (a TypeError) naming the signature found and the fix,
   instead of a TypeError from deep inside, or a swallowed one.
-- What cannot be inferred is said by the user: `use_forward(model, fn)` (the library's
-  `forward=` arguments, the CLI's `--forward module:function`) makes `call` run `fn(model,
-  inputs)` instead, with the inputs exactly as diagnose holds them (a Tensor or the Mapping above).
+- What cannot be inferred is said by the user: `use_forward(model, fn)` (or
+  `load_model(..., forward=fn)`, the CLI's `--forward module:function`) makes `call` run
+  `fn(model, inputs)` instead, with the inputs exactly as diagnose holds them (a Tensor or the
+  Mapping above). Like --factory, --forward imports code the user named, never a model folder's.
+- torch.compile's OptimizedModule and DDP are read through: the wrapped module's signature counts.
 
 Outputs: `logits(output)` reads a Tensor, a tuple/list's first element (nanoGPT's and minGPT's
 `(logits, loss)`) or `.logits`. `last_position_only(logits, inputs)` tells a model whose output
-covers only the last position (nanoGPT without targets: [B, 1, V] for T > 1); `per_position`
-reads every position of such a model from the hidden state its head reads (what the checks
-use); it is scored on its last position (for task lm: the token after the last input, see `last_position_batch`),
-and the user is told once (`note_last_position`).
+covers only the last position (nanoGPT without targets: [B, 1, V] for T > 1). Such a model is
+scored on that position: for task lm, on the token after the last input (`last_position_batch`
+cuts each example by one position to make that token its label; ablation.batches.for_last_position
+does it for every sweep), and the user is told once (`note_last_position`). The checks, which
+compare positions, read every position from the hidden state its head reads (`per_position`).
+Each note is a diagnose.notes.Note (a warning; the CLI prints it as one `note:` line).
 """
 
 from __future__ import annotations
@@ -243,7 +248,8 @@ def per_position(model: nn.Module, inputs: Any, read: Callable[[Any], torch.Tens
                 seen.append((name, o))
         return hook
 
-    with hooks(*[lambda m=m, n=n: m.register_forward_hook(keep(n)) for n, m in model.named_modules() if m is not model]):
+    regs = [lambda m=m, n=n: m.register_forward_hook(keep(n)) for n, m in model.named_modules() if m is not model]
+    with hooks(*regs):
         call(model, inputs)
     if not seen:
         raise DataError(f"{type(_unwrap(model)).__name__} returns the last position only ({tuple(out.shape)}) and "

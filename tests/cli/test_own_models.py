@@ -196,7 +196,8 @@ def test_vit_state_dict_and_pixel_values_run_info_and_heads(own, client):
             "--data", "images.pt"]
     info = _run("info", *args)
     assert info.exit_code == 0, info.output
-    assert "N=24  images 3x16x16" in info.stdout and "output      [2, 10]" in info.stdout and "labels fit" in info.stdout
+    assert "N=24  images 3x16x16" in info.stdout and "output      [2, 10]" in info.stdout
+    assert "class [24], 0..9" in info.stdout and "labels fit" in info.stdout
     heads = _run("heads", *args, "--json", "heads.json")
     assert heads.exit_code == 0, heads.output
     result = json.loads(Path("heads.json").read_text())
