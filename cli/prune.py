@@ -61,7 +61,7 @@ def prune(model: str, factory: str | None, forward: str | None, trust_pickle: bo
     # every output, --out included, is checked before any work: a bad path costs nothing
     check_outputs({"--out": out_dir, "--json": json_path, "--html": html_path}, inputs=inputs, folders=("--out",))
     net, ds, held, task = _load(model, factory, trust_pickle, attn_implementation, data, eval_path, max_length,
-                                task, out_dir, inputs)
+                                task, out_dir, inputs, forward)
     _check_budget(task, max_drop, max_loss)
     from diagnose._head_label import head_label
     from diagnose.prune import prune_heads
@@ -75,7 +75,8 @@ def prune(model: str, factory: str | None, forward: str | None, trust_pickle: bo
     _write(result, out_dir, json_path, html_path)
 
 
-def _load(model, factory, trust_pickle, attn_implementation, data, eval_path, max_length, task, out_dir, inputs):
+def _load(model, factory, trust_pickle, attn_implementation, data, eval_path, max_length, task, out_dir, inputs,
+          forward=None):
     """The model, the data, the held-out data and the task, each tried once before any round."""
     from pathlib import Path
 

@@ -10,8 +10,8 @@ from diagnose import UsageError, check_model
 from diagnose.notes import Note
 from diagnose.calling import (call, call_arguments, convention, last_position_batch, last_position_only, logits,
                               per_position, use_forward)
-from tests.nano import NanoGPT, NanoNoMask
-from tests.tolerance import assert_exact
+from .nano import NanoGPT, NanoNoMask
+from .tolerance import assert_close, assert_exact
 
 
 class Recorder(nn.Module):
@@ -150,3 +150,24 @@ def test_the_causal_check_tests_a_last_position_model():
         fine = check_model(tight, checks=["causal"], causal=True).to_json()
     assert [f["check"] for f in leak["findings"]] == ["causal"] and leak["findings"][0]["severity"] == "error"
     assert fine["passed"] == ["causal"] and fine["findings"] == []
+
+
+def test_the_readme_mapping_form_captures_nanogpt_exactly():
+    """capture(model, {"input_ids": x}) on nanoGPT's forward(idx, targets=None): the finder's traced
+    forward and the capture both call it through diagnose.calling; the maps are its own softmax."""
+    import diagnose
+
+    from .clients import nanogpt
+
+    model = nanogpt.make(flash=False)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(2))
+    cap = diagnose.capture(model, {"input_ids": ids}, activations=False)
+    attn = model.transformer.h[0].attn
+    with torch.no_grad():
+        x = model.transformer.wte(ids) + model.transformer.wpe(torch.arange(8))
+        q, k, _ = attn.c_attn(model.transformer.h[0].ln_1(x)).split(32, dim=2)
+        q, k = (t.view(2, 8, 2, 16).transpose(1, 2) for t in (q, k))  # [B, nh, T, hs]
+        scores = (q @ k.transpose(-2, -1)) / 4.0  # sqrt(hs)
+        want = scores.masked_fill(torch.ones(8, 8).triu(1).bool(), float("-inf")).softmax(-1)  # [B, nh, T, T]
+    assert len(cap.attention) == 2
+    assert_close(cap.attention[0], want, depth=1, width=32)
