@@ -11,7 +11,7 @@ from diagnose.notes import Note
 from diagnose.calling import (call, call_arguments, convention, last_position_batch, last_position_only, logits,
                               per_position, use_forward)
 from .nano import NanoGPT, NanoNoMask
-from .tolerance import assert_close, assert_exact
+from .tolerance import approx, assert_close, assert_exact
 
 
 class Recorder(nn.Module):
@@ -171,3 +171,23 @@ def test_the_readme_mapping_form_captures_nanogpt_exactly():
         want = scores.masked_fill(torch.ones(8, 8).triu(1).bool(), float("-inf")).softmax(-1)  # [B, nh, T, T]
     assert len(cap.attention) == 2
     assert_close(cap.attention[0], want, depth=1, width=32)
+
+
+def test_a_last_position_model_is_cut_once_for_the_sweep_and_its_groups():
+    """ablate_heads scores nanoGPT on the token after each example's last input; the group closed
+    with --together sees the same cut batches (its baseline is the sweep's, not a second cut)."""
+    import diagnose
+
+    from .clients import nanogpt
+
+    model = nanogpt.make()
+    ids = torch.randint(0, 64, (16, 12), generator=torch.Generator().manual_seed(0))
+    with pytest.warns(Note, match="last position only"):
+        result = diagnose.ablate_heads(model, {"input_ids": ids}, task="lm", together=[[(0, 0), (0, 1)]],
+                                       progress=None).to_json()
+    with torch.no_grad():
+        logits, _ = model(ids[:, :-1])  # [16, 1, 64]: after the first 11 tokens
+    want = torch.nn.functional.cross_entropy(logits[:, 0], ids[:, -1])
+    assert result["n_units"] == 16
+    assert result["baseline"]["loss"] == approx(float(want), depth=2, width=32)
+    assert result["together"][0]["baseline_loss"] == approx(float(want), depth=2, width=32)

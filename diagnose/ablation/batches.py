@@ -24,7 +24,7 @@ def as_batches(data: Any, batch_size: int | None, device: torch.device | None = 
     if bs < 1:
         raise DataError(f"batch_size must be at least 1, got {batch_size}")
     if isinstance(data, Batches):  # already cut: keep the pairs where they are
-        return Batches(data.pairs, device)
+        return Batches(data.pairs, device, data.last_position)
     if isinstance(data, Mapping) and ("input_ids" in data or "pixel_values" in data):
         pairs = _chunks(dict(data), data.get("labels"), bs)
     elif isinstance(getattr(data, "pixel_values", None), torch.Tensor):  # an ImageSet (diagnose.io)
@@ -55,7 +55,7 @@ def for_last_position(model: torch.nn.Module, batches: "Batches", task: str) -> 
     from ..calling import last_position_batch, last_position_only, logits, note_last_position
     from ..modes import eval_mode
 
-    if task != "lm" or not len(batches):
+    if task != "lm" or not len(batches) or batches.last_position:  # cut once: a cut batch is last-position too
         return batches
     x, _ = batches[0]
     one = {k: v[:1] if isinstance(v, torch.Tensor) and v.dim() > 0 else v for k, v in x.items()} \
@@ -67,21 +67,22 @@ def for_last_position(model: torch.nn.Module, batches: "Batches", task: str) -> 
     if not last_position_only(out, one):
         return batches
     note_last_position(model)
-    return Batches([last_position_batch(x, y) for x, y in batches.pairs], batches.device)
+    return Batches([last_position_batch(x, y) for x, y in batches.pairs], batches.device, last_position=True)
 
 
 class Batches(Sequence):
     """A re-iterable list of (inputs, labels) pairs that are moved to `device` one at a time, as read."""
 
-    def __init__(self, pairs: list[tuple[Any, Any]], device: torch.device | None = None):
+    def __init__(self, pairs: list[tuple[Any, Any]], device: torch.device | None = None, last_position: bool = False):
         self.pairs, self.device = list(pairs), device
+        self.last_position = last_position  # cut by for_last_position: scored on the token after the last input
 
     def __len__(self) -> int:
         return len(self.pairs)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return Batches(self.pairs[i], self.device)
+            return Batches(self.pairs[i], self.device, self.last_position)
         x, y = self.pairs[i]
         return _to(x, self.device), _to(y, self.device)
 
