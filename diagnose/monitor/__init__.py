@@ -7,6 +7,7 @@ live trackers: TensorBoardSink, WandbSink, MLflowSink, a plain function).
 
 from ._alerts import Thresholds
 from ._detect import Context, Detector, register_detector, unregister_detector
+from ._lacking import lacking_signals
 from ._measure import Measurement, StepInputs, register_measurement, unregister_measurement
 from ._monitor import TrainingMonitor
 from ._runfolder import Run, read_run
@@ -17,4 +18,4 @@ from ._sinks import RunFolderSink, Sink
 __all__ = ["TrainingMonitor", "Thresholds", "Run", "read_run", "Sink", "RunFolderSink", "LiveSink",
            "CallableSink", "TensorBoardSink", "WandbSink", "MLflowSink", "LightningLoggersSink", "Measurement",
            "StepInputs", "register_measurement", "unregister_measurement", "Detector", "Context",
-           "register_detector", "unregister_detector"]
+           "register_detector", "unregister_detector", "lacking_signals"]

@@ -14,7 +14,7 @@ from diagnose.adapters import register_adapter, unregister_adapter
 from diagnose.adapters._hooks import hooks
 from diagnose.adapters._reference import ReferenceAdapter
 from diagnose.monitor import TrainingMonitor, read_run
-from diagnose.monitor._lacking import lacking_signals
+from diagnose.monitor import lacking_signals
 from diagnose.monitor._alerts import AlertEngine, Thresholds
 from diagnose.zoo import ModelConfig, Transformer
 from ..nano import NanoGPT
