@@ -64,7 +64,7 @@ class RankCollapse(Detector):
     `rank_patience` logged steps. A block that starts below `rank_cos` and rises to it is, early in
     training, in the unigram phase: every position predicts the same next-token distribution, so the
     stream aligns on one direction until the model learns to use context (qk-normed byte proxies:
-    0.09 at init, >= 0.99 for 11 logged steps at lr 1e-2 and 26 at lr 3e-2, then 0.5-0.7 by step 60).
+    0.09 at init, >= 0.99 for at most 11 logged steps in a row at lr 1e-2 and 3e-2, then 0.5-0.7 by step 60).
     Such a block must hold it for `rank_grace` logged steps."""
 
     kind, severity, lr_first = "rank_collapse", "error", True
