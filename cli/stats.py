@@ -46,7 +46,7 @@ def _step_line(rec: dict) -> str:
 def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, as_json: bool,
           html_path: str | None) -> None:
     """Summarise a run folder: loss, grad norms and activations through depth, attention entropy, alerts,
-    evaluations, step time and throughput.
+    evaluations, step time and throughput, and the signals the run did not record, with why.
 
     \b
     Example: diagnose stats runs/exp1 --follow

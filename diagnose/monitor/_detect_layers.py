@@ -32,7 +32,7 @@ class ActivationGrowth(Detector):
     starting from a 0.02-std init (variance ~2e-3) grows polynomially as Adam moves every weight by
     about the lr per step, and a median over the whole early history is the init's scale, not a
     level (qk-normed byte proxy at lr 3e-2, loss falling: x1e6 in 40 steps, 126x that median at
-    step 23, never more than 30x its last 8 values, 12x once the window is full)."""
+    step 23, never more than 31x its last 8 values, 12x once the window is full)."""
 
     kind, severity, lr_first = "activation_growth", "warning", True
     hint = ("the residual stream is blowing up: lower the lr, scale residual branch init by "
