@@ -46,7 +46,7 @@ def _step_line(rec: dict) -> str:
 def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, as_json: bool,
           html_path: str | None) -> None:
     """Summarise a run folder: loss, grad norms and activations through depth, attention entropy, alerts,
-    evaluations, step time and throughput.
+    evaluations, step time and throughput, and the signals the run did not record, with why.
 
     \b
     Example: diagnose stats runs/exp1 --follow
@@ -86,10 +86,14 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, as_
         n = export_tensorboard(run, tb_dir)
         if not as_json:
             console.print(Text(f"wrote {n} scalars to {clean(tb_dir)}"))
+    from diagnose.monitor._lacking import lacking_lines, lacking_signals
+
     if as_json:
-        click.echo(_json.dumps(summary, indent=1))
+        click.echo(_json.dumps({**summary, "lacking_signals": lacking_signals(run)}, indent=1))
     else:
         render(summary, console)
+        for line in lacking_lines(run):  # a signal missing says so, with the reason (issue 33)
+            console.print(Text(clean(line)))
     if html_path:
         from diagnose.reports import write_report
 

@@ -8,6 +8,7 @@ live trackers: TensorBoardSink, WandbSink, MLflowSink, a plain function).
 
 from ._alerts import Thresholds
 from ._detect import Context, Detector, register_detector, unregister_detector
+from ._lacking import lacking_signals
 from ._measure import Measurement, StepInputs, record_field, register_measurement, unregister_measurement
 from ._fields import MONITOR_FIELDS, field_of, record_fields, record_keys
 from ._monitor import TrainingMonitor
@@ -20,4 +21,4 @@ __all__ = ["TrainingMonitor", "Thresholds", "Run", "read_run", "Sink", "RunFolde
            "CallableSink", "TensorBoardSink", "WandbSink", "MLflowSink", "LightningLoggersSink", "Measurement",
            "StepInputs", "register_measurement", "unregister_measurement", "Detector", "Context",
            "register_detector", "unregister_detector", "record_field", "record_fields", "field_of", "record_keys",
-           "MONITOR_FIELDS"]
+           "MONITOR_FIELDS", "lacking_signals"]

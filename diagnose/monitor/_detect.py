@@ -54,6 +54,7 @@ class Context:
         self.blocks = blocks
         self.hist: dict[str, deque] = {}
         self.streak: dict[str, int] = {}
+        self.calm_max: dict[str, float] = {}  # per signal, the largest value that was not a spike (spike())
         self.trend = LossTrend(thresholds.diverge_window, thresholds.diverge_ratio, thresholds.diverge_floor)
         self.own: dict[str, float] = {}  # the detectors' own thresholds: their defaults, then Thresholds.extra
         for d in DETECTORS:
@@ -79,8 +80,23 @@ class Context:
             self.h(key).append(float(value))
 
     def spike(self, key: str, value: Any, ratio: float, mads: float) -> float | None:
-        """value / median when value is a spike against the history of `key`, else None."""
+        """value / median when value is a spike against the history of `key`, else None.
+
+        Until the history holds `window` values it is the run's early trajectory, not a settled
+        level: from init the loss and the gradient norm fall several-fold within tens of steps (the
+        unigram phase fits the token frequencies; qk-normed byte proxy at lr 3e-3: grad norm 1.9 ->
+        0.4 by step 22, then 9.9 at step 27 as it leaves that phase, the loss unmoved), so a median
+        over it is no baseline. There a spike must also clear `ratio` x the largest value so far
+        that was not itself a spike (the proxy's: 4.0, at step 12)."""
         h = self.h(key)
+        r = self._spike(h, value, ratio, mads)
+        if r is not None and len(h) < self.t.window and value <= ratio * self.calm_max.get(key, 0.0):
+            r = None
+        if r is None and finite(value):
+            self.calm_max[key] = max(self.calm_max.get(key, value), float(value))
+        return r
+
+    def _spike(self, h: deque, value: Any, ratio: float, mads: float) -> float | None:
         if not finite(value) or len(h) < self.t.min_history or value <= ratio * min(h):
             return None  # (the median is >= the minimum: no spike possible, no sort needed)
         med, mad = robust_center(h)
