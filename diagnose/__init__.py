@@ -26,6 +26,7 @@ _EXPORTS = {
     "DataSet": ".io", "load_data": ".io", "load_data_for": ".io", "load_model": ".io", "save_checkpoint": ".io",
     "Run": ".monitor", "Thresholds": ".monitor", "TrainingMonitor": ".monitor", "read_run": ".monitor",
     "PruneResult": ".prune", "prune_heads": ".prune",
+    "Registry": ".registry",
     "write_report": ".reports",
     "find_heads": ".sites", "register_adapter": ".sites",
 }
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .io import DataSet, load_data, load_data_for, load_model, save_checkpoint
     from .monitor import Run, Thresholds, TrainingMonitor, read_run
     from .prune import PruneResult, prune_heads
+    from .registry import Registry
     from .reports import write_report
     from .sites import find_heads, register_adapter
 
@@ -62,6 +64,7 @@ __all__ = [
     "HeadEffect",
     "HeadsResult",
     "PruneResult",
+    "Registry",
     "Run",
     "Thresholds",
     "TrainingMonitor",

@@ -22,7 +22,6 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..errors import ConfigError, OutputError, StateError, TrainingAlertError
-from . import _builtins  # noqa: F401  (registers the built-in measurements and detectors)
 from ._alerts import AlertEngine, Thresholds, print_alert
 from ._evals import eval_record
 from ._layout import StepLayout
