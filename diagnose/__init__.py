@@ -24,7 +24,8 @@ _EXPORTS = {
     "Capture": "._capture", "capture": "._capture",
     "Finding": ".checks", "check_model": ".checks", "check_training_setup": ".checks",
     "DataSet": ".io", "load_data": ".io", "load_data_for": ".io", "load_model": ".io", "save_checkpoint": ".io",
-    "Run": ".monitor", "Thresholds": ".monitor", "TrainingMonitor": ".monitor", "read_run": ".monitor",
+    "MonitorConfig": ".monitor", "Run": ".monitor", "Thresholds": ".monitor", "TrainingMonitor": ".monitor",
+    "read_run": ".monitor",
     "PruneResult": ".prune", "prune_heads": ".prune",
     "Registry": ".registry",
     "write_report": ".reports",
@@ -38,7 +39,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from ._capture import Capture, capture
     from .checks import Finding, check_model, check_training_setup
     from .io import DataSet, load_data, load_data_for, load_model, save_checkpoint
-    from .monitor import Run, Thresholds, TrainingMonitor, read_run
+    from .monitor import MonitorConfig, Run, Thresholds, TrainingMonitor, read_run
     from .prune import PruneResult, prune_heads
     from .registry import Registry
     from .reports import write_report
@@ -63,6 +64,7 @@ __all__ = [
     "GroupEffect",
     "HeadEffect",
     "HeadsResult",
+    "MonitorConfig",
     "PruneResult",
     "Registry",
     "Run",

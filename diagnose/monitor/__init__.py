@@ -6,6 +6,7 @@ live trackers: TensorBoardSink, WandbSink, MLflowSink, a plain function).
 """
 
 from ._alerts import Thresholds
+from ._config import MonitorConfig
 from ._detect import Context, Detector, register_detector, unregister_detector
 from ._measure import Measurement, StepInputs, register_measurement, unregister_measurement
 from ._monitor import TrainingMonitor
@@ -14,7 +15,7 @@ from ._live import CallableSink, LiveSink
 from ._live_trackers import LightningLoggersSink, MLflowSink, TensorBoardSink, WandbSink
 from ._sinks import RunFolderSink, Sink
 
-__all__ = ["TrainingMonitor", "Thresholds", "Run", "read_run", "Sink", "RunFolderSink", "LiveSink",
+__all__ = ["TrainingMonitor", "MonitorConfig", "Thresholds", "Run", "read_run", "Sink", "RunFolderSink", "LiveSink",
            "CallableSink", "TensorBoardSink", "WandbSink", "MLflowSink", "LightningLoggersSink", "Measurement",
            "StepInputs", "register_measurement", "unregister_measurement", "Detector", "Context",
            "register_detector", "unregister_detector"]
