@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from diagnose.errors import DiagnoseError, InputFileError
-from diagnose.io._read import read_bytes
+from diagnose.io import read_bytes
 
 from ._heads_json import FILE_LIMIT, parse_source
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from diagnose._head_label import head_label
+from diagnose.display import head_label
 
 from . import _plots_heads as plots_heads, _plots_training as plots_training
 from ._sources import Sources

@@ -11,6 +11,10 @@ from ._detect import Context, Detector, register_detector, unregister_detector
 from ._measure import Measurement, StepInputs, register_measurement, unregister_measurement
 from ._monitor import TrainingMonitor
 from ._runfolder import Run, read_run
+from ._follow import follow
+from ._stepview import render_step, step_view
+from ._summary import alert_line, render as render_summary, summarize
+from ._tensorboard import export_tensorboard
 from ._live import CallableSink, LiveSink
 from ._live_trackers import LightningLoggersSink, MLflowSink, TensorBoardSink, WandbSink
 from ._sinks import RunFolderSink, Sink
@@ -18,4 +22,6 @@ from ._sinks import RunFolderSink, Sink
 __all__ = ["TrainingMonitor", "MonitorConfig", "Thresholds", "Run", "read_run", "Sink", "RunFolderSink", "LiveSink",
            "CallableSink", "TensorBoardSink", "WandbSink", "MLflowSink", "LightningLoggersSink", "Measurement",
            "StepInputs", "register_measurement", "unregister_measurement", "Detector", "Context",
-           "register_detector", "unregister_detector"]
+           "register_detector", "unregister_detector",
+           # the read side `diagnose stats` prints with: a run's summary, one step, live following, TensorBoard
+           "summarize", "render_summary", "alert_line", "step_view", "render_step", "follow", "export_tensorboard"]

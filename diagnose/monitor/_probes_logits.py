@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..adapters._probs import LazyProbs
+from ..adapters import LazyProbs
 from ._measure import Measurement, StepInputs
 from ._probes import _Quiet
 
