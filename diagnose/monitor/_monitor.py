@@ -77,8 +77,8 @@ class TrainingMonitor:
     """
 
     def __init__(self, model: nn.Module, run_dir: str | os.PathLike | None, *, config: MonitorConfig | None = None,
-                 **settings: Any):
-        cfg = self.config = MonitorConfig.of(config, settings)  # every setting checked there, once
+                 **options: Any):
+        cfg = self.config = MonitorConfig.of(config, options)  # every setting checked there, once
         self.model = unwrap(model)  # names are the eager model's under DDP and torch.compile
         self.compiled = is_compiled(model)  # the attention hooks then stay (_probes.AttentionProbe)
         self.every, self.attention_every, self.clip, self.echo = cfg.every, cfg.attention_every, cfg.clip, cfg.echo
