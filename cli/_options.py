@@ -6,7 +6,7 @@ from typing import Callable
 
 import click
 
-from diagnose._write import check_outputs  # noqa: F401  (one guard for every command)
+from diagnose.files import check_outputs  # noqa: F401  (one guard for every command)
 
 model_argument = click.argument("model", metavar="MODEL", type=click.Path(path_type=str))
 

@@ -25,8 +25,10 @@ _EXPORTS = {
     "use_forward": ".calling",
     "Finding": ".checks", "check_model": ".checks", "check_training_setup": ".checks",
     "DataSet": ".io", "load_data": ".io", "load_data_for": ".io", "load_model": ".io", "save_checkpoint": ".io",
-    "Run": ".monitor", "Thresholds": ".monitor", "TrainingMonitor": ".monitor", "read_run": ".monitor",
+    "MonitorConfig": ".monitor", "Run": ".monitor", "Thresholds": ".monitor", "TrainingMonitor": ".monitor",
+    "read_run": ".monitor",
     "PruneResult": ".prune", "prune_heads": ".prune",
+    "Registry": ".registry",
     "write_report": ".reports",
     "find_heads": ".sites", "register_adapter": ".sites",
 }
@@ -39,8 +41,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .calling import use_forward
     from .checks import Finding, check_model, check_training_setup
     from .io import DataSet, load_data, load_data_for, load_model, save_checkpoint
-    from .monitor import Run, Thresholds, TrainingMonitor, read_run
+    from .monitor import MonitorConfig, Run, Thresholds, TrainingMonitor, read_run
     from .prune import PruneResult, prune_heads
+    from .registry import Registry
     from .reports import write_report
     from .sites import find_heads, register_adapter
 
@@ -63,7 +66,9 @@ __all__ = [
     "GroupEffect",
     "HeadEffect",
     "HeadsResult",
+    "MonitorConfig",
     "PruneResult",
+    "Registry",
     "Run",
     "Thresholds",
     "TrainingMonitor",

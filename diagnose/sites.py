@@ -9,8 +9,8 @@ from typing import Any
 import torch.nn as nn
 
 from .adapters.base import AttentionSite
-from .adapters._generic import GenericAdapter, named_sites
-from .adapters._registry import adapters, register_adapter, unregister_adapter
+from .adapters import GenericAdapter, named_sites
+from .adapters import all_adapters as adapters, register_adapter, unregister_adapter
 from .adapters.shared import split_shared
 from .errors import NoAttentionFoundError
 

@@ -34,6 +34,7 @@ from .._head_label import heads_label
 from ..adapters.base import AttentionSite
 from ..statistics import roles
 from .result import ATTENTION_STATS, HeadEffect
+from .config import AblationConfig
 from .together import ablate_together
 
 EFFECT = "delta_loss"
@@ -128,12 +129,12 @@ def rank(flags_: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**f, "rank": i} for i, f in enumerate(ordered, 1)]
 
 
-def flags_with_groups(heads: list[HeadEffect], model: torch.nn.Module, batches: Sequence, task: str, method: str,
+def flags_with_groups(heads: list[HeadEffect], model: torch.nn.Module, batches: Sequence, config: AblationConfig,
                        sites: Sequence[AttentionSite], baseline: dict[str, float], band: dict,
-                       distributed: bool | None = None, draws: int | None = None, seed: int = 0) -> list[dict]:
+                       distributed: bool | None = None) -> list[dict]:
     """The contrast flags, with look-alike heads closed together (one forward per batch and group)
     where that can change the story: a striking-but-inert member may be a backup, and heads that each
-    barely matter alone may carry the answer together. distributed, draws, seed: as for ablate_together."""
+    barely matter alone may carry the answer together. config, distributed: as for ablate_together."""
     by_head = {(h.layer, h.head): h for h in heads}
     flags_ = flags(heads, baseline["loss"], band)
     inert = {(f["layer"], f["head"]) for f in flags_ if f["kind"] == "striking_but_inert"}
@@ -141,8 +142,7 @@ def flags_with_groups(heads: list[HeadEffect], model: torch.nn.Module, batches: 
 
     def closed_together(members: tuple) -> dict:
         if members not in effects:
-            effects[members] = ablate_together(model, batches, list(members), task=task, method=method, sites=sites,
-                                               draws=draws, seed=seed,
+            effects[members] = ablate_together(model, batches, list(members), config=config, sites=sites,
                                                baseline=(baseline["accuracy"], baseline["loss"]),
                                                distributed=distributed).to_json()
         return effects[members]

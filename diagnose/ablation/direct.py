@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 
 from .._distributed import Ranks
-from ..adapters._hooks import hooks
+from ..adapters import hooks
 from ..adapters.base import AttentionSite
 from ..adapters.readout import ResidualPath, hidden_of, moved, residual_path
 from ..errors import ConfigError

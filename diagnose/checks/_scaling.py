@@ -115,7 +115,7 @@ class _ScoreMode(TorchFunctionMode):
         return out
 
     def _sdpa(self, q, k, v=None, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        from ..adapters._intercept import sdpa_probs
+        from ..adapters import sdpa_probs
 
         c = (1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)) * self._f(q) * self._f(k)
         self.out["scale"].append(torch.tensor([c]))
@@ -158,7 +158,7 @@ def _common_ratio(r: torch.Tensor, tol: float = 1e-3, share: float = 0.2) -> tor
 
 def _watch(module: torch.nn.Module, site: Any, out: dict[str, list]):
     """While active, every forward of `module` runs inside a _ScoreMode; undone in `finally`."""
-    from ..adapters._intercept import mode_inside
+    from ..adapters import mode_inside
 
     return mode_inside(module, lambda: _ScoreMode(site, out))
 
@@ -196,7 +196,7 @@ def measure_scaling(model: torch.nn.Module, inputs: Any, *, attention_module: st
     except DiagnoseError as exc:
         raise SkipCheck(f"no attention layer found ({exc})") from None
     seen = [{"scale": [], "probs": []} for _ in sites]
-    from ..adapters._torch_mha import no_fastpath
+    from ..adapters import no_fastpath
 
     # the fused MHA / TransformerEncoder fast path runs no Python inside attention: switch it off
     with eval_mode(model), torch.no_grad(), no_fastpath(), ExitStack() as stack:

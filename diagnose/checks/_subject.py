@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..errors import DataError
 from ..calling import convention, per_position
-from ..io._model import vocab_size_of
+from ..io import vocab_size_of
 from ._parts import part_output
 
 # Relative output change (max |delta| / std of the clean outputs) below which two outputs are

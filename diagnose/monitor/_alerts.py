@@ -13,7 +13,6 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import _builtins  # noqa: F401  (registers the built-in detectors and measurements)
 from ._detect import DETECTORS, Context, Detector, hints, kinds
 from ._divergence import evidence_first
 

@@ -11,7 +11,8 @@ everything downstream of a NaN is NaN.
 Robust statistics throughout: a signal's baseline is the median of its last `window` finite
 values and its spread the MAD (scaled by 1.4826 to match a standard deviation on normal data,
 floored at `mad_floor` x |median| so that a flat history does not turn noise into alerts).
-Adding an alert kind is one new Detector subclass passed to `register_detector`; the engine,
+Adding an alert kind is one new Detector subclass passed to `register_detector` (a `Registry`,
+diagnose/registry.py); the engine,
 the run folder, `diagnose stats` and the report pick its alerts up by their `kind`.
 """
 
@@ -24,6 +25,7 @@ from collections import deque
 from typing import Any, Callable, ClassVar, Mapping
 
 from ..errors import ConfigError
+from ..registry import Registry
 from ._divergence import LossTrend
 
 Emit = Callable[..., None]  # emit(condition, where, message, hint=None)
@@ -127,30 +129,38 @@ class Detector(ABC):
         """Call emit(condition, where, message, hint=None) once; a gate returns True when it holds."""
 
 
-DETECTORS: list[type[Detector]] = []
-
-
-def register_detector(cls: type[Detector]) -> type[Detector]:
-    """Add a detector class (usable as a decorator); its kind must be new."""
+def _check(cls: type[Detector]) -> None:
     for attr in ("kind", "severity", "hint"):
         if not isinstance(getattr(cls, attr, None), str):
             raise ConfigError(f"detector {cls.__name__} must set `{attr}` (a string)")
     if cls.severity not in ("warning", "error"):
         raise ConfigError(f"detector {cls.__name__}: severity must be warning or error, got {cls.severity!r}")
-    if any(d.kind == cls.kind for d in DETECTORS):
-        raise ConfigError(f"an alert kind {cls.kind!r} is already registered")
-    DETECTORS.append(cls)
-    return cls
+
+
+def _builtins() -> tuple[type[Detector], ...]:
+    from ._builtins import BUILTIN_DETECTORS
+
+    return BUILTIN_DETECTORS
+
+
+# every detector class by its kind, in the order they are checked (the built-ins first: _builtins.py)
+REGISTRY: Registry[type[Detector]] = Registry("alert kind", key=lambda d: d.kind, check=_check, builtins=_builtins)
+DETECTORS = REGISTRY  # the older name: iterating it gives the classes
+
+
+def register_detector(cls: type[Detector]) -> type[Detector]:
+    """Add a detector class (usable as a decorator); its kind must be new."""
+    return REGISTRY.register(cls)
 
 
 def unregister_detector(kind: str) -> None:
     """Remove a registered detector (tests, and users who turn a kind off)."""
-    DETECTORS[:] = [d for d in DETECTORS if d.kind != kind]
+    REGISTRY.unregister(kind, missing_ok=True)
 
 
 def kinds() -> tuple[str, ...]:
     """The alert kinds registered now, in the order they are checked."""
-    return tuple(d.kind for d in DETECTORS)
+    return REGISTRY.names()
 
 
 def hints() -> dict[str, str]:

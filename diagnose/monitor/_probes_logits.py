@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..adapters._probs import LazyProbs
+from ..adapters import LazyProbs
 from ._measure import Measurement, StepInputs, record_field as _f
 from ._probes import _Quiet
 
