@@ -86,7 +86,7 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, as_
         n = export_tensorboard(run, tb_dir)
         if not as_json:
             console.print(Text(f"wrote {n} scalars to {clean(tb_dir)}"))
-    from diagnose.monitor._lacking import lacking_lines, lacking_signals
+    from diagnose.monitor import lacking_lines, lacking_signals
 
     if as_json:
         click.echo(_json.dumps({**summary, "lacking_signals": lacking_signals(run)}, indent=1))

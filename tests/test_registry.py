@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from diagnose.ablation import methods
+from diagnose.ablation import analyses, methods
 from diagnose.adapters import _registry as adapters
 from diagnose.errors import ConfigError
 from diagnose.io import _kinds as kinds
@@ -74,7 +74,7 @@ def test_a_check_runs_before_the_entry_is_added():
     assert reg.names() == ()
 
 
-# the six plug-in points: (registry, its first built-in names, a call that registers a taken or bad entry)
+# the plug-in points (the six of issue 30, and the analysis steps): (registry, its first built-in names, a call that registers a taken or bad entry)
 SIX = [
     (statistics.REGISTRY, ("entropy", "max_weight", "first_token"), lambda: statistics.register(
         statistics.STATISTICS["entropy"])),
@@ -84,6 +84,7 @@ SIX = [
     (adapters.REGISTRY, ("reference", "transformer-lens", "hf-gpt2"),
      lambda: adapters.register_adapter(adapters.REGISTRY.get("reference"))),
     (kinds.REGISTRY, (), lambda: kinds.register_folder_kind(kinds.FolderKind("pruned", print))),  # no built-ins in io
+    (analyses.REGISTRY, (), lambda: analyses.register_analysis(analyses.Analysis("toy", print, option="nonesuch"))),
 ]
 
 
@@ -93,7 +94,7 @@ def test_every_plug_in_point_is_one_registry_with_its_builtins_declared_once(reg
     assert isinstance(registry, Registry)
     assert registry.names()[:len(first)] == first
     assert [registry.get(name) for name in before] == list(registry)
-    with pytest.raises(ConfigError, match="already registered|must start"):
+    with pytest.raises(ConfigError, match="already registered|must start|not a field"):
         bad()
     assert registry.names() == before
 
