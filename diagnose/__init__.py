@@ -20,6 +20,7 @@ _EXPORTS = {
     "GroupEffect": ".ablation", "HeadEffect": ".ablation", "HeadsResult": ".ablation", "ablate_heads": ".ablation",
     "ablate_together": ".ablation",
     "AttentionSite": ".adapters.base",
+    "NormForm": ".adapters.norms", "register_norm": ".adapters.norms", "unregister_norm": ".adapters.norms",
     "AttentionSummary": ".attention_stats", "attention_summary": ".attention_stats",
     "Capture": "._capture", "capture": "._capture",
     "Finding": ".checks", "check_model": ".checks", "check_training_setup": ".checks",
@@ -33,6 +34,7 @@ _EXPORTS = {
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from .ablation import GroupEffect, HeadEffect, HeadsResult, ablate_heads, ablate_together
     from .adapters.base import AttentionSite
+    from .adapters.norms import NormForm, register_norm, unregister_norm
     from .attention_stats import AttentionSummary, attention_summary
     from ._capture import Capture, capture
     from .checks import Finding, check_model, check_training_setup
@@ -61,6 +63,7 @@ __all__ = [
     "GroupEffect",
     "HeadEffect",
     "HeadsResult",
+    "NormForm",
     "PruneResult",
     "Run",
     "Thresholds",
@@ -79,7 +82,9 @@ __all__ = [
     "prune_heads",
     "read_run",
     "register_adapter",
+    "register_norm",
     "save_checkpoint",
+    "unregister_norm",
     "write_report",
 ]
 __all__ += errors.__all__

@@ -1,0 +1,161 @@
+"""How a norm is frozen on a head's direct path: each norm's linear form with its clean scale.
+
+A head's direct effect (ablation/direct.py) carries its change to the stream through every norm on its
+path with the norm's scale held at its clean input's, so that the norm is linear in the change:
+
+    LayerNorm (centred):   change(x, delta) = g * (delta - mean(delta)) / sqrt(var(x) + eps)
+    RMSNorm:               change(x, delta) = g * delta / sqrt(mean(x^2) + eps)
+
+where g is the norm's gain: its weight, or 1 + its weight (Gemma's RMSNorm), or 1 without one. A
+`NormForm` declares which: whether the norm centres, the gain's offset, and where its weight and eps sit.
+
+Who declares: torch's own nn.LayerNorm and nn.RMSNorm are built in; a family adapter declares its own
+classes with a method `norm_form(module) -> NormForm | None` (the family check lives there, e.g. the
+LLaMA adapter's RMSNorms and Gemma's (1 + w) one); `register_norm(cls, form)` declares a class for every
+model. A norm of a model found without a declared adapter is recognised by its behaviour instead
+(`infer`): a leaf module that is unchanged when its input doubles, whose output one form reproduces from
+its own weight. A norm nothing declares stops the direct effects with one line naming its class and
+`register_norm`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+_EPS_ATTRS = ("eps", "variance_epsilon", "epsilon", "layer_norm_eps", "norm_eps")
+_WEIGHT_ATTRS = ("weight", "gamma", "g", "scale")
+_BIAS_ATTRS = ("bias", "beta", "b")
+
+
+@dataclass(frozen=True)
+class NormForm:
+    """One kind of norm, linearised with its clean scale (module docstring).
+
+    centred: subtracts the mean over the last dim first (LayerNorm); gain_offset: the gain is
+    offset + weight (Gemma: 1); weight / eps: the attribute holding the gain [d] and the epsilon
+    (None: the first of the usual names the module has; an eps attribute that is None means the
+    input dtype's machine epsilon, as torch's nn.RMSNorm does); default_eps: where the module keeps none.
+    """
+
+    name: str
+    centred: bool
+    gain_offset: float = 0.0
+    weight: str | None = None
+    eps: str | None = None
+    default_eps: float = 1e-5
+
+    def gain(self, norm: nn.Module) -> torch.Tensor | None:
+        """The gain the normalised input is multiplied by, or None (1).  # [d]"""
+        w = _param(norm, (self.weight,) if self.weight else _WEIGHT_ATTRS)
+        if w is None:
+            return None
+        return w.float() + self.gain_offset
+
+    def epsilon(self, norm: nn.Module, dtype: torch.dtype) -> float:
+        for name in (self.eps,) if self.eps else _EPS_ATTRS:
+            if hasattr(norm, name):
+                value = getattr(norm, name)
+                return torch.finfo(dtype).eps if value is None else float(value)
+        return self.default_eps
+
+    def scale(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """1 / sigma of the clean input x (the frozen part).  # [..., 1]"""
+        x = x.float()
+        spread = x.var(-1, unbiased=False, keepdim=True) if self.centred else x.pow(2).mean(-1, keepdim=True)
+        return torch.rsqrt(spread + self.epsilon(norm, x.dtype))
+
+    def change(self, norm: nn.Module, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """What the norm adds to its output when its input x [..., d] moves by delta [..., d] (or [K, ..., d])."""
+        d = delta.float()
+        if self.centred:
+            d = d - d.mean(-1, keepdim=True)
+        out = d * self.scale(norm, x)
+        g = self.gain(norm)
+        return out if g is None else out * g
+
+    def output(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The norm's own output on x by this form (with its bias), to recognise a norm by its behaviour."""
+        out = self.change(norm, x, x)
+        bias = _param(norm, _BIAS_ATTRS)
+        return out if bias is None else out + bias.float()
+
+
+LAYER_NORM = NormForm("LayerNorm", centred=True)
+RMS_NORM = NormForm("RMSNorm", centred=False)
+ONE_PLUS_RMS_NORM = NormForm("RMSNorm with gain 1 + weight", centred=False, gain_offset=1.0)
+ONE_PLUS_LAYER_NORM = NormForm("LayerNorm with gain 1 + weight", centred=True, gain_offset=1.0)
+KNOWN_FORMS = (LAYER_NORM, RMS_NORM, ONE_PLUS_RMS_NORM, ONE_PLUS_LAYER_NORM)
+
+_registered: dict[type, NormForm] = {nn.LayerNorm: LAYER_NORM, nn.RMSNorm: RMS_NORM}
+
+
+def register_norm(cls: type, form: NormForm) -> NormForm:
+    """Declare the frozen form of every module of class `cls` (and its subclasses), for every model."""
+    _registered[cls] = form
+    return form
+
+
+def unregister_norm(cls: type) -> None:
+    """Undo register_norm (tests and notebooks); the built-in torch classes stay."""
+    if cls not in (nn.LayerNorm, nn.RMSNorm):
+        _registered.pop(cls, None)
+
+
+def declared(adapter: Any, norm: nn.Module) -> NormForm | None:
+    """The norm's form as its adapter declares it, else as registered for its class; None when undeclared."""
+    own = getattr(adapter, "norm_form", None)
+    form = own(norm) if callable(own) else None
+    if form is not None:
+        return form
+    for cls in type(norm).__mro__:
+        if cls in _registered:
+            return _registered[cls]
+    return None
+
+
+def looks_like_norm(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> bool:
+    """A leaf module whose output y (the shape of its input x) stays the same when x doubles: it
+    normalises (LayerNorm, RMSNorm, ScaleNorm ...), where a Linear, an activation or an Identity does not."""
+    if any(True for _ in module.children()) or x.shape != y.shape or x.dim() < 2 or not x.is_floating_point():
+        return False
+    if any(p.dim() > 1 for p in module.parameters()):  # a norm holds a gain and a bias [d] at most
+        return False
+    rows = y.reshape(-1, y.shape[-1]).float()
+    if float(x.float().abs().max()) == 0.0 or bool((rows == rows[:1]).all()):  # constant rows: a bias, not a norm
+        return False
+    with torch.no_grad():
+        doubled = module(2 * x)
+    if not isinstance(doubled, torch.Tensor) or doubled.shape != y.shape:
+        return False
+    return _close(doubled, y) and not _close(2 * x, x)
+
+
+def infer(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> NormForm | None:
+    """The known form whose output reproduces the module's own output y on its input x, or None."""
+    for form in KNOWN_FORMS:
+        w = form.gain(module)
+        if w is not None and w.shape != x.shape[-1:]:
+            continue
+        with torch.no_grad():
+            if _close(form.output(module, x), y):
+                return form
+    return None
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = a.float(), b.float()
+    scale = max(float(b.abs().max()), 1.0)
+    eps = torch.finfo(b.dtype if b.dtype in (torch.float16, torch.bfloat16) else torch.float32).eps
+    return float((a - b).abs().max()) <= 1e3 * eps * scale
+
+
+def _param(module: nn.Module, names) -> torch.Tensor | None:
+    for name in names:
+        value = getattr(module, name, None)
+        if isinstance(value, torch.Tensor) and value.dim() == 1:
+            return value.detach()
+    return None

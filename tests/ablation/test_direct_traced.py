@@ -1,0 +1,166 @@
+"""Direct effects of models no adapter declares a path for (adapters/_stream.py, ablation/direct_clamp.py)
+against a hand computation: the model run with the head's output-projection slice zeroed, every later
+sublayer (named here by hand, per model) returning its clean output, and every norm of the layers and
+the final norm normalising with its clean input's scale. The output layers run as they are."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+import diagnose
+from diagnose.ablation import ablate_heads
+from diagnose.objectives import call_model, logits_of, score, targets_for
+from diagnose.zoo import ModelConfig, Transformer
+
+from ..nano import nanogpt
+from ..tolerance import loss_tol, size_of
+from .helpers import assert_untouched, snapshot, with_head_weights_zeroed
+from .planted_takeover import planted_takeover, takeover_data
+
+
+def losses(model: nn.Module, data: dict, task: str) -> torch.Tensor:
+    """Per-example loss sums of one plain forward.  # [N]"""
+    inputs = data["input_ids"] if set(data) <= {"input_ids", "labels"} else \
+        {k: v for k, v in data.items() if k != "labels"}
+    with torch.no_grad():
+        return score(logits_of(call_model(model, inputs)), targets_for(task, inputs, data.get("labels"))).loss_sum
+
+
+def frozen(norm: nn.Module, sigma: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A LayerNorm's output on x with its scale sigma held (torch's nn.LayerNorm, or nanoGPT's own)."""
+    out = (x - x.mean(-1, keepdim=True)) / sigma * norm.weight
+    return out if norm.bias is None else out + norm.bias
+
+
+def by_hand(model, data, task, weight, dim, head, head_dim, later, norms) -> torch.Tensor:
+    """Per-example loss with the head removed on its direct path only.  # [N]"""
+    out, sigma = {}, {}
+    keep = [m.register_forward_hook(lambda m, _a, o: out.__setitem__(m, o)) for m in later]
+    keep += [n.register_forward_pre_hook(lambda n, a: sigma.__setitem__(
+        n, torch.sqrt(a[0].var(-1, unbiased=False, keepdim=True) + getattr(n, "eps", 1e-5)))) for n in norms]
+    try:
+        losses(model, data, task)  # the clean pass: later sublayers' outputs, each norm's sigma
+    finally:
+        for h in keep:
+            h.remove()
+    held = [m.register_forward_hook(lambda m, _a, _o: out[m]) for m in later]
+    held += [n.register_forward_hook(lambda n, a, _o: frozen(n, sigma[n], a[0])) for n in norms]
+    try:
+        return with_head_weights_zeroed(weight, dim, head, head_dim, lambda: losses(model, data, task))
+    finally:
+        for h in held:
+            h.remove()
+
+
+def _nano():
+    torch.manual_seed(0)
+    model = nanogpt(False).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # large enough weights that every head's direct path visibly matters
+            p.mul_(4.0 if p.dim() > 1 else 1.0)
+    return model
+
+
+def _post():
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(kind="classifier", vocab_size=10, n_classes=3, max_len=6, n_layers=2, n_heads=2,
+                                   d_model=16, norm="post", positions="learned", init_std=0.4)).eval()
+
+
+def _nano_parts(m, l):
+    blocks = m.h
+    later = [b.attn for j, b in enumerate(blocks) if j > l] + [b.mlp for j, b in enumerate(blocks) if j >= l]
+    norms = [n for b in blocks for n in (b.ln_1, b.ln_2)] + [m.ln_f]
+    return blocks[l].attn.c_proj.weight, later, norms
+
+
+def _zoo_parts(m, l):
+    blocks = m.blocks
+    later = [b.attn for j, b in enumerate(blocks) if j > l] + [b.mlp for j, b in enumerate(blocks) if j >= l]
+    return blocks[l].attn.proj.weight, later, [n for b in blocks for n in (b.ln1, b.ln2)]
+
+
+CASES = {  # name -> (build, data, task, parts(model, layer) -> (out-proj weight [d, H * D], later, norms))
+    "nanogpt": (_nano, lambda: {"input_ids": torch.randint(0, 40, (10, 8), generator=torch.Generator().manual_seed(1))},
+                "lm", _nano_parts),
+    "takeover": (planted_takeover, takeover_data, "classification", _nano_parts),
+    "zoo-post-norm": (_post, lambda: {"input_ids": torch.randint(1, 10, (12, 6), generator=torch.Generator().manual_seed(1)),
+                                      "labels": torch.arange(12) % 3}, "classification", _zoo_parts),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_traced_direct_effect_equals_the_hand_computation(case):
+    build, make_data, task, parts = CASES[case]
+    model, data = build(), make_data()
+    before = snapshot(model)
+    ids = data["input_ids"]  # a model whose forward takes the ids positionally: a Tensor per batch
+    inputs = [(ids[i:i + 4], None) for i in range(0, len(ids), 4)] if set(data) == {"input_ids"} else data
+    result = ablate_heads(model, inputs, task=task, batch_size=4, progress=False, attention=False)
+    assert_untouched(model, before)
+    assert result.direct["measured"], result.direct
+    assert result.direct["path"].startswith("traced"), result.direct
+    clean, size = losses(model, data, task).double(), size_of(model)
+    moved = 0
+    for h in result.heads:
+        weight, later, norms = parts(model, h.layer)
+        D = weight.shape[1] // result.model["n_heads"]
+        expected = by_hand(model, data, task, weight, 1, h.head, D, later, norms).double()
+        want = float((expected - clean).sum()) / result.n_units
+        assert h.direct_delta_loss == pytest.approx(want, abs=loss_tol(*expected.tolist(), *clean.tolist(), **size)), \
+            (h.layer, h.head)
+        moved += abs(want) > 100 * loss_tol(1.0, **size)
+    assert moved >= 1  # not vacuous: a head moves the loss on its direct path (the takeover: its writer only)
+
+
+def test_planted_takeover_writer_is_compensated_not_inert():
+    """The layer-0 writer: its total effect hidden by the layer-1 backup, its direct effect the whole margin."""
+    result = ablate_heads(planted_takeover(), takeover_data(), task="classification", batch_size=16, progress=False)
+    writer, backup = result.head(0, 0), result.head(1, 0)
+    band = result.significance["negligible_band"]["loss"]
+    assert max(map(abs, writer.delta_loss_ci)) < band
+    assert writer.direct_delta_loss > 0.5 * math.log(2) and writer.direct_delta_loss_ci[0] > band
+    assert writer.compensated is True and backup.compensated is False
+    kinds = {(f["layer"], f["head"]): f["kind"] for f in result.flags}
+    assert kinds[(0, 0)] == "striking_but_compensated"
+    assert kinds[(1, 0)] == "striking_but_inert"  # it changes nothing, directly or not
+    reason = next(f["reason"] for f in result.flags if f["kind"] == "striking_but_compensated")
+    assert "self-repair" in reason and f"{writer.direct_delta_loss:+.4f}" in reason
+
+
+class OddRMSNorm(nn.Module):
+    """An RMSNorm keeping its gain under a name diagnose does not guess (`alpha`)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((d,), 1.5))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.alpha
+
+
+def test_an_unknown_norm_says_which_and_how_and_the_flag_says_may_be_compensated():
+    model = planted_takeover()
+    model.ln_f = OddRMSNorm(8)
+    data = takeover_data()
+    result = ablate_heads(model, data, task="classification", batch_size=16, progress=False)
+    reason = result.direct["reason"]
+    assert result.direct["measured"] is False and "\n" not in reason
+    assert "ln_f (OddRMSNorm)" in reason and "register_norm(OddRMSNorm" in reason
+    assert all(h.compensated is None and h.direct_delta_loss is None for h in result.heads)
+    flag = next(f for f in result.flags if (f["layer"], f["head"]) == (0, 0))
+    assert flag["kind"] == "striking_but_inert"
+    assert "may make up for it (self-repair)" in flag["reason"] and "ablate_together" in flag["reason"]
+    diagnose.register_norm(OddRMSNorm, diagnose.NormForm("RMSNorm, gain alpha", centred=False, weight="alpha"))
+    try:
+        measured = ablate_heads(model, data, task="classification", batch_size=16, progress=False)
+    finally:
+        diagnose.unregister_norm(OddRMSNorm)
+    assert measured.direct["measured"], measured.direct
+    assert measured.head(0, 0).compensated is True
+    kinds = {(f["layer"], f["head"]): f["kind"] for f in measured.flags}
+    assert kinds[(0, 0)] == "striking_but_compensated"
