@@ -40,9 +40,13 @@ def test_no_direct_and_post_norm_say_so(tmp_path, monkeypatch):
                                    d_model=8, norm="post"))
     diagnose.save_checkpoint(post, tmp_path / "post.pt")
     torch.save({"input_ids": torch.randint(1, 10, (8, 6)), "labels": torch.arange(8) % 2}, tmp_path / "d.pt")
-    result = CliRunner().invoke(cli, ["heads", "post.pt", "--data", "d.pt"])
+    result = CliRunner().invoke(cli, ["heads", "post.pt", "--data", "d.pt"])  # post-norm: traced, so measured
     assert result.exit_code == 0, result.output
-    assert "Direct effects not measured: direct effects need a pre-norm" in " ".join(result.stdout.split())
+    assert "Direct effects (2 heads" in " ".join(result.stdout.split())
+    result = CliRunner().invoke(cli, ["heads", "post.pt", "--data", "d.pt", "--fast", "--top", "0"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if "Direct effects not measured" in line]
+    assert len(lines) == 1 and "--top 0" in lines[0], result.stdout
     result = CliRunner().invoke(cli, ["heads", "post.pt", "--data", "d.pt", "--no-direct", "--json", "h.json"])
     assert result.exit_code == 0 and "Direct effects" not in result.stdout
     assert json.loads((tmp_path / "h.json").read_text())["direct"] is None
