@@ -178,13 +178,16 @@ def _norms(adapter: Any, calls: Sequence[Call], where: str) -> list[tuple[Call, 
 
 
 def _final_norms(adapter: Any, after: Sequence[Call]) -> list[tuple[Call, NormForm]]:
-    """The norms called after the stack before any other module with parameters (the output layers)."""
+    """The norms called after the stack, up to the first module with parameters of its own that holds no
+    norm (the output layers: an unembedding, a pooler, a classifier); a norm's wrapper (x-transformers'
+    LayerNorm times its gamma) holds one, so the norm inside it is a final norm."""
+    found = _norms(adapter, after, "the final norm")
+    names = [c.name for c, _ in found]
     out = []
     for c in after:
-        found = _norms(adapter, [c], "the final norm")
-        if found:
-            out += found
-        elif any(True for _ in c.module.parameters()):
+        if c.name in names:
+            out.append(found[names.index(c.name)])
+        elif any(True for _ in c.module.parameters(recurse=False)) and not any(_under(n, c.name) for n in names):
             break
     return out
 

@@ -127,23 +127,34 @@ def looks_like_norm(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> bool
     rows = y.reshape(-1, y.shape[-1]).float()
     if float(x.float().abs().max()) == 0.0 or bool((rows == rows[:1]).all()):  # constant rows: a bias, not a norm
         return False
+    big = _loud(x)  # a norm's eps is negligible next to this input's spread, so only its scale can move it
     with torch.no_grad():
-        doubled = module(2 * x)
-    if not isinstance(doubled, torch.Tensor) or doubled.shape != y.shape:
+        once, doubled = module(big), module(2 * big)
+    if not (isinstance(once, torch.Tensor) and isinstance(doubled, torch.Tensor) and once.shape == y.shape):
         return False
-    return _close(doubled, y) and not _close(2 * x, x)
+    return _close(doubled, once) and not _close(2 * big, big)
 
 
 def infer(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> NormForm | None:
-    """The known form whose output reproduces the module's own output y on its input x, or None."""
-    for form in KNOWN_FORMS:
-        w = form.gain(module)
-        if w is not None and w.shape != x.shape[-1:]:
-            continue
-        with torch.no_grad():
-            if _close(form.output(module, x), y):
+    """The known form whose output reproduces the module's own on its input x [..., d] (y: that output),
+    compared on x spread out so that the eps, which the module may keep where no attribute shows, does not
+    matter; the frozen change then uses the eps the module shows, else the form's default."""
+    big = _loud(x)
+    with torch.no_grad():
+        want = module(big)
+        for form in KNOWN_FORMS:
+            w = form.gain(module)
+            if (w is None or w.shape == x.shape[-1:]) and _close(form.output(module, big), want):
                 return form
     return None
+
+
+def _loud(x: torch.Tensor) -> torch.Tensor:
+    """x with each row's spread around its mean at 10 (its mean kept): a scale-free norm reads it as x."""
+    x = x.detach()
+    mean = x.float().mean(-1, keepdim=True)
+    spread = (x.float() - mean).pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)
+    return (mean + (x.float() - mean) / spread * 10.0).to(x.dtype)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:

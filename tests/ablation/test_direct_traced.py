@@ -17,43 +17,66 @@ from diagnose.objectives import call_model, logits_of, score, targets_for
 from diagnose.zoo import ModelConfig, Transformer
 
 from ..nano import nanogpt
+from diagnose._tolerance import model_size
+
 from ..tolerance import loss_tol, size_of
 from .helpers import assert_untouched, snapshot, with_head_weights_zeroed
 from .planted_takeover import planted_takeover, takeover_data
 
 
-def losses(model: nn.Module, data: dict, task: str) -> torch.Tensor:
-    """Per-example loss sums of one plain forward.  # [N]"""
-    inputs = data["input_ids"] if set(data) <= {"input_ids", "labels"} else \
-        {k: v for k, v in data.items() if k != "labels"}
+def losses(model: nn.Module, batch: tuple, task: str) -> torch.Tensor:
+    """Per-example loss sums of one plain forward of batch = (inputs, labels or None).  # [N]"""
+    inputs, labels = batch
     with torch.no_grad():
-        return score(logits_of(call_model(model, inputs)), targets_for(task, inputs, data.get("labels"))).loss_sum
+        return score(logits_of(call_model(model, inputs)), targets_for(task, inputs, labels)).loss_sum
 
 
 def frozen(norm: nn.Module, sigma: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """A LayerNorm's output on x with its scale sigma held (torch's nn.LayerNorm, or nanoGPT's own)."""
-    out = (x - x.mean(-1, keepdim=True)) / sigma * norm.weight
+    out = (x - x.mean(-1, keepdim=True)) / sigma
+    out = out if norm.weight is None else out * norm.weight
     return out if norm.bias is None else out + norm.bias
 
 
-def by_hand(model, data, task, weight, dim, head, head_dim, later, norms) -> torch.Tensor:
+def by_hand(model, batch, task, weight, dim, head, head_dim, later, norms) -> torch.Tensor:
     """Per-example loss with the head removed on its direct path only.  # [N]"""
     out, sigma = {}, {}
     keep = [m.register_forward_hook(lambda m, _a, o: out.__setitem__(m, o)) for m in later]
     keep += [n.register_forward_pre_hook(lambda n, a: sigma.__setitem__(
         n, torch.sqrt(a[0].var(-1, unbiased=False, keepdim=True) + getattr(n, "eps", 1e-5)))) for n in norms]
     try:
-        losses(model, data, task)  # the clean pass: later sublayers' outputs, each norm's sigma
+        losses(model, batch, task)  # the clean pass: later sublayers' outputs, each norm's sigma
     finally:
         for h in keep:
             h.remove()
     held = [m.register_forward_hook(lambda m, _a, _o: out[m]) for m in later]
     held += [n.register_forward_hook(lambda n, a, _o: frozen(n, sigma[n], a[0])) for n in norms]
     try:
-        return with_head_weights_zeroed(weight, dim, head, head_dim, lambda: losses(model, data, task))
+        return with_head_weights_zeroed(weight, dim, head, head_dim, lambda: losses(model, batch, task))
     finally:
         for h in held:
             h.remove()
+
+
+def check_against_hand(model, batch, task, parts, sites=None):
+    """ablate_heads' direct effects of every head (one batch) against by_hand; the result."""
+    before = snapshot(model)
+    result = ablate_heads(model, [batch], task=task, sites=sites, progress=False, attention=False)
+    assert_untouched(model, before)
+    assert result.direct["measured"], result.direct
+    assert result.direct["path"].startswith("traced"), result.direct
+    clean, size = losses(model, batch, task).double(), size_of(model) if sites is None else dict(zip(("depth", "width"), model_size(sites)))
+    moved = 0
+    for h in result.heads:
+        weight, later, norms = parts(model, h.layer)
+        D = weight.shape[1] // result.model["n_heads"]
+        expected = by_hand(model, batch, task, weight, 1, h.head, D, later, norms).double()
+        want = float((expected - clean).sum()) / result.n_units
+        assert h.direct_delta_loss == pytest.approx(want, abs=loss_tol(*expected.tolist(), *clean.tolist(), **size)), \
+            (h.layer, h.head)
+        moved += abs(want) > 100 * loss_tol(1.0, **size)
+    assert moved >= 1  # not vacuous: a head moves the loss on its direct path (the takeover: its writer only)
+    return result
 
 
 def _nano():
@@ -84,37 +107,26 @@ def _zoo_parts(m, l):
     return blocks[l].attn.proj.weight, later, [n for b in blocks for n in (b.ln1, b.ln2)]
 
 
-CASES = {  # name -> (build, data, task, parts(model, layer) -> (out-proj weight [d, H * D], later, norms))
-    "nanogpt": (_nano, lambda: {"input_ids": torch.randint(0, 40, (10, 8), generator=torch.Generator().manual_seed(1))},
-                "lm", _nano_parts),
-    "takeover": (planted_takeover, takeover_data, "classification", _nano_parts),
-    "zoo-post-norm": (_post, lambda: {"input_ids": torch.randint(1, 10, (12, 6), generator=torch.Generator().manual_seed(1)),
-                                      "labels": torch.arange(12) % 3}, "classification", _zoo_parts),
+def _ids(n: int, t: int, vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (n, t), generator=torch.Generator().manual_seed(1))  # [N, T]
+
+
+def _takeover_batch():
+    data = takeover_data()
+    return {k: v for k, v in data.items() if k != "labels"}, data["labels"]
+
+
+CASES = {  # name -> (build, batch (inputs, labels), task, parts(model, layer) -> (out-proj weight [d, H * D], later, norms))
+    "nanogpt": (_nano, lambda: (_ids(10, 8, 40), None), "lm", _nano_parts),
+    "takeover": (planted_takeover, _takeover_batch, "classification", _nano_parts),
+    "zoo-post-norm": (_post, lambda: (_ids(12, 6, 10), torch.arange(12) % 3), "classification", _zoo_parts),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_traced_direct_effect_equals_the_hand_computation(case):
-    build, make_data, task, parts = CASES[case]
-    model, data = build(), make_data()
-    before = snapshot(model)
-    ids = data["input_ids"]  # a model whose forward takes the ids positionally: a Tensor per batch
-    inputs = [(ids[i:i + 4], None) for i in range(0, len(ids), 4)] if set(data) == {"input_ids"} else data
-    result = ablate_heads(model, inputs, task=task, batch_size=4, progress=False, attention=False)
-    assert_untouched(model, before)
-    assert result.direct["measured"], result.direct
-    assert result.direct["path"].startswith("traced"), result.direct
-    clean, size = losses(model, data, task).double(), size_of(model)
-    moved = 0
-    for h in result.heads:
-        weight, later, norms = parts(model, h.layer)
-        D = weight.shape[1] // result.model["n_heads"]
-        expected = by_hand(model, data, task, weight, 1, h.head, D, later, norms).double()
-        want = float((expected - clean).sum()) / result.n_units
-        assert h.direct_delta_loss == pytest.approx(want, abs=loss_tol(*expected.tolist(), *clean.tolist(), **size)), \
-            (h.layer, h.head)
-        moved += abs(want) > 100 * loss_tol(1.0, **size)
-    assert moved >= 1  # not vacuous: a head moves the loss on its direct path (the takeover: its writer only)
+    build, make_batch, task, parts = CASES[case]
+    check_against_hand(build(), make_batch(), task, parts)
 
 
 def test_planted_takeover_writer_is_compensated_not_inert():
