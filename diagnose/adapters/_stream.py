@@ -37,6 +37,9 @@ from .base import AttentionSite
 from .norms import NormForm, declared, infer, looks_like_norm
 
 _WHY = "so direct effects are not measured"
+# the fix for a path the trace cannot find: declare it (readout.py), as the built-in families do
+_FIX = ("so direct effects are not measured; an adapter for the model can declare the path (residual_path, "
+        "diagnose/adapters/readout.py)")
 
 
 @dataclass
@@ -115,7 +118,7 @@ def stream_plan(model: nn.Module, sites: Sequence[AttentionSite], example: Any) 
         calls = trace_calls(model, first_example(example))
     except Exception as e:  # noqa: BLE001 - the reason goes into the one line the user reads
         raise ConfigError(f"tracing one forward to find each head's path failed ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}), {_WHY}") from None
+                          f"{str(e).splitlines()[0] if str(e) else ''}), {_FIX}") from None
     modules = dict(model.named_modules())
     adapter = sites[0].adapter
     stack, items = _stack(modules, sites)
@@ -125,7 +128,7 @@ def stream_plan(model: nn.Module, sites: Sequence[AttentionSite], example: Any) 
               or any(_under(c.name, i) for c, _ in found)]
     inside = [c for c in under if any(_under(c.name, l) for l in layers)]
     if not inside:
-        raise ConfigError(f"the layers of {stack or 'the model'} never ran in the traced forward, {_WHY}")
+        raise ConfigError(f"the layers of {stack or 'the model'} never ran in the traced forward, {_FIX}")
     last = max(c.end for c in inside)
     norms = [(c, f) for c, f in found if any(_under(c.name, l) for l in layers)] + \
         _final_norms(adapter, [c for c in calls if c.begin > last])
@@ -154,7 +157,7 @@ def _stack(modules: dict[str, nn.Module], sites: Sequence[AttentionSite]) -> tup
                 and all(_under(s.name.split("#")[0], n) and s.name != n for s in sites)]
     if not covering:
         raise ConfigError("the attention sites do not sit in one stack of layers (a ModuleList or Sequential "
-                          f"holding them all: an encoder and a decoder, or a lone attention module), {_WHY}")
+                          f"holding them all: an encoder and a decoder, or a lone attention module), {_FIX}")
     stack = min(covering, key=lambda n: (n.count(".") if n else -1, len(n)))
     prefix = f"{stack}." if stack else ""
     return stack, [f"{prefix}{child}" for child, _ in modules[stack].named_children()]
@@ -200,7 +203,7 @@ def _called_once(calls: Sequence[Call], norms: Sequence[tuple[Call, NormForm]]) 
     for c, _ in norms:
         if count[c.name] != 1:
             raise ConfigError(f"the norm {c.name} ran {count[c.name]} times in one forward, so its clean scale is "
-                              f"ambiguous, {_WHY}")
+                              f"ambiguous, {_FIX}")
     return count
 
 
@@ -213,7 +216,7 @@ def _write(calls: Sequence[Call], modules: dict[str, nn.Module], site: Attention
     started = [c for c in calls if c.name == proj] if proj is not None else []
     start = started[0] if len(started) == 1 else next((c for c in calls if c.name == base), None)
     if start is None:
-        raise ConfigError(f"{site.name} never ran in the traced forward, {_WHY}")
+        raise ConfigError(f"{site.name} never ran in the traced forward, {_FIX}")
     owner = base if _under(start.name, base) else _common(base, start.name)
     seeds = [c for c in calls if c.begin <= start.begin and c.end >= start.end and _under(c.name, owner)]
     carrying = {id(t) for c in seeds for t in c.outputs}
@@ -253,6 +256,6 @@ def _sublayers(inside: Sequence[Call], count: dict[str, int], norms: set[str], l
             continue
         if count[c.name] != 1:
             raise ConfigError(f"{c.name} ran {count[c.name]} times in one forward, so its clean output is "
-                              f"ambiguous, {_WHY}")
+                              f"ambiguous, {_FIX}")
         chosen.append(c.name)
     return tuple(chosen)
