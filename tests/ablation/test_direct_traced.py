@@ -32,18 +32,31 @@ def losses(model: nn.Module, batch: tuple, task: str) -> torch.Tensor:
 
 
 def frozen(norm: nn.Module, sigma: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """A LayerNorm's output on x with its scale sigma held (torch's nn.LayerNorm, or nanoGPT's own)."""
+    """A norm's output on x with its scale sigma held: a LayerNorm (torch's, nanoGPT's own), or Gemma's RMSNorm
+    (x / rms * (1 + weight))."""
+    if _gemma(norm):
+        return (x.float() / sigma * (1.0 + norm.weight.float())).to(x.dtype)
     out = (x - x.mean(-1, keepdim=True)) / sigma
     out = out if norm.weight is None else out * norm.weight
     return out if norm.bias is None else out + norm.bias
+
+
+def _gemma(norm: nn.Module) -> bool:
+    return type(norm).__name__.startswith("Gemma") and type(norm).__name__.endswith("RMSNorm")
+
+
+def _sigma(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The scale a norm divides by on its clean input x.  # [..., 1]"""
+    if _gemma(norm):
+        return torch.sqrt(x.float().pow(2).mean(-1, keepdim=True) + norm.eps)
+    return torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + getattr(norm, "eps", 1e-5))
 
 
 def by_hand(model, batch, task, weight, dim, head, head_dim, later, norms) -> torch.Tensor:
     """Per-example loss with the head removed on its direct path only.  # [N]"""
     out, sigma = {}, {}
     keep = [m.register_forward_hook(lambda m, _a, o: out.__setitem__(m, o)) for m in later]
-    keep += [n.register_forward_pre_hook(lambda n, a: sigma.__setitem__(
-        n, torch.sqrt(a[0].var(-1, unbiased=False, keepdim=True) + getattr(n, "eps", 1e-5)))) for n in norms]
+    keep += [n.register_forward_pre_hook(lambda n, a: sigma.__setitem__(n, _sigma(n, a[0]))) for n in norms]
     try:
         losses(model, batch, task)  # the clean pass: later sublayers' outputs, each norm's sigma
     finally:
@@ -127,6 +140,23 @@ CASES = {  # name -> (build, batch (inputs, labels), task, parts(model, layer) -
 def test_traced_direct_effect_equals_the_hand_computation(case):
     build, make_batch, task, parts = CASES[case]
     check_against_hand(build(), make_batch(), task, parts)
+
+
+def test_gemma2_whose_norm_sits_on_the_write_before_the_add():
+    """Gemma 2 norms each sublayer's output before the residual add (post_attention_layernorm on the head's
+    write): no declared path, the traced one freezes that norm too."""
+    pytest.importorskip("transformers")
+    from diagnose.zoo.families import build
+
+    model = build("Gemma2", "eager", vocab_size=40, initializer_range=0.2)
+
+    def parts(m, l):
+        layers = m.model.layers
+        later = [b.self_attn for j, b in enumerate(layers) if j > l] + [b.mlp for j, b in enumerate(layers) if j >= l]
+        norms = [n for b in layers for n in (b.input_layernorm, b.post_attention_layernorm,
+                                             b.pre_feedforward_layernorm, b.post_feedforward_layernorm)]
+        return layers[l].self_attn.o_proj.weight, later, norms + [m.model.norm]
+    check_against_hand(model, (_ids(6, 8, 40), None), "lm", parts)
 
 
 def test_planted_takeover_writer_is_compensated_not_inert():
