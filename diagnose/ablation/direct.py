@@ -119,6 +119,10 @@ class Direct:
     """The direct-effect passes of one sweep (its gates, fills and replay); `run` returns an Accumulator
     whose 'ablated' outcomes are the direct-path ones, so the sweep's tests apply unchanged."""
 
+    def verify(self, inputs: Any, labels: Any) -> str | None:
+        """None: a declared path needs no check on the data (its adapter's tests make it)."""
+        return None
+
     def __init__(self, sweep: Sweep, paths: Sequence[ResidualPath]):
         self.sweep, self.paths = sweep, list(paths)  # per site
         self.norms = list({id(n): n for path in paths for n in path.norms}.values())  # each once

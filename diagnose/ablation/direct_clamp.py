@@ -25,10 +25,10 @@ from .._distributed import Ranks
 from ..adapters._hooks import hooks
 from ..adapters._stream import StreamPlan
 from ..errors import DiagnoseError
-from ..objectives import call_model, logits_of, score
+from ..objectives import batch_size_of, call_model, logits_of, score
 from .accumulate import Accumulator
 from .gate import close_heads
-from .prefix import repeat_batch
+from .prefix import repeat_batch, take_rows
 from .shards import merge
 from .steps import indexed
 from .sweep import Ablated, Clean, Sweep, _kl_sums
@@ -107,8 +107,32 @@ class Clamped:
 
     def _forward(self, clean: Clean, record: dict, s: int, ms: list[int], draw: int) -> torch.Tensor:
         """K replicas of the batch, replica k closing head ms[k], every other sublayer clamped, every norm frozen."""
-        sweep, K, B = self.sweep, len(ms), clean.batch
-        scales = close_heads(sweep.n_heads, sweep.closed, B, [sweep.heads[m] for m in ms], device=clean.targets.device)
+        sweep = self.sweep
+        return self._run(clean, [sweep.heads[m] for m in ms], sweep.closed, record, s, draw)
+
+    def verify(self, inputs: Any, labels: Any) -> str | None:
+        """On the batch's first example: closing all of a site's heads must move the output on the clamped path
+        wherever it moves it without clamps, else a clamped sublayer carries the stream itself (a module that
+        adds the residual inside, as Bloom's attention and MLP do) and would undo every head. The reason, or None."""
+        B = batch_size_of(inputs)
+        one, lab = take_rows(inputs, 0, 1, B), None if labels is None else take_rows(labels, 0, 1, B)
+        clean, record = self._clean(one, lab, None)
+        for s, site in enumerate(self.sweep.sites):
+            closed = [*self.sweep.closed, *((s, h) for h in range(site.n_heads))]
+            plain = self._run(clean, [None], closed, None, s, 0)
+            if not torch.equal(plain, clean.logits) and torch.equal(self._run(clean, [None], closed, record, s, 0),
+                                                                    clean.logits):
+                return (f"closing every head of {site.name} moves the output, but not on the path traced through "
+                        f"{self.plan.stack}: a module held at its clean output there carries the residual stream "
+                        "itself (it adds the residual inside), so direct effects are not measured; an adapter for "
+                        "the model can declare the path (residual_path, diagnose/adapters/readout.py)")
+        return None
+
+    def _run(self, clean: Clean, replicas: list, closed: list, record: dict | None, s: int, draw: int) -> torch.Tensor:
+        """K = len(replicas) replicas of the batch, replica k closing replicas[k] (a (site, head) or None) on top
+        of `closed`; with `record`, site s's sublayers clamped and every norm frozen.  # [K * B, ...]"""
+        sweep, K, B = self.sweep, len(replicas), clean.batch
+        scales = close_heads(sweep.n_heads, closed, B, replicas, device=clean.targets.device)
         rows = None if clean.rows is None else repeat_batch(clean.rows, K, B)  # [K * B]
 
         def clamp(i: int):
@@ -124,7 +148,8 @@ class Clamped:
                 return (y0.float() + form.change(norm, x0, args[0].float() - x0.float())).to(live.dtype)
             return lambda: norm.register_forward_hook(hook)
 
-        regs = [clamp(i) for i in self.plan.clamp[s]] + [freeze(i) for i in range(len(self.plan.norms))]
+        regs = [] if record is None else [clamp(i) for i in self.plan.clamp[s]] + \
+            [freeze(i) for i in range(len(self.plan.norms))]
         try:
             for gate, scale in zip(sweep.gates, scales):
                 gate.scale, gate.rows, gate.draw = scale, rows, draw

@@ -190,6 +190,9 @@ def _direct_effects(model: torch.nn.Module, sweep: Sweep, parts: list, first: in
     if paths is None:
         return None, {"measured": False, "reason": reason}
     passes = _direct.passes(sweep, paths)
+    reason = passes.verify(*parts[0][:2])
+    if reason is not None:
+        return None, {"measured": False, "reason": reason}
     acc = passes.run(parts, first, r, chosen)
     forwards = r.gather(passes.forwards)
     return acc, {"measured": True, "n_heads": len(chosen), "norm": _direct.NORM, "method": cfg.method,

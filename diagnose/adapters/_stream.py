@@ -137,7 +137,7 @@ def stream_plan(model: nn.Module, sites: Sequence[AttentionSite], example: Any) 
     sublayers: dict[str, nn.Module] = {}
     clamp = []
     for site in sites:
-        live = _write(calls, modules, site)
+        live = _write(calls, modules, site, norm_names)
         chosen = _sublayers(inside, once, norm_names, live, site)
         for name in chosen:
             sublayers.setdefault(name, modules[name])
@@ -207,9 +207,11 @@ def _called_once(calls: Sequence[Call], norms: Sequence[tuple[Call, NormForm]]) 
     return count
 
 
-def _write(calls: Sequence[Call], modules: dict[str, nn.Module], site: AttentionSite) -> set[str]:
+def _write(calls: Sequence[Call], modules: dict[str, nn.Module], site: AttentionSite, norms: set[str]) -> set[str]:
     """The names of the modules that carry the site's write to the stream (module docstring), the site
-    module and its ancestors: none of them is clamped while the site is ablated."""
+    module and its ancestors: none of them is clamped while the site is ablated. A norm fed by the write
+    (Gemma 2's post-attention norm) is part of it and ends it, as a module that adds it to the stream does:
+    past either, the write is the stream, which the next sublayer reads."""
     base = site.name.split("#")[0]
     names = {m: n for n, m in modules.items()}
     proj = names.get(site.out_proj) if site.out_proj is not None else None
@@ -229,7 +231,7 @@ def _write(calls: Sequence[Call], modules: dict[str, nn.Module], site: Attention
             continue
         live.add(c.name)
         others = [t for t in c.inputs if id(t) not in carrying and t.shape == fed[0].shape]
-        if not others:  # a module that adds the write to the stream ends the write
+        if not others and c.name not in norms:  # a module that adds the write to the stream ends the write
             carrying |= {id(t) for t in c.outputs}
     parts = base.split(".")
     return live | {".".join(parts[:i]) for i in range(len(parts))}

@@ -159,6 +159,20 @@ def test_gemma2_whose_norm_sits_on_the_write_before_the_add():
     check_against_hand(model, (_ids(6, 8, 40), None), "lm", parts)
 
 
+def test_a_sublayer_that_adds_the_residual_inside_is_refused_in_one_line():
+    """Bloom's attention and MLP return the stream itself (they add the residual inside): clamped, they would
+    undo every head, which the check on the first example finds."""
+    pytest.importorskip("transformers")
+    from diagnose.zoo.families import build
+
+    model = build("Bloom", "eager", vocab_size=40, initializer_range=0.2)
+    result = ablate_heads(model, [(_ids(4, 8, 40), None)], task="lm", progress=False, attention=False)
+    reason = result.direct["reason"]
+    assert result.direct["measured"] is False and "\n" not in reason, result.direct
+    assert "carries the residual stream itself" in reason and "residual_path" in reason
+    assert all(h.direct_delta_loss is None for h in result.heads)
+
+
 def test_planted_takeover_writer_is_compensated_not_inert():
     """The layer-0 writer: its total effect hidden by the layer-1 backup, its direct effect the whole margin."""
     result = ablate_heads(planted_takeover(), takeover_data(), task="classification", batch_size=16, progress=False)
