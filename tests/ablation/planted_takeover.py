@@ -20,6 +20,7 @@ loss near 0. Removing the backup changes nothing, directly or not.
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 
 from ..nano import NanoGPT
 
@@ -66,3 +67,21 @@ def takeover_data(n: int = 48) -> dict[str, torch.Tensor]:
     ids = torch.full((n, T), 3)
     ids[:, 0] = torch.where(labels == 1, 1, 2)
     return {"input_ids": ids, "attention_mask": torch.ones(n, T, dtype=torch.long), "labels": labels}
+
+
+class OddRMSNorm(nn.Module):
+    """An RMSNorm keeping its gain under a name diagnose does not guess (`alpha`): no known form fits it."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((d,), 1.5))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.alpha
+
+
+def with_unknown_norm() -> NanoGPT:
+    """The same model with a final norm whose frozen form nothing declares (its direct effects cannot be had)."""
+    model = planted_takeover()
+    model.ln_f = OddRMSNorm(8)
+    return model.eval()

@@ -21,7 +21,7 @@ from diagnose._tolerance import model_size
 
 from ..tolerance import loss_tol, size_of
 from .helpers import assert_untouched, snapshot, with_head_weights_zeroed
-from .planted_takeover import planted_takeover, takeover_data
+from .planted_takeover import OddRMSNorm, planted_takeover, takeover_data, with_unknown_norm
 
 
 def losses(model: nn.Module, batch: tuple, task: str) -> torch.Tensor:
@@ -188,21 +188,8 @@ def test_planted_takeover_writer_is_compensated_not_inert():
     assert "self-repair" in reason and f"{writer.direct_delta_loss:+.4f}" in reason
 
 
-class OddRMSNorm(nn.Module):
-    """An RMSNorm keeping its gain under a name diagnose does not guess (`alpha`)."""
-
-    def __init__(self, d: int):
-        super().__init__()
-        self.alpha = nn.Parameter(torch.full((d,), 1.5))
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.alpha
-
-
 def test_an_unknown_norm_says_which_and_how_and_the_flag_says_may_be_compensated():
-    model = planted_takeover()
-    model.ln_f = OddRMSNorm(8)
-    data = takeover_data()
+    model, data = with_unknown_norm(), takeover_data()
     result = ablate_heads(model, data, task="classification", batch_size=16, progress=False)
     reason = result.direct["reason"]
     assert result.direct["measured"] is False and "\n" not in reason
