@@ -21,6 +21,11 @@ an MLM head). That needs no ablated forward at all: one clean pass per batch giv
 and each norm's clean input; then each head costs the output layers only, K heads per forward with all
 blocks replaying their clean outputs (prefix.py).
 
+A model whose adapter declares no path (the generic adapter's: nanoGPT, minGPT, timm, x-transformers, ...), or
+whose declared path does not apply, gets one from a traced forward (adapters/_stream.py), measured by clamping
+every other sublayer at its clean output instead (direct_clamp.py); `readiness` says which, or why neither.
+Each norm is frozen by the form its adapter declares (adapters/norms.py), never by its class name here.
+
 Freezing the norms' scales (NORM) is how Rushing & Nanda 2024 measure direct effects: a norm's rescaling
 after a head is removed is itself a mechanism of self-repair, and freezing it puts that share in
 `self_repair` instead of hiding it in the direct effect (Heimersheim & Nanda 2024 name the choice as one
@@ -53,9 +58,10 @@ from .steps import indexed
 from .sweep import Ablated, Clean, Sweep, _kl_sums, _same
 
 NORM = ("frozen: every norm on a head's path to the output (pre-norm: the final norm; post-norm BERT or torch "
-        "encoder: its layer's norms and every later layer's, then a final norm if any) has its scale (1 / sigma of "
-        "its clean input) held at its clean value, as Rushing & Nanda 2024 measure direct effects, so the norms' "
-        "own rescaling when a head is removed counts as self-repair")
+        "encoder: its layer's norms and every later layer's, then a final norm if any; a traced path: every norm of "
+        "the layers and the final norms) has its scale (1 / sigma of its clean input) held at its clean value, as "
+        "Rushing & Nanda 2024 measure direct effects, so the norms' own rescaling when a head is removed counts as "
+        "self-repair")
 
 
 def readiness(sites: Sequence[AttentionSite], model: nn.Module, example: Any = None
