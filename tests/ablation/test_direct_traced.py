@@ -142,6 +142,25 @@ def test_traced_direct_effect_equals_the_hand_computation(case):
     check_against_hand(build(), make_batch(), task, parts)
 
 
+def test_traced_equals_declared_on_the_reference_transformer():
+    """The same heads through the generic adapter (so the path is traced) and through the reference adapter
+    (its declared final norm): two mechanisms, one direct effect per head."""
+    from diagnose.adapters._generic import named_sites
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(kind="lm", vocab_size=20, max_len=8, n_layers=2, n_heads=2, d_model=16,
+                                    init_std=0.3)).eval()
+    ids = _ids(8, 8, 20)
+    declared = ablate_heads(model, {"input_ids": ids}, task="lm", batch_size=4, progress=False, attention=False)
+    traced = ablate_heads(model, {"input_ids": ids}, task="lm", batch_size=4, progress=False, attention=False,
+                          sites=named_sites(model, "blocks.*.attn", None, ids[:1]))
+    assert declared.direct["path"].startswith("declared") and traced.direct["path"].startswith("traced")
+    tol = loss_tol(declared.baseline["loss"], **size_of(model))
+    assert [h.direct_delta_loss for h in traced.heads] == pytest.approx(
+        [h.direct_delta_loss for h in declared.heads], abs=tol)
+    assert any(abs(h.direct_delta_loss) > 100 * tol for h in declared.heads)
+
+
 def test_gemma2_whose_norm_sits_on_the_write_before_the_add():
     """Gemma 2 norms each sublayer's output before the residual add (post_attention_layernorm on the head's
     write): no declared path, the traced one freezes that norm too."""
