@@ -111,9 +111,21 @@ def trace_calls(model: nn.Module, example: Any) -> list[Call]:
 
 
 def stream_plan(model: nn.Module, sites: Sequence[AttentionSite], example: Any) -> StreamPlan:
-    """The plan for `sites` of `model`, from one traced forward on `example` (module docstring)."""
+    """The plan for `sites` of `model`, from one traced forward on `example` (module docstring). The model
+    runs in eval mode, without grad and with the RNG restored, also where a module is tried as a norm."""
     if example is None:
         raise ConfigError(f"no example input to trace the model with, {_WHY}")
+    flags = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            return _plan(model, sites, example)
+    finally:
+        for m, t in flags.items():
+            m.training = t
+
+
+def _plan(model: nn.Module, sites: Sequence[AttentionSite], example: Any) -> StreamPlan:
     try:
         calls = trace_calls(model, first_example(example))
     except Exception as e:  # noqa: BLE001 - the reason goes into the one line the user reads
