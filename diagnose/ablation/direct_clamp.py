@@ -114,6 +114,14 @@ class Clamped:
         """On the batch's first example: closing all of a site's heads must move the output on the clamped path
         wherever it moves it without clamps, else a clamped sublayer carries the stream itself (a module that
         adds the residual inside, as Bloom's attention and MLP do) and would undo every head. The reason, or None."""
+        try:
+            return self._verify(inputs, labels)
+        except Exception as e:  # noqa: BLE001 - said in the one line the result carries, not dropped
+            return (f"the clamped forward on the path traced through {self.plan.stack} failed ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else ''}), so direct effects are not measured; an adapter "
+                    "for the model can declare the path (residual_path, diagnose/adapters/readout.py)")
+
+    def _verify(self, inputs: Any, labels: Any) -> str | None:
         B = batch_size_of(inputs)
         one, lab = take_rows(inputs, 0, 1, B), None if labels is None else take_rows(labels, 0, 1, B)
         clean, record = self._clean(one, lab, None)
