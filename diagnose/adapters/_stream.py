@@ -126,6 +126,7 @@ def stream_plan(model: nn.Module, sites: Sequence[AttentionSite], example: Any) 
 
 
 def _plan(model: nn.Module, sites: Sequence[AttentionSite], example: Any) -> StreamPlan:
+    """stream_plan's work, the model already in eval mode."""
     try:
         calls = trace_calls(model, first_example(example))
     except Exception as e:  # noqa: BLE001 - the reason goes into the one line the user reads
