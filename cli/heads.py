@@ -65,7 +65,8 @@ UNVERIFIED = "not verified"  # a --fast head's effect cell
                    "scale of every norm on that path frozen), self-repair = direct - total, and flag compensated "
                    "heads.")
 @html_option
-def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
+def heads(model: str, factory: str | None, forward: str | None, trust_pickle: bool, attn_implementation: str | None,
+          data: str,
           max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
           method: str, methods: str | None, draws: int | None, seed: int, json_path: str | None,
           batch_size: int | None, fast: bool,
@@ -105,7 +106,7 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
                    rank_by=rank_by, together=closed, max_memory=parse_size(max_memory, "--max-memory"),
                    direct=direct)
     result, main = _ablate((model, factory, trust_pickle, attn_implementation, data, max_length, attention_module,
-                            n_heads, task), options, compared, draws)
+                            n_heads, task, forward), options, compared, draws)
     if main:  # under torchrun, rank 0 prints and writes
         _write(result, json_path, html_path)
 
@@ -147,13 +148,15 @@ def _write(result, json_path: str | None, html_path: str | None) -> None:
 
 
 def _load(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
-          max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None) -> tuple:
+          max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
+          forward: str | None = None) -> tuple:
     """The model, its data, its attention sites and the task, each checked on the CPU."""
     from diagnose.io import check_task, load_data_for, load_model, trial_forward
     from diagnose.objectives import default_task
     from diagnose.sites import find_heads
 
-    net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
+    net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation,
+                     forward=forward)
     ds = load_data_for(net, data, max_length=max_length)
     trial_forward(net, ds)
     sites = find_heads(net, attention_module=attention_module, n_heads=n_heads, example=ds.inputs(0, 2))
@@ -201,6 +204,9 @@ def _print(result, json_path: str | None) -> None:
         names = heads_label(g["heads"])
         out.print(Text(f"Closed together {names}: accuracy {g['accuracy']:.2%} ({g['delta_accuracy']:+.2%}), "
                        f"loss {g['loss']:.4f} ({g['delta_loss']:+.4f})"))
+    from ._table import print_sections
+
+    print_sections(out, result.sections)  # the analysis steps' tables (diagnose/ablation/analyses.py)
     t = result.timing
     where = f"; JSON: {json_path}" if json_path else ""
     chosen = f", micro-batch {t['micro_batch']}, {t['replication']} head(s) per forward" if "micro_batch" in t else ""
@@ -208,32 +214,47 @@ def _print(result, json_path: str | None) -> None:
 
 
 def _table(result, corr: str):
-    """Every head ranked by its effect, beside the attention statistics the registry shows in the CLI."""
-    from rich.table import Column, Table
-    from rich.text import Text
-
+    """Every head ranked by its effect, beside the attention statistics the registry shows in the CLI: the
+    declared head fields (diagnose/head_fields.py) and statistics through the one table printer."""
     from diagnose._head_label import head_label
-    from diagnose.statistics import shown
+    from diagnose.head_fields import by_key
+    from diagnose.schema import Field
+    from diagnose.statistics import role_label, shown
 
-    stats = shown("cli")  # the attention statistics' columns, from the registry
-    # each as narrow as its longest header word (a header wraps), so the effect columns keep their room
-    narrow = [Column(s.column, max_width=max(6, *map(len, s.column.split()))) for s in stats]
-    delta_acc = Column("Δacc [95 % CI]", min_width=len(UNVERIFIED))  # "not verified" on one line
-    verdict = Column("verdict", max_width=10)  # "detectable but negligible" wraps, the statistics keep their room
-    direct = Column("direct Δloss", overflow="fold")  # narrow: the flag folds rather than push a column off
+    from ._table import table
+
+    f = by_key()
+    stats = [Field(s.name, s.column, s.fmt, per="head") for s in shown("cli")]  # from the registry
     # one p: the corrected loss test's, which decides (the accuracy test's is in the JSON, p_value_adjusted)
-    table = Table("rank", "head", verdict, "role", delta_acc, "Δloss", f"p loss ({corr})", "KL", direct, *narrow)
+    columns = [Field("rank", "rank", "s"), Field("label", "head", "s"), f["verdict"], f["role"],
+               Field("delta_accuracy", f"{f['delta_accuracy'].label} [95 % CI]", "s"), _cli(f["delta_loss"]),
+               Field("p", f"p loss ({corr})", "s"), _cli(f["kl"]), Field("direct", f["direct_delta_loss"].label, "s"),
+               *stats]
+    # each statistic as narrow as its longest header word (a header wraps), so the effect columns keep their room
+    options = {s.key: {"max_width": max(6, *map(len, s.label.split()))} for s in stats}
+    options.update({"delta_accuracy": {"min_width": len(UNVERIFIED)},  # "not verified" on one line
+                    "verdict": {"max_width": 10},  # "detectable but negligible" wraps, the statistics keep their room
+                    "direct": {"overflow": "fold"}})  # narrow: the flag folds rather than push a column off
+    rows = []
     for rank, h in enumerate(result.ranked(), 1):
+        row = {"rank": str(rank), "label": head_label(h.layer, h.head), "verdict": h.verdict or "",
+               "role": role_label(h.role), "delta_accuracy": UNVERIFIED, "delta_loss": "", "p": "", "kl": "",
+               "direct": ""}
         if h.verified:
+            acc = f["delta_accuracy"]
             lo, hi = h.delta_accuracy_ci
-            effect = [f"{h.delta_accuracy:+.2%} [{lo:+.2%}, {hi:+.2%}]", f"{h.delta_loss:+.4f}", _p(h), f"{h.kl:.4f}",
-                      _direct(h)]
-        else:
-            effect = [UNVERIFIED, "", "", "", ""]
-        cells = [str(rank), head_label(h.layer, h.head), h.verdict or "", (h.role or "").replace("_", " "), *effect,
-                 *(_f(h.attention.get(s.name), s.fmt) for s in stats)]
-        table.add_row(*(Text(c) for c in cells))
-    return table
+            row.update(delta_accuracy=f"{acc.format(h.delta_accuracy)} [{acc.format(lo)}, {acc.format(hi)}]",
+                       delta_loss=h.delta_loss, p=_p(h), kl=h.kl, direct=_direct(h))
+        row.update({s.key: _or_blank(h.attention.get(s.key)) for s in stats})
+        rows.append(row)
+    return table(columns, rows, options)
+
+
+def _cli(field):
+    """A head field as the CLI's table heads it: its label without the unit (the line above names it)."""
+    from dataclasses import replace
+
+    return replace(field, unit="")
 
 
 def verdict_sentence(sig: dict, corr: str) -> str:
@@ -308,9 +329,11 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
 def _direct(h) -> str:
     """The direct effect on the loss, '*' when significant, 'comp.' when compensated (the total hides it;
     the line under the table names those heads in words)."""
+    from diagnose.head_fields import by_key
+
     if h.direct_delta_loss is None:
         return ""
-    return f"{h.direct_delta_loss:+.4f}" + (" *" if h.direct_significant else "") + (
+    return by_key()["direct_delta_loss"].format(h.direct_delta_loss) + (" *" if h.direct_significant else "") + (
         " comp." if h.compensated else "")
 
 
@@ -333,9 +356,11 @@ def _direct_note(result) -> str:
 
 
 def _p(h) -> str:
+    from diagnose.head_fields import by_key
+
     p = h.p_value_loss_adjusted
-    return ("" if p is None else f"{p:.2g}") + (" *" if h.significant else "")
+    return ("" if p is None else by_key()["p_value_loss_adjusted"].format(p)) + (" *" if h.significant else "")
 
 
-def _f(v, fmt: str) -> str:
-    return "" if v is None else format(v, fmt)
+def _or_blank(v):
+    return "" if v is None else v

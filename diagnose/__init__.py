@@ -23,6 +23,7 @@ _EXPORTS = {
     "NormForm": ".adapters.norms", "register_norm": ".adapters.norms", "unregister_norm": ".adapters.norms",
     "AttentionSummary": ".attention_stats", "attention_summary": ".attention_stats",
     "Capture": "._capture", "capture": "._capture",
+    "use_forward": ".calling",
     "Finding": ".checks", "check_model": ".checks", "check_training_setup": ".checks",
     "DataSet": ".io", "load_data": ".io", "load_data_for": ".io", "load_model": ".io", "save_checkpoint": ".io",
     "Run": ".monitor", "Thresholds": ".monitor", "TrainingMonitor": ".monitor", "read_run": ".monitor",
@@ -37,6 +38,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .adapters.norms import NormForm, register_norm, unregister_norm
     from .attention_stats import AttentionSummary, attention_summary
     from ._capture import Capture, capture
+    from .calling import use_forward
     from .checks import Finding, check_model, check_training_setup
     from .io import DataSet, load_data, load_data_for, load_model, save_checkpoint
     from .monitor import Run, Thresholds, TrainingMonitor, read_run
@@ -85,6 +87,7 @@ __all__ = [
     "register_norm",
     "save_checkpoint",
     "unregister_norm",
+    "use_forward",
     "write_report",
 ]
 __all__ += errors.__all__

@@ -152,16 +152,16 @@ class Section:
 
 def _column(c: Any) -> Field:
     if not isinstance(c, Mapping) or not all(isinstance(c.get(k, ""), str) for k in ("key", "label", "fmt", "unit")):
-        raise ValueError("each column is an object with string key, label, fmt and unit")
+        raise ConfigError("each column is an object with string key, label, fmt and unit")
     return Field(c["key"], c.get("label") or c["key"], c.get("fmt") or ".3g", c.get("unit") or "")
 
 
 def _row(r: Any) -> dict[str, Any]:
     if not isinstance(r, Mapping):
-        raise ValueError("each row is an object")
+        raise ConfigError("each row is an object")
     out = {}
     for k, v in r.items():
         if v is not None and not isinstance(v, (str, bool)) and number(v) is None:
-            raise ValueError(f"row value {k!r} is {type(v).__name__}, not a number, string, bool or null")
+            raise ConfigError(f"row value {k!r} is {type(v).__name__}, not a number, string, bool or null")
         out[k] = v
     return out

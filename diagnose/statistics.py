@@ -10,6 +10,12 @@ Adding a statistic is one `register(Statistic(...))` call (with its test and a l
 docs/heads.md): HeadStats accumulates it, the heads JSON carries it under each head's `attention`,
 the rank correlations include it, and every table and plot that its `show` names draws it.
 
+A statistic that measures where a head's weight goes (the first token, the previous token, ...) may
+also name a head's *role*: its `role` (a `Role`: the words, the letter in the report's role grid,
+the phrase in a flag's reason) makes it one of the shares that roles.py clusters heads on, a
+pattern contrast.py calls striking, and a role the CLI and the report name. `roles()` is that
+table, read from the registry at each use.
+
 Torch-free on purpose, so that the report (which reads only files) and `--help` can import it:
 the compute functions below use only the methods of the tensors they are handed.
 """
@@ -24,6 +30,27 @@ from .errors import ConfigError
 
 LOCAL = 2  # "local": keys at most this many positions away (not the query itself)
 PLACES = ("cli", "table", "effect_grid", "grid", "scatter")  # where a statistic can be shown
+
+
+@dataclass(frozen=True)
+class Role:
+    """What a head is called when most of its weight goes where a statistic measures."""
+
+    label: str  # "previous token": the CLI's role column, the report's tables and its role key
+    letter: str  # one character, the head's cell in the report's role grid
+    phrase: str = ""  # "on the previous token", in a flag's reason (default: "on the " + label)
+    within: tuple[str, ...] = ()  # statistics whose mass this one includes, counted there (local: prev, next)
+    one_key: bool = True  # one key per query (a position): a lone head far out of the crowd may take it
+
+    def __post_init__(self) -> None:
+        if len(self.letter) != 1:
+            raise ConfigError(f"role {self.label!r}: letter must be one character, got {self.letter!r}")
+        if not self.phrase:
+            object.__setattr__(self, "phrase", f"on the {self.label}")
+
+
+BROAD = "broad"  # the role of a head whose weight goes nowhere in particular: what no role statistic holds
+BROAD_ROLE = Role("broad", "B", "broadly", one_key=False)
 
 
 @dataclass(frozen=True)
@@ -42,6 +69,7 @@ class Statistic:
     fmt: str = ".3f"  # format spec of its values in tables
     show: frozenset[str] = frozenset()  # a subset of PLACES
     needs_tokens: bool = False  # reads chunk.query_ids / chunk.key_ids; NaN where the data has no token ids
+    role: Role | None = None  # the role a head has when its weight goes here (roles.py); None: names no role
 
 
 def entropy(p: Any) -> Any:
@@ -94,8 +122,45 @@ def register(stat: Statistic) -> Statistic:
     if unknown:
         raise ConfigError(f"attention statistic {stat.name!r}: {', '.join(sorted(unknown))} is not a place to "
                           f"show it; places: {', '.join(PLACES)}")
+    if stat.role is not None:
+        _check_role(stat)
     STATISTICS[stat.name] = stat
     return stat
+
+
+def unregister(name: str) -> Statistic:
+    """Remove a statistic (a test's toy entry); ConfigError for a name that is not registered."""
+    if name not in STATISTICS:
+        raise ConfigError(f"attention statistic {name!r} is not registered; registered: {', '.join(STATISTICS)}")
+    return STATISTICS.pop(name)
+
+
+def _check_role(stat: Statistic) -> None:
+    taken = {BROAD: BROAD_ROLE, **roles()}
+    if stat.name == BROAD:
+        raise ConfigError(f"attention statistic {BROAD!r} cannot name a role: {BROAD!r} is what no role holds")
+    for name, role in taken.items():
+        if role.letter == stat.role.letter or role.label == stat.role.label:
+            raise ConfigError(f"attention statistic {stat.name!r}: role {stat.role.label!r} ({stat.role.letter}) "
+                              f"clashes with {name!r}'s ({role.label}, {role.letter}); pick another label and letter")
+    missing = [w for w in stat.role.within if w not in taken]
+    if missing:
+        raise ConfigError(f"attention statistic {stat.name!r}: its role counts within {', '.join(missing)}, which "
+                          "names no role; register those first")
+
+
+def roles() -> dict[str, Role]:
+    """name -> Role of every statistic that names a role, in registry order (not `broad`, which is the rest)."""
+    return {s.name: s.role for s in STATISTICS.values() if s.role is not None}
+
+
+def role_label(name: str | None) -> str:
+    """A role's words, for a head's role name as the heads JSON writes it ("" for none; an unknown name,
+    from a file written with another registry, with its underscores as spaces)."""
+    if not name:
+        return ""
+    known = {BROAD: BROAD_ROLE, **roles()}
+    return known[name].label if name in known else name.replace("_", " ")
 
 
 def shown(place: str) -> list[Statistic]:
@@ -132,14 +197,20 @@ for _stat in (
     Statistic("entropy", "entropy (nats)", "entropy", lambda c: entropy(c.p), show=_ALL),
     Statistic("max_weight", "max weight", "max weight", lambda c: c.p.amax(-1),
               show=frozenset({"cli", "table", "effect_grid", "scatter"})),
-    Statistic("first_token", "mass on first token", "first token", lambda c: c.p[..., 0], show=_ALL),
-    Statistic("self", "mass on itself", "itself", _self, show=frozenset({"grid"})),
+    Statistic("first_token", "mass on first token", "first token", lambda c: c.p[..., 0], show=_ALL,
+              role=Role("first token", "F")),
+    Statistic("self", "mass on itself", "itself", _self, show=frozenset({"grid"}),
+              role=Role("itself", "S", "on itself")),
     Statistic("prev_token", "mass on previous token", "previous", lambda c: c.at(c.q_pos - 1),
-              denominator="with_prev", show=frozenset({"grid"})),
+              denominator="with_prev", show=frozenset({"grid"}), role=Role("previous token", "P")),
     Statistic("padding", "mass on padding", "padding", _padding),
     Statistic("mean_distance", "mean distance", "mean distance", _mean_distance, fmt=".2f"),
-    Statistic("next_token", "mass on next token", "next", lambda c: c.at(c.q_pos + 1), denominator="with_next"),
-    Statistic("last_token", "mass on last token", "last token", lambda c: c.at(c.last)),
-    Statistic("local", f"mass within {LOCAL} positions", "local", _local),
+    Statistic("next_token", "mass on next token", "next", lambda c: c.at(c.q_pos + 1), denominator="with_next",
+              role=Role("next token", "N")),
+    Statistic("last_token", "mass on last token", "last token", lambda c: c.at(c.last),
+              role=Role("last token", "L", "on the last real token ([SEP] in BERT-style inputs)")),
+    Statistic("local", f"mass within {LOCAL} positions", "local", _local,
+              role=Role("local window", "W", f"within {LOCAL} positions", within=("prev_token", "next_token"),
+                        one_key=False)),
 ):
     register(_stat)

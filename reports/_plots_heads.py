@@ -11,7 +11,7 @@ import seaborn as sns
 from matplotlib.patches import Patch
 from matplotlib.patches import Rectangle
 
-from diagnose.statistics import STATISTICS, shown
+from diagnose.statistics import BROAD, BROAD_ROLE, STATISTICS, roles, shown
 
 from ._figures import new_figure, style, to_data_uri
 from .view_heads import HeadsView
@@ -142,32 +142,34 @@ def head_grids(v: HeadsView) -> str | None:
         return to_data_uri(fig)
 
 
-ROLE_LETTERS = {"first_token": "F", "last_token": "L", "self": "S", "prev_token": "P", "next_token": "N",
-                "local": "W", "broad": "B"}
-ROLE_NAMES = {"first_token": "first token", "last_token": "last token", "self": "itself", "prev_token": "previous",
-              "next_token": "next", "local": "local window", "broad": "broad"}
-ROLE_KEY = "F first token, L last token, S itself, P previous, N next, W local window, B broad"
+def role_key() -> dict[str, tuple[str, str]]:
+    """role name -> (letter, words) of every role the statistics registry names, then broad: the role
+    grid's cells and its key, read at each use so that a registered role statistic is drawn too."""
+    return {name: (r.letter, r.label) for name, r in {**roles(), BROAD: BROAD_ROLE}.items()}
 
 
 def _role_grid(ax, v: HeadsView) -> None:
     """Each head's role (diagnose.ablation.roles) as a letter on a categorical colour."""
-    names = list(ROLE_LETTERS)
-    codes = np.array([[names.index(r) if r in names else np.nan for r in row] for row in v.roles], dtype=float)
+    key = role_key()
+    names = list(key)
+    codes = np.array([[names.index(r) % 10 if r in key else np.nan for r in row] for row in v.roles], dtype=float)
     big = is_image(v)
     ax.imshow(np.ma.masked_invalid(codes), cmap="tab10", vmin=0, vmax=9, aspect="auto", alpha=0.55,
               interpolation="none" if big else "antialiased")
     if big:  # no room for a letter per head: a colour key instead
         cmap = matplotlib.colormaps["tab10"]
         present = [i for i, n in enumerate(names) if (v.roles == n).any()]
-        ax.legend(handles=[Patch(color=cmap(i), alpha=0.55, label=ROLE_NAMES[names[i]]) for i in present],
+        ax.legend(handles=[Patch(color=cmap(i % 10), alpha=0.55, label=key[names[i]][1]) for i in present],
                   fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         _ticks(ax, v.n_layers, v.n_heads)
         ax.set_title("role", fontsize=9)
     else:
         for (layer, head), r in np.ndenumerate(v.roles):
-            if r in ROLE_LETTERS:
-                ax.text(head, layer, ROLE_LETTERS[r], ha="center", va="center", fontsize=7)
-        ax.set_title("role\n" + ROLE_KEY.replace(", W", ",\nW"), fontsize=7)
+            if r in key:
+                ax.text(head, layer, key[r][0], ha="center", va="center", fontsize=7)
+        said = [f"{letter} {words}" for letter, words in key.values()]
+        half = -(-len(said) // 2)
+        ax.set_title("role\n" + ", ".join(said[:half]) + ",\n" + ", ".join(said[half:]), fontsize=7)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.tick_params(labelsize=7)

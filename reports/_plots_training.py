@@ -221,6 +221,19 @@ def depth_over_time(v: TrainingView) -> str | None:
         return to_data_uri(fig)
 
 
+def depth_map(v: TrainingView, label: str, mat) -> str | None:
+    """Another per-block field through depth over time (its declaration asks for a plot)."""
+    if not np.isfinite(mat[1]).any():
+        return None
+    with style():
+        fig = _figure(1.0 + 1.2 + 0.1 * len(v.layer_names))
+        ax = fig.subplots()
+        _depth(ax, fig, mat, v, f"{label} through depth", "viridis")
+        ax.set_xlabel("step")
+        ax.set_xlim(*v.xlim)
+        return to_data_uri(fig)
+
+
 def entropy(v: TrainingView) -> str | None:
     """Per-head attention entropy over time: one row per head, grouped by attention site. Each
     sample is drawn from the step it was taken at until the next one, on an absolute scale from 0
@@ -228,15 +241,27 @@ def entropy(v: TrainingView) -> str | None:
     e = v.entropy
     if e is None or not np.isfinite(e.values).any():
         return None
+    return _per_head(v, e, 0.0, 1.05 * max(float(np.nanmax(e.values)), e.uniform or 0.0))
+
+
+def head_map(v: TrainingView, e) -> str | None:
+    """Another per-head field over time (its declaration asks for a plot: the max logit, a
+    registered measurement's), drawn as the entropy is, on the range of its finite values."""
+    finite = e.values[np.isfinite(e.values)]
+    if not len(finite):
+        return None
+    return _per_head(v, e, float(finite.min()), float(finite.max()))
+
+
+def _per_head(v: TrainingView, e, vmin: float, vmax: float) -> str:
     n_rows = len(e.rows)
-    top = 1.05 * max(float(np.nanmax(e.values)), e.uniform or 0.0)
     with style():
         fig = _figure(1.3 + min(5.0, max(1.2, 0.05 * n_rows)))
         ax = fig.subplots()
         im = ax.pcolormesh(column_edges(e.steps, v.last_step),
-                           np.arange(n_rows + 1) - 0.5, e.values.T, cmap="viridis", vmin=0.0, vmax=top,
+                           np.arange(n_rows + 1) - 0.5, e.values.T, cmap="viridis", vmin=vmin, vmax=vmax,
                            shading="flat", rasterized=True)
-        bar = _colorbar(fig, ax, im, "entropy (nats)")
+        bar = _colorbar(fig, ax, im, e.label)
         if e.uniform:  # a red line across the colour bar, inside it: the scale reaches 5 % above
             bar.ax.axhline(e.uniform, color="#c62828", lw=2.0)
             bar.ax.set_title(f"red: uniform\nlog T = {e.uniform:.2f}", fontsize=6, color="#c62828", loc="left")

@@ -24,6 +24,7 @@ from diagnose import _json
 from diagnose._head_label import head_label
 from diagnose._terminal import plain
 from diagnose._write import atomic_write
+from diagnose.statistics import role_label
 
 from ._sources import load_sources
 from ._view import Report, build_report
@@ -72,6 +73,7 @@ def _env() -> jinja2.Environment:
     env.filters["bdi"] = _bdi
     env.filters["plain"] = _plain
     env.filters["head_label"] = head_label  # {{ layer|head_label(head) }}: "L0.H1", as everywhere
+    env.filters["role"] = lambda name: role_label(name if isinstance(name, str) else None)  # the registry's words
     return env
 
 

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from diagnose.errors import DiagnoseError, InputFileError
+from diagnose.head_fields import ATTENTION, DOCUMENT_LISTS, DOCUMENT_OBJECTS, FLAGS, INTERVALS, NUMBERS, WORDS
 from diagnose.io._read import read_bytes
+from diagnose.schema import Section
 
 from ._heads_json import FILE_LIMIT, parse_source
 
@@ -30,6 +32,7 @@ PRUNE_SCHEMA = "diagnose.prune/1"  # diagnose prune (checked in view_prune.py)
 class HeadsSource:
     name: str
     data: dict[str, Any]
+    sections: list[Section] = field(default_factory=list)  # the document's `sections`, read and checked once
 
 
 @dataclass
@@ -83,10 +86,6 @@ def _label(path: Path) -> str:
 # A heads document may describe any model, but the report keeps a layers x heads grid per
 # statistic in memory: beyond this the declared shape is a broken or hostile file.
 MAX_HEADS = 1 << 16  # 256 x 256
-_HEAD_NUMBERS = ("accuracy", "delta_accuracy", "p_value", "p_value_adjusted", "loss", "delta_loss", "kl",
-                 "grad_importance", "grad_importance_raw", "estimated_delta_loss", "p_value_loss_adjusted")
-_OBJECTS = ("baseline", "timing", "significance", "fast", "correlations")
-_LISTS = ("flags", "together", "examples")
 _REGENERATE = "regenerate it with `diagnose heads ... --json`"
 
 
@@ -121,10 +120,10 @@ def _check_heads(data: dict[str, Any], where: str) -> None:
     if n_layers * n_heads > MAX_HEADS:
         raise InputFileError(f"{where}: declares a {n_layers} x {n_heads} grid of heads, over the {MAX_HEADS:,} "
                              f"heads a report holds; {_REGENERATE}, or give the heads of fewer layers")
-    for key in _OBJECTS:
+    for key in DOCUMENT_OBJECTS:  # as head_fields.py declares the document
         if data.get(key) is not None and not isinstance(data[key], dict):
             raise InputFileError(f"{where}: `{key}` is {_kind(data[key])}, not an object; {_REGENERATE}")
-    for key in _LISTS:
+    for key in DOCUMENT_LISTS:
         if data.get(key) is not None and not isinstance(data[key], list):
             raise InputFileError(f"{where}: `{key}` is {_kind(data[key])}, not a list; {_REGENERATE}")
     for key, value in (data.get("baseline") or {}).items():
@@ -159,18 +158,27 @@ def _check_head(h: Any, i: int, n_layers: int, n_heads: int, where: str) -> None
     if not ok or not (0 <= h["layer"] < n_layers and 0 <= h["head"] < n_heads):
         raise InputFileError(f"{where}: heads[{i}] has no valid `layer`/`head` for a "
                              f"{n_layers}x{n_heads} model; {_REGENERATE}")
-    for key in _HEAD_NUMBERS:
-        if not _is_num(h.get(key)):
-            raise InputFileError(f"{where}: heads[{i}].{key} is {_kind(h[key])}, not a number; {_REGENERATE}")
-    ci = h.get("delta_accuracy_ci")
-    if ci is not None and not (isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_is_num(x) for x in ci)):
-        raise InputFileError(f"{where}: heads[{i}].delta_accuracy_ci is not a [low, high] pair; {_REGENERATE}")
-    for key in ("significant", "verified"):
-        if h.get(key) is not None and not isinstance(h[key], bool):
-            raise InputFileError(f"{where}: heads[{i}].{key} is {_kind(h[key])}, not true/false; {_REGENERATE}")
-    attention = h.get("attention")
+    for f in NUMBERS:  # every per-head field as head_fields.py declares it: the writer's own list
+        if not _is_num(h.get(f.key)):
+            raise InputFileError(f"{where}: heads[{i}].{f.key} is {_kind(h[f.key])}, not a number; {_REGENERATE}")
+    for f in INTERVALS:
+        ci = h.get(f.key)
+        if ci is not None and not (isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_is_num(x) for x in ci)):
+            raise InputFileError(f"{where}: heads[{i}].{f.key} is not a [low, high] pair; {_REGENERATE}")
+    for f in FLAGS:
+        if h.get(f.key) is not None and not isinstance(h[f.key], bool):
+            raise InputFileError(f"{where}: heads[{i}].{f.key} is {_kind(h[f.key])}, not true/false; {_REGENERATE}")
+    for f in WORDS:
+        if h.get(f.key) is not None and not isinstance(h[f.key], str):
+            raise InputFileError(f"{where}: heads[{i}].{f.key} is {_kind(h[f.key])}, not a string; {_REGENERATE}")
+    attention = h.get(ATTENTION)
     if attention is not None and not (isinstance(attention, dict) and all(_is_num(v) for v in attention.values())):
         raise InputFileError(f"{where}: heads[{i}].attention is not an object of numbers; {_REGENERATE}")
+
+
+def read_sections(data: dict[str, Any], where: str) -> list[Section]:
+    """The document's analysis sections (none in a file from before them), each checked by Section.from_json."""
+    return [Section.from_json(obj, f"{where}: sections[{i}]") for i, obj in enumerate(data.get("sections") or [])]
 
 
 def _check_checks(data: dict[str, Any], where: str) -> None:
@@ -203,7 +211,7 @@ def _add_document(out: Sources, data: Any, name: str, where: str) -> None:
     schema = data.get("schema") if isinstance(data, dict) else None
     if schema in HEADS_SCHEMAS:
         _check_heads(data, where)
-        out.heads.append(HeadsSource(name, data))
+        out.heads.append(HeadsSource(name, data, read_sections(data, where)))
     elif schema == CHECKS_SCHEMA:
         _check_checks(data, where)
         out.checks.append(ChecksSource(name, data))

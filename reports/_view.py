@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diagnose._head_label import head_label
+from diagnose.head_fields import INTERVALS, REPORT_TABLE, by_key
+from diagnose.schema import Field, Section
+from diagnose.statistics import shown
 
 from . import _plots_heads as plots_heads, _plots_training as plots_training
 from ._sources import Sources
@@ -22,11 +25,12 @@ class HeadsSection:
     grids_img: str | None
     attention_img: str | None
     scatter_img: str | None
-    top: list[dict[str, Any]]
+    top: Section  # the heads whose removal hurts most, as a table the one macro draws
     flag_rows: list[tuple[Any, dict[str, Any]]]  # (Flag, its head record)
     correlations: list[tuple[str, Any, Any]]  # (statistic, vs Δloss, vs Δaccuracy)
     note: str = ""  # why there are no pictures, when there are none
     per_layer: bool = False  # grids drawn as images, without numbers: list every layer's values on the page
+    sections: list[Section] = field(default_factory=list)  # the analysis steps' tables, drawn by one macro
 
 
 @dataclass
@@ -123,6 +127,33 @@ def _tables(v: HeadsView) -> tuple[list, list]:
     return flag_rows, [(s, corr.get((s, "delta_loss")), corr.get((s, "delta_accuracy"))) for s in stats]
 
 
+TOP = 10  # heads in the table of those whose removal hurts most
+
+
+def top_table(v: HeadsView) -> Section:
+    """The TOP heads whose removal hurts most, a column per declared head field of REPORT_TABLE and per
+    statistic the registry shows in the report's tables; an interval as "low … high"."""
+    fields = by_key()
+    columns = [Field("head", "head", "s")]
+    columns += [Field(k, fields[k].label, "s") if fields[k] in INTERVALS else fields[k] for k in REPORT_TABLE]
+    stats = [Field(f"attention.{s.name}", s.column, s.fmt) for s in shown("table")]
+    rows = []
+    for h in v.ranked[:TOP]:
+        row: dict[str, Any] = {"head": head_label(h["layer"], h["head"])}
+        for k in REPORT_TABLE:
+            value = h.get(k)
+            if fields[k] in INTERVALS:
+                lo, hi = value if isinstance(value, list) else (None, None)
+                value = f"{fields[k].format(lo)} … {fields[k].format(hi)}"
+            row[k] = value
+        if v.verdicts is not None:
+            row["verdict"] = str(v.verdicts[h["layer"], h["head"]])  # older files' verdicts too (heads_view)
+        attention = h.get("attention") or {}
+        row.update({c.key: attention.get(c.key.split(".", 1)[1]) for c in stats})
+        rows.append(row)
+    return Section("top-heads", "Heads whose removal hurts most", (*columns, *stats), rows)
+
+
 def _heads_blob(v: HeadsView) -> dict[str, Any]:
     flagged = [{"layer": f.layer, "head": f.head, "label": head_label(f.layer, f.head), "kind": f.kind,
                 "reason": f.reason} for f in v.flags]
@@ -160,6 +191,9 @@ def _training(report: Report, views: list[TrainingView]) -> None:
         images += [("Activations through depth over time", plots_training.depth_over_time(v)),
                    ("Attention entropy per head over time (0 to the uniform entropy log T)",
                     plots_training.entropy(v))]
+        images += [(f"{label} through depth over time", plots_training.depth_map(v, label, m))
+                   for label, m in v.depth_maps]
+        images += [(f"{m.label} per head over time", plots_training.head_map(v, m)) for m in v.head_maps]
         report.training.append(TrainingSection(v, [(c, img) for c, img in images if img]))
 
 
@@ -172,8 +206,8 @@ def build_report(sources: Sources, title: str | None = None) -> Report:
         v = heads_view(src.name, src.data, budget)
         report.verdicts.append(heads_verdict(v))
         report.heads.append(HeadsSection(v, plots_heads.head_grids(v), plots_heads.attention_grids(v),
-                                         plots_heads.scatter(v), v.ranked[:10], *_tables(v),
-                                         per_layer=plots_heads.is_image(v)))
+                                         plots_heads.scatter(v), top_table(v), *_tables(v),
+                                         per_layer=plots_heads.is_image(v), sections=src.sections))
     _training(report, [training_view(src.name, src.run) for src in sources.runs])
     for src in sources.checks:
         findings = [_finding(f) for f in src.data.get("findings", [])]

@@ -15,8 +15,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from diagnose.monitor import field_of
+from diagnose.schema import Section
+
 from ._decimate import bin_mean, minmax
 from ._run_extras import Clipping, Evals, Spike, clipping, evals, spikes
+from ._run_fields import field_tables
 
 MAX_POINTS = 2000  # per line, min/max preserving
 MAX_BINS = 400  # columns of the depth-over-time maps and samples per entropy curve
@@ -43,6 +47,7 @@ class HeadEntropy:
     values: np.ndarray  # [S, rows], one row per (site, head)
     rows: list[tuple[str, int]]  # (site, head) in forward order
     uniform: float | None = None  # entropy of uniform attention over the visible keys (log T), largest site's
+    label: str = "entropy [nats]"  # the field's header: the colour bar's label
 
 
 def column_edges(x: np.ndarray, last_step: float | None) -> np.ndarray:
@@ -101,6 +106,9 @@ class TrainingView:
     step_time: Series | None = None
     clipping: Clipping | None = None
     spikes: list[Spike] = field(default_factory=list)
+    fields: list[Section] = field(default_factory=list)  # every record field the run holds (_run_fields)
+    head_maps: list[HeadEntropy] = field(default_factory=list)  # the other per-head fields declared for plots
+    depth_maps: list[tuple[str, tuple[np.ndarray, np.ndarray]]] = field(default_factory=list)  # (header, map)
     xlim: tuple[float, float] = (0.0, 1.0)  # the report's shared step axis
     prefix: str = ""  # "2." before alert numbers when the report holds several runs
     color: str = "#1565c0"  # this run's colour where runs are overlaid
@@ -164,17 +172,50 @@ def _uniform_entropy(run: Any) -> float | None:
     return best
 
 
-def _entropy(run: Any) -> HeadEntropy | None:
+def _head_map(run: Any, key: str) -> HeadEntropy | None:
+    """One per-head field over time, one row per (site, head) in forward order; None without it."""
     att = getattr(run, "attention", None)
-    if not isinstance(att, pd.DataFrame) or att.empty or "entropy" not in att.columns:
+    if not isinstance(att, pd.DataFrame) or att.empty or key not in att.columns:
         return None
-    table = att.pivot_table(index="step", columns=["site", "head"], values="entropy", aggfunc="mean")
+    table = att.pivot_table(index="step", columns=["site", "head"], values=key, aggfunc="mean")
     order = {site: i for i, site in enumerate(dict.fromkeys(att["site"]))}  # first seen = forward order
     rows = sorted(table.columns, key=lambda c: (order[c[0]], c[1]))
     values = np.array(table[rows], dtype=float)  # [samples, heads]
-    values[np.abs(values) > _DRAWABLE] = np.nan  # an entropy beyond 1e300 is damage, not a value to draw
+    values[np.abs(values) > _DRAWABLE] = np.nan  # a value beyond 1e300 is damage, not a value to draw
     steps, values = _binned_from_start(table.index.to_numpy(dtype=float), values)  # [S], [S, heads]
-    return HeadEntropy(steps, values, [(str(site), int(head)) for site, head in rows], _uniform_entropy(run))
+    return HeadEntropy(steps, values, [(str(site), int(head)) for site, head in rows],
+                       label=field_of("head", key).header)
+
+
+def _entropy(run: Any) -> HeadEntropy | None:
+    e = _head_map(run, "entropy")
+    if e is not None:
+        e.uniform = _uniform_entropy(run)
+    return e
+
+
+_DRAWN = ("grad_norm", "act_var", "token_cos")  # per-block fields with a picture of their own above
+
+
+def _depth_maps(run: Any, df: pd.DataFrame, steps: np.ndarray, names: list[str]) -> list:
+    """(header, map) for each other per-block field whose declaration asks for a plot."""
+    keys = list(dict.fromkeys(c.rsplit("/", 1)[1] for c in df.columns if c.startswith("layers/")))
+    out = []
+    for k in keys:
+        f = field_of("layer", k)
+        m = _depth_map(df, steps, names, k, log=False) if "plot" in f.show and k not in _DRAWN else None
+        if m is not None:
+            out.append((f.header, m))
+    return out
+
+
+def _head_maps(run: Any) -> list[HeadEntropy]:
+    """The per-head fields other than the entropy whose declaration asks for a plot."""
+    att = getattr(run, "attention", None)
+    keys = [c for c in att.columns if c not in ("step", "site", "head", "entropy")] if isinstance(
+        att, pd.DataFrame) else []
+    maps = [_head_map(run, k) for k in keys if "plot" in field_of("head", k).show]
+    return [m for m in maps if m is not None]
 
 
 def _int(v: Any) -> int | None:
@@ -269,4 +310,5 @@ def training_view(name: str, run: Any) -> TrainingView:
         tokens_per_s=_series(steps, tps) if np.isfinite(tps).any() else None,
         tokens_per_s_median=float(np.median(tps[np.isfinite(tps)])) if np.isfinite(tps).any() else None,
         step_time=_series(steps, step_time) if np.isfinite(step_time).any() else None,
-        clipping=clipping(run, _column(df, "clip_coef")), spikes=spikes(run), xlim=(lo, max(hi, lo + 1.0)))
+        clipping=clipping(run, _column(df, "clip_coef")), spikes=spikes(run), fields=field_tables(run),
+        head_maps=_head_maps(run), depth_maps=_depth_maps(run, df, steps, names), xlim=(lo, max(hi, lo + 1.0)))

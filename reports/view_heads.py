@@ -18,10 +18,9 @@ import numpy as np
 from diagnose._head_label import head_label, heads_label
 from diagnose.ablation.verdict import DETECTABLE, MATTERS, VERDICTS
 from diagnose.errors import InputFileError
-from diagnose.statistics import ATTENTION_STATS, Statistic, shown
+from diagnose.head_fields import ATTENTION, HEAD_NUMBERS
+from diagnose.statistics import ATTENTION_STATS, Statistic, role_label, shown
 
-HEAD_NUMBERS = ("delta_accuracy", "delta_loss", "accuracy", "loss", "kl", "grad_importance", "p_value",
-                "p_value_loss_adjusted", "direct_delta_loss", "self_repair")
 MAX_EXAMPLES = 4
 MAX_TOKENS = 128
 MIN_TOKENS = 8  # the fewest tokens of an example shown, however many heads share the budget
@@ -67,8 +66,8 @@ class Correlation:
 
 @dataclass
 class HeadRow:
-    """One head's numbers for the page: `values` holds HEAD_NUMBERS and every attention statistic by
-    name, None where missing (a dash on the page, not "nan")."""
+    """One head's numbers for the page: `values` holds every per-head number (head_fields.HEAD_NUMBERS)
+    and every attention statistic by name, None where missing (a dash on the page, not "nan")."""
 
     head: int
     label: str  # "L0.H3"
@@ -151,7 +150,7 @@ class HeadsView:
         out = []
         for layer in range(self.n_layers):
             rows = [HeadRow(head, head_label(layer, head),
-                            "" if self.roles is None else str(self.roles[layer, head]).replace("_", " "),
+                            "" if self.roles is None else role_label(str(self.roles[layer, head])),
                             bool(self.significant[layer, head]), {k: _known(g[k][layer, head]) for k in g},
                             "" if self.verdicts is None else str(self.verdicts[layer, head]))
                     for head in range(self.n_heads)]
@@ -305,7 +304,7 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
         for k in HEAD_NUMBERS:
             grids[k][at] = _plot_float(h.get(k))
         for k in ATTENTION_STATS:
-            grids[k][at] = _plot_float((h.get("attention") or {}).get(k))
+            grids[k][at] = _plot_float((h.get(ATTENTION) or {}).get(k))
         significant[at] = h.get("significant") is True
         verdicts[at] = _verdict(h)
     ranked = sorted(data["heads"], key=_harm_key)

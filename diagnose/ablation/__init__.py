@@ -28,6 +28,7 @@ Modules, in the order one `ablate_heads` call uses them:
 - shards: every rank's sums as one.
 - verdict: one language for significance and size (matters, detectable but negligible, negligible,
   undecided), and the agreement across methods.
+- analyses: the registry of analysis steps run after the sweep, each adding a `Section` to the result.
 - result: the dataclasses, the JSON (`to_json`, `save`) and a DataFrame.
 """
 
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from .._lazy import lazy_names
 
+from .analyses import ANALYSES, Analysis, AnalysisInput, register_analysis, unregister_analysis
 from .methods import METHODS, AblationMethod, register_method
 
 # imported on first use (PEP 562): the CLI reads METHODS from the registry without paying for torch
@@ -54,6 +56,6 @@ if TYPE_CHECKING:
 __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
 
 
-__all__ = ["METHODS", "SCHEMA", "AblationConfig", "AblationMethod", "GroupEffect", "HeadEffect", "HeadsResult",
-           "ProgressEvent", "ablate_heads", "ablate_methods", "ablate_together",
-           "register_method"]
+__all__ = ["ANALYSES", "METHODS", "SCHEMA", "AblationConfig", "AblationMethod", "Analysis", "AnalysisInput",
+           "GroupEffect", "HeadEffect", "HeadsResult", "ProgressEvent", "ablate_heads", "ablate_methods",
+           "ablate_together", "register_analysis", "register_method", "unregister_analysis"]

@@ -32,6 +32,7 @@ import torch
 
 from .._head_label import heads_label
 from ..adapters.base import AttentionSite
+from ..statistics import roles
 from .result import ATTENTION_STATS, HeadEffect
 from .together import ablate_together
 
@@ -44,10 +45,16 @@ TINY_ACCURACY = 0.01  # |delta accuracy| below 1 point: closing a head after ano
 VITAL_ACCURACY = 0.02  # vital: significant and at least 2 points of accuracy ...
 VITAL_LOSS = 0.10  # ... or 10 % of the baseline loss
 ROLE_SLACK = 0.05  # a named role's share this close to the max weight means the peak is on that role's key
-_ROLES = {"max_weight": "on a single key", "first_token": "on the first token", "self": "on itself",
-          "prev_token": "on the previous token", "next_token": "on the next token",
-          "last_token": "on the last real token ([SEP] in BERT-style inputs)"}
 _ORDER = {"diffuse_but_vital": 0, "striking_but_compensated": 1, "striking_but_inert": 1, "redundant_group": 2}
+
+
+SINGLE_KEY = "max_weight"  # "a single key": the peak weight, wherever it goes
+
+
+def _phrases() -> dict[str, str]:
+    """What a striking pattern is called in a flag's reason: the peak on one key, or a role on one key per
+    query (first / last token, itself, previous / next token), read from the statistics registry."""
+    return {SINGLE_KEY: "on a single key", **{k: r.phrase for k, r in roles().items() if r.one_key}}
 
 
 def spearman(x: Sequence[float | None], y: Sequence[float | None]) -> dict[str, Any]:
@@ -115,7 +122,7 @@ def _inert_flag(h: HeadEffect, role: str, share: float, typical: float, band: di
                 cover: str) -> dict[str, Any]:
     """striking_but_inert, or striking_but_compensated where the direct effect shows later layers make up
     for the head; where no direct effect was measured the reason says the head may be compensated."""
-    looks = f"{share:.0%} of its attention goes {_ROLES[role]} (typical for this model: {typical:.0%})"
+    looks = f"{share:.0%} of its attention goes {_phrases()[role]} (typical for this model: {typical:.0%})"
     total = (f"removing it changes accuracy by {_effect(h)} and loss by {_loss_effect(h)}, both inside the "
              f"negligible band (±{band['accuracy']:.0%} accuracy, ±{band['loss']:.3g} loss)")
     if h.compensated:
@@ -197,20 +204,21 @@ def striking(heads: Sequence[HeadEffect]) -> dict[tuple[int, int], tuple[str, fl
     head that puts at least DECISIVE of its weight on one role (first / last token, itself, previous /
     next token) or one key, where that share stands out among the model's own heads. A named role is
     preferred to "a single key" when both stand out: it says what the map shows."""
-    values = {k: [h.attention.get(k) for h in heads if _known(h.attention.get(k))] for k in _ROLES}
+    patterns = _phrases()
+    values = {k: [h.attention.get(k) for h in heads if _known(h.attention.get(k))] for k in patterns}
     centre = {k: float(np.median(v)) for k, v in values.items() if v}
     spread = {k: max(1.4826 * float(np.median(np.abs(np.array(v) - centre[k]))), SPREAD_FLOOR)
               for k, v in values.items() if v}
     out = {}
     for h in heads:
         best = None
-        for k in _ROLES:
+        for k in patterns:
             share = h.attention.get(k)
             if not _known(share) or share < DECISIVE:
                 continue
             z = (share - centre[k]) / spread[k]
-            if z >= STRIKING_Z and (best is None or (best[0] == "max_weight" and k != "max_weight") or
-                                    (k != "max_weight" and z > best[2])):
+            if z >= STRIKING_Z and (best is None or (best[0] == SINGLE_KEY and k != SINGLE_KEY) or
+                                    (k != SINGLE_KEY and z > best[2])):
                 best = (k, float(share), float(z), centre[k])
         if best is not None:
             out[(h.layer, h.head)] = best
@@ -241,7 +249,7 @@ def redundant_flag(role: str, members: list[tuple[int, int]], heads: dict[tuple[
         return None
     shares = [_dominant(h.attention)[1] for h in hs]
     names = heads_label(((h.layer, h.head) for h in hs), ", ")
-    reason = (f"{names} each put {min(shares):.0%} or more of their attention {_ROLES[role]}, and each alone "
+    reason = (f"{names} each put {min(shares):.0%} or more of their attention {_phrases()[role]}, and each alone "
               f"moves accuracy by under {VITAL_ACCURACY:.0%} ({', '.join(f'{h.delta_accuracy:+.1%}' for h in hs)}); "
               f"closed together, accuracy moves {together['delta_accuracy']:+.1%} and loss "
               f"{together['delta_loss']:+.4f}: they back each other up, which single-head ablation cannot see")
@@ -253,12 +261,12 @@ def redundant_flag(role: str, members: list[tuple[int, int]], heads: dict[tuple[
 def _dominant(att: dict[str, float | None]) -> tuple[str | None, float | None]:
     """The head's most striking pattern: a named role (first token, itself, previous token) when
     its key is where the peak weight goes (within ROLE_SLACK of max weight), else "a single key"."""
-    known = {k: att.get(k) for k in _ROLES if _known(att.get(k))}
+    known = {k: att.get(k) for k in _phrases() if _known(att.get(k))}
     if not known:
         return None, None
-    named = {k: v for k, v in known.items() if k != "max_weight"}
+    named = {k: v for k, v in known.items() if k != SINGLE_KEY}
     role = max(named, key=lambda k: named[k]) if named else None
-    peak = known.get("max_weight")
+    peak = known.get(SINGLE_KEY)
     if role is None or (peak is not None and named[role] < peak - ROLE_SLACK):
         role = max(known, key=lambda k: known[k])
     return role, float(known[role])

@@ -8,7 +8,7 @@ several heads per forward (steps.py, the same steps prune's rounds use). `fast=T
 ranks every head by a cheap estimate from that one clean pass (FAST_RANK: the change of the
 loss to second order, the curvature from the same per-example gradients; it tracked the
 exact effect best on real and demo models, see bench/bench_estimators.py) and ablates only
-the top ones exactly.
+the top ones exactly. Last, the registered analysis steps (analyses.py) each add a Section.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from ..errors import ConfigError
 from ..modes import eval_mode
 from ..sites import find_heads
 from . import contrast, roles, significance, verdict
+from .analyses import AnalysisInput, run_analyses
 from .accumulate import Accumulator, head_effects
 from .attention import summarise
-from .batches import Batches, as_batches
+from .batches import Batches, as_batches, for_last_position
 from . import direct as _direct
 from .config import DEFAULT_TOP, FAST_RANK, MIN_EFFECT, RANKINGS, AblationConfig
 from .gate import gated
@@ -76,6 +77,11 @@ def _run(model: torch.nn.Module, data: Any, cfgs: list[AblationConfig], sites: S
     r = ranks(cfg.distributed)
     started = time.perf_counter()
     batches = as_batches(data, cfg.batch_size, next((p.device for p in model.parameters()), None))
+    scored = for_last_position(model, batches, cfg.task)
+    if scored is not batches:  # scored on the token after the last input: one position fewer
+        known = tokens if tokens is not None else getattr(data, "tokens", None)
+        tokens = None if known is None else [list(t)[:-1] for t in known]
+        batches, data = scored, scored
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
     closing = time.perf_counter()
     groups = [[ablate_together(model, data, list(members), task=c.task, method=c.method, draws=c.draws,
@@ -90,6 +96,8 @@ def _run(model: torch.nn.Module, data: Any, cfgs: list[AblationConfig], sites: S
         result = _assemble(model, sites, batches, r, c, m, summary if i == 0 else None, started)
         result.together = together
         results.append(result)
+    with eval_mode(model):  # the analysis steps (analyses.py): the first config's result, its sections
+        results[0].sections = run_analyses(AnalysisInput(model, sites, batches, cfg, results[0], r.active))
     return results
 
 

@@ -8,15 +8,22 @@ from pathlib import Path
 from typing import Any
 
 from .. import _json
+from ..head_fields import ATTENTION, HEAD_FIELDS, INTERVALS
+from ..schema import Section
 from ..statistics import ATTENTION_STATS
 from .._write import atomic_write
 
-SCHEMA = "diagnose.heads/2"  # /2 adds direct effects (per head direct_*, self_repair, compensated; top-level direct)
+# /2 adds direct effects (per head direct_*, self_repair, compensated; top-level direct), and then, additively,
+# `sections` (the analysis steps' tables; a reader of an older /2 file sees none)
+SCHEMA = "diagnose.heads/2"
 
 
 @dataclass
 class HeadEffect:
-    """One head. Exact fields are None for heads that --fast ranked but did not verify."""
+    """One head. Exact fields are None for heads that --fast ranked but did not verify.
+
+    Each field is declared for the readers in diagnose/head_fields.py (its kind, label and format): a new
+    one is added there too (tests/ablation/test_engine.py holds the two together)."""
 
     layer: int
     head: int
@@ -74,6 +81,7 @@ class HeadsResult:
     together: list[dict[str, Any]] = field(default_factory=list)  # GroupEffect.to_json() of groups closed at once
     agreement: dict[str, Any] | None = None  # --methods: each head's verdict per method (verdict.agreement)
     direct: dict[str, Any] | None = None  # how direct effects were measured (heads, norm, cost), or why not
+    sections: list[Section] = field(default_factory=list)  # the analysis steps' tables (analyses.py)
 
     def head(self, layer: int, head: int) -> HeadEffect:
         for h in self.heads:
@@ -104,22 +112,27 @@ class HeadsResult:
             "examples": self.examples,
             "together": self.together,
             "direct": self.direct,
+            "sections": [s.to_json() for s in self.sections],
         }
         if self.agreement is not None:
             out["agreement"] = self.agreement
         return _finite(out)
 
     def to_frame(self):
-        """One row per head; attention statistics as columns prefixed `attn_`."""
+        """One row per head, a column per declared field (head_fields.py): each interval as `<key>_low` and
+        `<key>_high`, the attention statistics prefixed `attn_`."""
         import pandas as pd
 
         rows = []
         for h in self.heads:
-            row = {k: v for k, v in asdict(h).items() if k not in _LISTS}
-            ci = h.delta_accuracy_ci or [None, None]
-            row["ci_low"], row["ci_high"] = ci
-            row["loss_ci_low"], row["loss_ci_high"] = h.delta_loss_ci or [None, None]
-            row.update({f"attn_{k}": h.attention.get(k) for k in ATTENTION_STATS})
+            row: dict[str, Any] = {}
+            for f in HEAD_FIELDS:
+                value = getattr(h, f.key)
+                if f in INTERVALS:
+                    row[f"{f.key}_low"], row[f"{f.key}_high"] = value or (None, None)
+                else:
+                    row[f.key] = value
+            row.update({f"attn_{k}": getattr(h, ATTENTION).get(k) for k in ATTENTION_STATS})
             rows.append(row)
         return pd.DataFrame(rows)
 
@@ -127,8 +140,6 @@ class HeadsResult:
         """Write the JSON atomically: a temporary file renamed over the target."""
         return write_json_atomic(self.to_json(), path)
 
-
-_LISTS = ("attention", "delta_accuracy_ci", "delta_loss_ci", "direct_delta_loss_ci", "direct_delta_accuracy_ci")
 
 
 def write_json_atomic(obj: Any, path: str | Path) -> Path:

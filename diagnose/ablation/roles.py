@@ -10,6 +10,9 @@ heads; a cluster that stands out nowhere is named by a share holding most of its
 "broad"); a head takes its cluster's name. In a model where every head sends half its weight to
 [CLS], the cluster that also looks at the previous token is "previous token": heads are named
 relative to each other, the way a reader compares maps side by side.
+
+The shares are the statistics that name a role in the statistics registry (`Statistic.role`, in
+registry order): a new one is clustered on, and named, with no change here.
 """
 
 from __future__ import annotations
@@ -20,11 +23,9 @@ from typing import Sequence
 
 import numpy as np
 
+from ..statistics import BROAD, roles
 from .result import HeadEffect
 
-SHARES = ("first_token", "last_token", "self", "prev_token", "next_token", "local", "broad")
-LABELS = {"first_token": "first token", "last_token": "last token", "self": "itself", "prev_token": "previous token",
-          "next_token": "next token", "local": "local window", "broad": "broad"}
 MAX_CLUSTERS = 8
 SPREAD_FLOOR = 0.02  # a share that hardly varies across heads names no cluster
 STANDS_OUT = 1.0  # a centre at least one standard deviation (across heads) above the average head ...
@@ -32,13 +33,20 @@ MAJORITY = 0.5  # ... else the cluster is named by a share it gives at least hal
 OWN_Z = 3.0  # a single head named by its own share: far out of the model's crowd (name_own)
 
 
+def names() -> list[str]:
+    """The shares heads are described by: every statistic that names a role (the statistics registry,
+    in its order), then "broad", the weight that none of them holds."""
+    return [*roles(), BROAD]
+
+
 def shares(att: dict[str, float | None]) -> np.ndarray | None:
-    """[7] weight on each of SHARES (they overlap a little on short rows; broad is what is left)."""
-    get = {k: att.get(k) for k in ("first_token", "last_token", "self", "prev_token", "next_token", "local")}
-    if any(v is None or not math.isfinite(v) for v in get.values()):
+    """[n_roles + 1] weight on each of names(): a role that counts within others (local: the previous and next
+    tokens) has theirs taken out; they overlap a little on short rows; broad is what is left."""
+    table = roles()
+    if any(att.get(k) is None or not math.isfinite(att[k]) for k in table):
         return None
-    near = max(0.0, get["local"] - get["prev_token"] - get["next_token"])  # two positions away
-    named = [get["first_token"], get["last_token"], get["self"], get["prev_token"], get["next_token"], near]
+    named = [att[k] - sum(att[w] for w in r.within if w in table) for k, r in table.items()]
+    named = [max(0.0, x) if r.within else x for x, r in zip(named, table.values())]
     return np.array([*named, max(0.0, 1.0 - sum(named))])
 
 
@@ -48,38 +56,42 @@ def assign(heads: Sequence[HeadEffect]) -> None:
     known = [(h, x) for h, x in known if x is not None]
     if not known:
         return
-    X = np.stack([x for _, x in known])  # [n_heads, 7]
+    X = np.stack([x for _, x in known])  # [n_heads, n_roles + 1]
     for (h, _), role in zip(known, name_own(X, name_clusters(X))):
         h.role = role
 
 
-def name_own(X: np.ndarray, names: list[str]) -> list[str]:
-    """A head that gives most of its weight to one position (first, last, itself, previous, next), far
-    beyond the model's typical head (robust z >= OWN_Z), has that role whatever cluster it fell in:
-    a lone next-token head is too rare to form a cluster of its own."""
-    out = list(names)
-    for j in range(5):  # the positional shares
+def name_own(X: np.ndarray, named: list[str]) -> list[str]:
+    """A head that gives most of its weight to one position (a role on one key: first, last, itself,
+    previous, next), far beyond the model's typical head (robust z >= OWN_Z), has that role whatever
+    cluster it fell in: a lone next-token head is too rare to form a cluster of its own."""
+    out = list(named)
+    columns = names()
+    one_key = [j for j, r in enumerate(roles().values()) if r.one_key]
+    for j in one_key:
         col = X[:, j]
         centre = np.median(col)
         spread = max(1.4826 * float(np.median(np.abs(col - centre))), 0.05)
         for i in np.flatnonzero((col >= MAJORITY) & ((col - centre) / spread >= OWN_Z)):
-            if X[i, j] >= X[i, :5].max():
-                out[i] = SHARES[j]
+            if X[i, j] >= X[i, one_key].max():
+                out[i] = columns[j]
     return out
 
 
 def name_clusters(X: np.ndarray) -> list[str]:
-    """One role per row of X [n, 7]: the share in which its cluster's centre most exceeds the average head."""
+    """One role per row of X [n, len(names())]: the share in which its cluster's centre most exceeds the
+    average head."""
+    columns = names()
     labels, centres = _cluster(X)
     spread = np.maximum(X.std(0), SPREAD_FLOOR)
-    names = []
+    named = []
     for c in centres:
         z = (c - X.mean(0)) / spread
         if z.max() >= STANDS_OUT:
-            names.append(SHARES[int(np.argmax(z))])
+            named.append(columns[int(np.argmax(z))])
         else:  # a cluster like the average head: named by where most of its weight goes, if anywhere
-            names.append(SHARES[int(np.argmax(c))] if c.max() >= MAJORITY else "broad")
-    return [names[k] for k in labels]
+            named.append(columns[int(np.argmax(c))] if c.max() >= MAJORITY else BROAD)
+    return [named[k] for k in labels]
 
 
 def _cluster(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

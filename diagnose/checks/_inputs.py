@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import DataError, DiagnoseError
-from ..objectives import require_finite
+from ..objectives import call_model, require_finite
 from ..modes import eval_mode
 from ._subject import SAME, device_of, float64_copy
 from ._finding import Finding, Findings, SkipCheck
@@ -59,7 +59,7 @@ def probe_inputs(model: nn.Module, data: Any, kind: str, n: int, seed: int) -> t
 
 
 def _call(model: nn.Module, kind: str, x: torch.Tensor) -> torch.Tensor:
-    out = part_output(model(**{kind: x.to(device_of(model))})).detach().cpu()
+    out = part_output(call_model(model, {kind: x.to(device_of(model))})).detach().cpu()
     return out if out.dtype == torch.float64 else out.float()  # float64 kept: the positions test needs it
 
 

@@ -15,11 +15,11 @@ import math
 from abc import ABC, abstractmethod
 from typing import Any, Callable
 
+from . import _fields
 from ._sinks import Sink
 
 PREFIX = "diagnose/"
 SEVERITY = {"warning": 1.0, "error": 2.0}  # an alert's scalar
-_SKIP = ("step", "time", "session")  # a record's keys that are not signals
 
 
 def _number(v: Any) -> bool:
@@ -27,28 +27,10 @@ def _number(v: Any) -> bool:
 
 
 def flatten(record: dict[str, Any], prefix: str = PREFIX) -> dict[str, float]:
-    """Every number of a step record by its path, `/`-joined under `prefix`; null (None) left out.
-
-    Top-level numbers keep their key; `layers` and `attention` nest by block or site, then by
-    statistic; a list (one number per head) ends in `/head<h>`. Whatever a registered measurement
-    writes is picked up: nothing here names a statistic."""
-    out: dict[str, float] = {}
-
-    def walk(path: str, v: Any) -> None:
-        if _number(v):
-            out[path] = float(v)
-        elif isinstance(v, dict):
-            for k, x in v.items():
-                walk(f"{path}/{k}", x)
-        elif isinstance(v, (list, tuple)):
-            for h, x in enumerate(v):
-                if _number(x):
-                    out[f"{path}/head{h}"] = float(x)
-
-    for key, value in record.items():
-        if key not in _SKIP:
-            walk(prefix + key, value)
-    return out
+    """Every number of a step record by its path, `/`-joined under `prefix`; null (None) left out:
+    the one flattener of the run readers (_fields.flatten), with the fields declared for sinks.
+    A list at an attention site (one number per head) ends in `/head<h>`."""
+    return _fields.flatten(record, prefix, place="sink")
 
 
 def alert_scalar(alert: dict[str, Any], prefix: str = PREFIX) -> dict[str, float]:

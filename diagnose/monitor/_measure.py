@@ -4,13 +4,17 @@ A measurement names its rows (the numbers it takes per unit), what a unit is (`p
 a block, an attention site with one number per head, or the parameters), how ranks combine each
 row (`reduce`: the mean unless a row is named with max, min or sum), whether it is reduced across
 ranks at all (`across_ranks=False`: already global, as gradients are after DDP's all-reduce), and
-the record keys it writes. Its `probe` builds, from the monitor, the object that measures it on
+the record keys it writes, and what each key is (`fields`: a `diagnose.schema.Field` per key, with
+its label, format, unit and `per` = model, layer, head or site; derived from `keys` when not
+given). Its `probe` builds, from the monitor, the object that measures it on
 the device (the `Probe` protocol below).
 
 Adding a signal is one entry: a Measurement and its Probe in a new file, passed to
 `register_measurement`. `StepLayout` packs it with the others into the step's one vector, and
-the monitor arms, collects, reduces and records it without knowing what it is; read_run and
-`diagnose stats` show every numeric key a record's `layers` entries or top level carry.
+the monitor arms, collects, reduces and records it without knowing what it is. The readers
+(read_run, `diagnose stats` and its --json and --tensorboard, the report, the live sinks) walk
+the declared fields (_fields.record_fields) and show, besides, any number a record carries that
+nothing declares (an older run folder, a measurement registered only in the training process).
 """
 
 from __future__ import annotations
@@ -19,12 +23,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from ..errors import ConfigError
+from ..schema import Field
 
 if TYPE_CHECKING:
     import torch
 
 PER = ("model", "layer", "head", "parameter")  # what one unit of a measurement is
 REDUCE_RULES = ("mean", "max", "min", "sum")  # how ranks (and a probe's micro-batches) combine a row
+FIELD_PER = ("model", "layer", "head", "site")  # where a record field sits: top level, layers.<block>,
+# attention.<site> as a list with one number per head, attention.<site> as one number
+RECORD_PLACES = frozenset({"cli", "table", "report", "tensorboard", "sink"})  # a record field's default
 
 
 @dataclass(frozen=True, eq=False)
@@ -32,7 +40,8 @@ class Measurement:
     """One measured signal. name: unique; rows: the numbers per unit, in packing order;
     per: what a unit is (PER); keys: the record keys it writes (documentation and tests);
     probe: probe(monitor) -> Probe; reduce: {row: rule} for rows not averaged across ranks;
-    across_ranks: False for values that are already global on every rank."""
+    across_ranks: False for values that are already global on every rank; fields: what each key
+    is (a Field per key; by default one per key of `keys`, labelled by its name)."""
 
     name: str
     rows: tuple[str, ...]
@@ -41,8 +50,14 @@ class Measurement:
     probe: Callable[[Any], "Probe"]
     reduce: Mapping[str, str] = field(default_factory=dict)
     across_ranks: bool = True
+    fields: tuple[Field, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", tuple(self.fields) or tuple(key_field(k) for k in self.keys))
+        for f in self.fields:
+            if not isinstance(f, Field) or f.per not in FIELD_PER:
+                raise ConfigError(f"measurement {self.name!r}: each field is a diagnose.schema.Field with per one "
+                                  f"of {FIELD_PER}, got {f!r}")
         if not self.rows or len(set(self.rows)) != len(self.rows):
             raise ConfigError(f"measurement {self.name!r}: rows must be distinct names, got {self.rows}")
         if self.per not in PER:
@@ -55,6 +70,20 @@ class Measurement:
     def rule(self, row: str) -> str:
         """How ranks combine `row`."""
         return self.reduce.get(row, "mean")
+
+
+def record_field(key: str, label: str = "", fmt: str = ".4g", unit: str = "", per: str = "model",
+                 plot: bool = False) -> Field:
+    """A step record's field, shown by every reader of a run (and drawn in the report when `plot`)."""
+    return Field(key, label or key.replace("_", " "), fmt, unit, per, RECORD_PLACES | ({"plot"} if plot else set()))
+
+
+def key_field(key: str) -> Field:
+    """The field of a record key written as in `Measurement.keys`: `layers.*.k` (per block),
+    `attention.*.k` (per head: a list at each site) or a top-level `k` (the model)."""
+    head, _, tail = key.partition(".*.")
+    per = {"layers": "layer", "attention": "head"}.get(head) if tail else None
+    return record_field(tail, per=per) if per else record_field(key)
 
 
 @dataclass(frozen=True)

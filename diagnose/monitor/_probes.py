@@ -18,7 +18,7 @@ import torch.distributed as dist
 from .._activations import STAT_NAMES
 from ..adapters.base import TRACED_HOOKS, compile_safe
 from ._layout import ACTIVATION_REDUCE, ATTENTION_ROWS, record_key
-from ._measure import Measurement, StepInputs
+from ._measure import Measurement, StepInputs, record_field as _f
 from ._signals import ActivationWatch, AttentionWatch, GradNorms, scaler_divisor
 
 _PER_SITE = ("uniform_entropy",)  # attention rows that hold one number repeated over heads
@@ -262,13 +262,23 @@ def _gather_shards(norms: torch.Tensor, sharded: list[bool]) -> torch.Tensor:
     return out
 
 
-LOSS = Measurement("loss", ("loss",), "model", ("loss",), LossProbe)
+LOSS = Measurement("loss", ("loss",), "model", ("loss",), LossProbe,
+                   fields=(_f("loss", "loss", ".6g", plot=True),))
+_ACT_LABELS = {"mean": "act mean", "var": "act var", "max_abs": "max |act|", "token_cos": "token cos"}
 ACTIVATIONS = Measurement(
     "activations", STAT_NAMES, "layer", tuple(f"layers.*.{record_key(s)}" for s in STAT_NAMES),
-    ActivationProbe, reduce=ACTIVATION_REDUCE)
+    ActivationProbe, reduce=ACTIVATION_REDUCE,
+    fields=tuple(_f(record_key(s), _ACT_LABELS.get(s, ""), per="layer", plot=s in ("var", "token_cos"))
+                 for s in STAT_NAMES))
 ATTENTION = Measurement(
-    "attention", ATTENTION_ROWS, "head", tuple(f"attention.*.{r}" for r in ATTENTION_ROWS), AttentionProbe)
+    "attention", ATTENTION_ROWS, "head", tuple(f"attention.*.{r}" for r in ATTENTION_ROWS), AttentionProbe,
+    fields=(_f("entropy", "entropy", unit="nats", per="head", plot=True),
+            _f("max_weight", "max weight", ".3f", per="head"),
+            _f("uniform_entropy", "uniform entropy", unit="nats", per="site")))
 # already global after DDP's all-reduce (FSDP2 shards are summed by the probe): not reduced again
 GRAD_NORMS = Measurement(
     "grad_norms", ("norm",), "parameter", ("grad_norm", "clip_coef", "layers.*.grad_norm", "nonfinite_param"),
-    GradNormProbe, across_ranks=False)
+    GradNormProbe, across_ranks=False,
+    fields=(_f("grad_norm", "grad norm", plot=True), _f("clip_coef", "clip coef", ".3g"),
+            _f("grad_norm", "grad norm", per="layer", plot=True),
+            _f("nonfinite_param", "first non-finite gradient", "s")))

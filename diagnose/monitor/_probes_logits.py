@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..adapters._probs import LazyProbs
-from ._measure import Measurement, StepInputs
+from ._measure import Measurement, StepInputs, record_field as _f
 from ._probes import _Quiet
 
 _CHUNK = 1 << 22  # score elements per chunk: the max logit never holds more than this
@@ -154,6 +154,8 @@ class LogitZProbe:
 
 
 ATTENTION_LOGIT = Measurement("attention_logit", ("max_logit",), "head", ("attention.*.max_logit",),
-                              AttentionLogitProbe, reduce={"max_logit": "max"})
+                              AttentionLogitProbe, reduce={"max_logit": "max"},
+                              fields=(_f("max_logit", "max logit", per="head", plot=True),))
 LOGIT_Z = Measurement("logit_z", ("z_mean", "z_abs_max", "z_sq_mean"), "model",
-                      ("z_mean", "z_abs_max", "z_sq_mean"), LogitZProbe, reduce={"z_abs_max": "max"})
+                      ("z_mean", "z_abs_max", "z_sq_mean"), LogitZProbe, reduce={"z_abs_max": "max"},
+                      fields=(_f("z_mean", "mean z"), _f("z_abs_max", "max |z|"), _f("z_sq_mean", "mean z^2")))

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ._measure import Measurement, StepInputs
+from ._measure import Measurement, StepInputs, record_field as _f
 
 
 def _bias_correction(state: dict, beta2: float) -> torch.Tensor | float:
@@ -160,4 +160,6 @@ class OptimizerProbe:
 
 # the parameters are the same on every rank (DDP): not reduced again
 OPTIMIZER = Measurement("optimizer", ("update_ratio", "adam_rms_v_eps"), "layer",
-                        ("layers.*.update_ratio", "layers.*.adam_rms_v_eps"), OptimizerProbe, across_ranks=False)
+                        ("layers.*.update_ratio", "layers.*.adam_rms_v_eps"), OptimizerProbe, across_ranks=False,
+                        fields=(_f("update_ratio", "update ratio", per="layer"),
+                                _f("adam_rms_v_eps", "adam rms(v)/eps", per="layer")))

@@ -1,5 +1,7 @@
 """Type checks for what a run folder holds, so that a damaged or hand-edited run.json or
-metrics.jsonl is refused with one line naming the file, never a TypeError deep in a summary.
+metrics.jsonl is refused with one line naming the file, never a TypeError deep in a summary. The
+number fields are the declared ones (_fields.record_fields); a per-head list is checked whatever
+its name.
 
 A torn last line is not damage (a killed writer leaves one) and is skipped by the reader; a
 line that parses but holds the wrong types is damage and is refused here.
@@ -11,10 +13,15 @@ from typing import Any
 
 from .._numbers import kind, number
 from ..errors import RunFolderError
+from ._fields import record_fields
 
 FIX = _FIX = "the file was not written by diagnose.TrainingMonitor, or was edited: restore it or start a new run folder"
-_NUMBER_FIELDS = ("time", "loss", "lr", "grad_norm", "clip_coef", "step_time", "tokens", "tokens_per_s",
-                  "micro_batches")
+
+
+def _number_fields() -> list[str]:
+    """The top-level keys that must hold a number (or null): `time` and every declared model-level
+    field that is not a word (_fields.record_fields)."""
+    return ["time", *(f.key for f in record_fields("model") if f.fmt != "s")]
 
 
 def _is_number(value: Any) -> bool:
@@ -44,7 +51,7 @@ def check_record(rec: dict[str, Any], where: str) -> None:
     step = rec.get("step")
     if not isinstance(step, int) or isinstance(step, bool):
         raise RunFolderError(f"{where}: `step` is {_kind(step)}, not an integer; {_FIX}")
-    for key in _NUMBER_FIELDS:
+    for key in _number_fields():
         value = rec.get(key)
         if key == "lr" and isinstance(value, list) and all(_is_number(v) for v in value):
             continue  # monitor.step(lr=scheduler.get_last_lr()): one per parameter group
@@ -64,11 +71,10 @@ def check_record(rec: dict[str, Any], where: str) -> None:
         for site, stats in attention.items():
             if not isinstance(stats, dict):
                 raise RunFolderError(f"{where}: `attention.{_short(site)}` is {_kind(stats)}, not an object; {_FIX}")
-            for key in ("entropy", "max_weight"):
-                values = stats.get(key)
-                if values is not None and not (isinstance(values, list) and all(_is_number(v) for v in values)):
-                    raise RunFolderError(f"{where}: `attention.{_short(site)}.{key}` is not a list of numbers "
-                                         f"(one per head); {_FIX}")
+            for key, values in stats.items():  # every per-head field a measurement wrote, declared or not
+                if not (_is_number(values) or isinstance(values, list) and all(_is_number(v) for v in values)):
+                    raise RunFolderError(f"{where}: `attention.{_short(site)}.{_short(key)}` is not a list of "
+                                         f"numbers (one per head) nor a number; {_FIX}")
 
 
 def check_alert(rec: dict[str, Any], where: str) -> None:

@@ -3,11 +3,12 @@ reader that survives a killed writer.
 
     run.json       schema, model summary, settings, start time, "sessions" (one per
                    TrainingMonitor opened on the folder), "closed" (true once close() ran)
-    metrics.jsonl  one object per logged step: step, time, loss, lr, grad_norm, clip_coef,
-                   session, layers {block: {grad_norm, act_mean, act_var, act_max_abs, token_cos}},
-                   and on sampled steps attention {site: {entropy: [per head], max_weight: [per head],
-                   uniform_entropy: log of the visible keys' count, mean over query rows}};
-                   nonfinite_param names the first parameter with a NaN/Inf gradient, when there is one
+    metrics.jsonl  one object per logged step: step, time, session and the declared record fields
+                   (_fields.record_fields: loss, lr, grad_norm, clip_coef, ..., layers {block:
+                   {grad_norm, act_mean, ...}}, and on sampled steps attention {site: {entropy:
+                   [per head], max_weight: [per head], max_logit: [per head], uniform_entropy: log
+                   of the visible keys' count}}); nonfinite_param names the first parameter with a
+                   NaN/Inf gradient, when there is one
     alerts.jsonl   step, kind, severity (warning|error), where, message, hint
     evals.jsonl    step, time, loss, metrics {name: number} (TrainingMonitor.log_eval; _evals.py)
     spikes/        the batches behind spike alerts, when save_spikes is on (_spikes.py)
@@ -22,7 +23,6 @@ Infinity tokens are read too. Each session records the writer's pid and host, so
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import time
@@ -39,19 +39,12 @@ from .._write import atomic_write
 from ..errors import InputFileError, RunFolderError
 from ..io._read import iter_lines, read_json, require_file
 from ._evals import EVALS, check_eval, evals_frame
+from ._fields import attention_rows, record_keys, steps_row
 from ._records import FIX as _FIX, check_alert, check_info, check_record
 from ._spikes import read_spikes
 
 SCHEMA = "diagnose.run/1"
 RUN_JSON, METRICS, ALERTS = "run.json", "metrics.jsonl", "alerts.jsonl"
-LAYER_FIELDS = ("grad_norm", "act_mean", "act_var", "act_max_abs", "token_cos")
-
-
-def layer_fields(columns) -> list[str]:
-    """The per-block fields of a steps table: LAYER_FIELDS first, then any other a measurement
-    wrote (a registered measurement's keys show up in the summary and exports without a list here)."""
-    seen = dict.fromkeys(c.rsplit("/", 1)[1] for c in columns if c.startswith("layers/") and c.count("/") >= 2)
-    return list(LAYER_FIELDS) + [f for f in seen if f not in LAYER_FIELDS]
 
 
 def _now() -> str:
@@ -204,28 +197,16 @@ def _last_step(path: Path) -> int | None:
     return last
 
 
-def flatten(rec: dict[str, Any]) -> dict[str, Any]:
-    """One metrics record as a flat row: scalars, then `layers/<block>/<field>` and
-    `attention/<site>/entropy_mean` / `max_weight_mean` (mean over heads)."""
-    row = {k: v for k, v in rec.items() if not isinstance(v, (dict, list))}
-    for name, stats in (rec.get("layers") or {}).items():
-        for key, value in stats.items():
-            row[f"layers/{name}/{key}"] = value
-    for site, stats in (rec.get("attention") or {}).items():
-        for key in ("entropy", "max_weight"):
-            values = stats.get(key) or []
-            row[f"attention/{site}/{key}_mean"] = (sum(values) / len(values)) if values else math.nan
-    return row
-
-
 @dataclass
 class Run:
     """A run folder read back.
 
-    steps: one row per logged step; columns step, time, loss, lr, grad_norm, clip_coef,
-    session, then `layers/<block>/<field>` for field in LAYER_FIELDS, and on sampled steps
-    `attention/<site>/entropy_mean` and `.../max_weight_mean` (NaN on other steps).
-    attention: tidy per-head table (step, site, head, entropy, max_weight).
+    steps: one row per logged step (_fields.steps_row); columns step, time, session, every
+    top-level field (loss, lr, grad_norm, ...), `layers/<block>/<field>`, and on sampled steps
+    `attention/<site>/<field>_mean` for each per-head field (the mean over heads) and
+    `attention/<site>/<field>` for each per-site one (NaN on other steps).
+    attention: tidy per-head table: step, site, head, then one column per per-head field
+    (entropy, max_weight, max_logit, and whatever a registered measurement writes).
     alerts: the alerts.jsonl records in order. info: run.json.
     evals: one row per TrainingMonitor.log_eval (step, time, loss, one column per metric).
     spikes: the spikes/step_N.json records (batches saved at spike alerts), by step.
@@ -247,6 +228,11 @@ class Run:
         return list(self.info.get("model", {}).get("blocks", [])) or sorted(
             {c[len("layers/"):].rsplit("/", 1)[0] for c in self.steps.columns if c.startswith("layers/")})
 
+    def fields(self, per: str) -> list[str]:
+        """The keys of the `per` fields (model, layer, head, site) this run's records hold:
+        the declared ones first, then any other (_fields.record_keys)."""
+        return record_keys(self.records, per)
+
     @property
     def closed(self) -> bool:
         return bool(self.info.get("closed"))
@@ -255,13 +241,9 @@ class Run:
 def build_run(run_dir: Path, info: dict[str, Any], records: list[dict[str, Any]],
               alerts: list[dict[str, Any]], skipped: int = 0) -> Run:
     """A Run from already-parsed records (shared by read_run and the live tail)."""
-    steps = pd.DataFrame([flatten(r) for r in records])
-    rows = [
-        {"step": r.get("step"), "site": site, "head": h, "entropy": e, "max_weight": m}
-        for r in records for site, st in (r.get("attention") or {}).items()
-        for h, (e, m) in enumerate(zip(st.get("entropy", []), st.get("max_weight", [])))
-    ]
-    attention = pd.DataFrame(rows, columns=["step", "site", "head", "entropy", "max_weight"])
+    steps = pd.DataFrame([steps_row(r) for r in records])
+    rows, keys = attention_rows(records)
+    attention = pd.DataFrame(rows, columns=["step", "site", "head", *keys])
     return Run(run_dir, info, steps, alerts, attention, records, skipped)
 
 

@@ -9,15 +9,16 @@ from typing import Any
 
 from .._terminal import plain
 from ..errors import RunFolderError
+from ._fields import record_keys
 from ._runfolder import Run
 from ._spikes import SPIKES, read_spike, spike_stem, top_examples
 
 TOP = 5  # examples shown, highest per-example loss first
-_SCALARS = ("loss", "lr", "grad_norm", "clip_coef", "micro_batches", "step_time", "tokens", "tokens_per_s")
 
 
 def step_view(run: Run, step: int) -> dict[str, Any]:
-    """The step's scalars and alerts, and what was saved for it (spike record + top examples)."""
+    """The step's model-level fields (every declared one the record holds, then any other) and
+    alerts, and what was saved for it (spike record + top examples)."""
     rec = next((r for r in run.records if r.get("step") == step), None)
     spike = next((s for s in run.spikes if s["step"] == step), None)
     record = run.dir / SPIKES / f"{spike_stem(step)}.json"
@@ -29,7 +30,7 @@ def step_view(run: Run, step: int) -> dict[str, Any]:
         raise RunFolderError(f"{run.dir}: step {step} was not logged (logged steps {logged[0]}..{logged[-1]}, "
                              f"{len(logged)} of them); give a logged step"
                              + (f" or one with a saved batch: {saved}" if saved else ""))
-    view: dict[str, Any] = {"step": step, "record": {k: (rec or {}).get(k) for k in _SCALARS},
+    view: dict[str, Any] = {"step": step, "record": {k: rec[k] for k in record_keys([rec], "model")} if rec else {},
                             "alerts": [a for a in run.alerts if a.get("step") == step], "spike": spike,
                             "examples": [], "saved_steps": [s["step"] for s in run.spikes]}
     if spike is not None:

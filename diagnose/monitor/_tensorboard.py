@@ -6,21 +6,15 @@ import os
 from typing import Any
 
 from ..errors import ConfigError
+from ._fields import flatten
 from ._runfolder import Run
 
 
 def scalars(rec: dict[str, Any]) -> dict[str, float]:
-    """The scalars of one metrics record, under TensorBoard tags (the same names as Run.steps)."""
-    out = {k: rec[k] for k in ("loss", "lr", "grad_norm", "clip_coef", "step_time", "tokens_per_s") if isinstance(rec.get(k), (int, float))}
-    for name, st in (rec.get("layers") or {}).items():
-        for f, v in st.items():  # every numeric field a measurement wrote
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                out[f"layers/{name}/{f}"] = v
-    for site, st in (rec.get("attention") or {}).items():
-        for key in ("entropy", "max_weight"):
-            for h, v in enumerate(st.get(key) or []):
-                out[f"attention/{site}/{key}/head{h}"] = v
-    return out
+    """The scalars of one metrics record, under TensorBoard tags: the live sinks' names without
+    their `diagnose/` prefix (`loss`, `layers/<block>/<field>`, `attention/<site>/<field>/head<h>`),
+    every declared field shown in TensorBoard and every number nothing declares."""
+    return flatten(rec, place="tensorboard")
 
 
 def _walltime(rec: dict[str, Any]) -> float | None:

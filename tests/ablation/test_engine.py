@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from diagnose.ablation import SCHEMA, ablate_heads
+from diagnose.ablation import SCHEMA, ablate_heads, ablate_methods
 from diagnose.ablation.gate import close_heads, gated
 from diagnose.ablation.result import ATTENTION_STATS
 from diagnose.errors import ConfigError
@@ -17,7 +17,7 @@ from diagnose.objectives import default_task, targets_for
 from diagnose.sites import find_heads
 
 from .helpers import assert_untouched, evaluate, loss_tol, snapshot, with_head_weights_zeroed
-from ..tolerance import F64, approx, size_of, tol
+from ..tolerance import F64, approx, assert_exact, size_of, tol
 
 V, T, N, H, D = 20, 7, 10, 4, 8
 
@@ -63,14 +63,14 @@ def test_nothing_left_after_an_interrupted_sweep(model, data, error, fast):
 
 
 def test_nothing_left_after_ctrl_c_inside_a_replayed_forward(model, data):
-    """Interrupt while block 0 replays and the layer-1 gate is closed (the memory plan's probe, clean,
-    layer 0, then layer 1)."""
+    """Interrupt while block 0 replays and the layer-1 gate is closed (the one-example probe of the
+    output's positions, the memory plan's probe, clean, layer 0, then layer 1)."""
     before = snapshot(model)
     calls = []
 
     def interrupt(_m, _args, _out):
         calls.append("forward" in model.blocks[0].__dict__)  # is block 0 replaying right now?
-        if len(calls) == 4:
+        if len(calls) == 5:
             raise KeyboardInterrupt
 
     handle = model.blocks[1].register_forward_hook(interrupt)
@@ -79,7 +79,7 @@ def test_nothing_left_after_ctrl_c_inside_a_replayed_forward(model, data):
             ablate_heads(model, data, task="lm", batch_size=N, progress=False, attention=False)
     finally:
         handle.remove()
-    assert calls == [False, False, False, True]
+    assert calls == [False, False, False, False, True]
     assert_untouched(model, before)
 
 
@@ -241,7 +241,33 @@ def test_json_and_frame(model, data):
     # the JSON keeps 4 decimals (ablation/attention.py): a row's sum is 1 within real half-quanta, not eps
     assert np.abs(np.array(ex["attention"][0]).sum(-1) - 1).max() <= real * 0.5e-4 + tol(1.0, width=real)
     frame = result.to_frame()
-    assert len(frame) == 2 * H and {"delta_accuracy", "ci_low", "attn_entropy"} <= set(frame.columns)
+    assert len(frame) == 2 * H and {"delta_accuracy", "delta_accuracy_ci_low", "attn_entropy"} <= set(frame.columns)
+    high = [h.delta_loss_ci[1] for h in result.heads]  # the interval's columns are the heads' own numbers
+    assert_exact(torch.tensor(frame["delta_loss_ci_high"].tolist()), torch.tensor(high))
+
+
+def test_every_head_field_is_declared_once_for_the_readers():
+    """HeadEffect writes the keys that diagnose/head_fields.py declares, no more and no fewer, in one order."""
+    from dataclasses import fields
+
+    from diagnose.ablation.result import HeadEffect
+    from diagnose.head_fields import head_keys
+
+    assert sorted(f.name for f in fields(HeadEffect)) == sorted(head_keys())
+    assert len(set(head_keys())) == len(head_keys())
+
+
+def test_every_document_key_is_declared(model, data):
+    """HeadsResult's JSON writes the top-level keys head_fields.py declares, each of its declared kind."""
+    from diagnose import head_fields as d
+
+    out = ablate_methods(model, data, ["zero", "mean"], task="lm").to_json()  # with `agreement`
+    declared = (*d.DOCUMENT_WORDS, *d.DOCUMENT_COUNTS, *d.DOCUMENT_OBJECTS, *d.DOCUMENT_LISTS)
+    assert sorted(out) == sorted(declared)
+    assert all(isinstance(out[k], str) for k in d.DOCUMENT_WORDS)
+    assert all(isinstance(out[k], int) for k in d.DOCUMENT_COUNTS)
+    assert all(out[k] is None or isinstance(out[k], dict) for k in d.DOCUMENT_OBJECTS)
+    assert all(isinstance(out[k], list) for k in d.DOCUMENT_LISTS)
 
 
 def test_bad_settings_and_default_task(model, data):

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from diagnose.ablation.roles import SHARES, assign, name_clusters, shares
+from diagnose.ablation.roles import assign, name_clusters, names, shares
 
 from .test_contrast import head
 
 ZERO = {"first_token": 0.0, "last_token": 0.0, "self": 0.0, "prev_token": 0.0, "next_token": 0.0, "local": 0.0}
+
+
+OLD = ("first_token", "last_token", "self", "prev_token", "next_token", "local", "broad")  # the rows' order below
+
+
+def matrix(rows):
+    """Rows written in OLD's order, as columns in the registry's order (roles.names())."""
+    return np.array(rows)[:, [OLD.index(n) for n in names()]]
 
 
 def att(**kw):
@@ -21,7 +29,7 @@ def att(**kw):
 
 def test_shares_split_the_weight():
     x = shares(att(first_token=0.5, prev_token=0.2, next_token=0.1, local=0.4))
-    assert dict(zip(SHARES, x.round(6))) == {"first_token": 0.5, "last_token": 0.0, "self": 0.0, "prev_token": 0.2,
+    assert dict(zip(names(), x.round(6))) == {"first_token": 0.5, "last_token": 0.0, "self": 0.0, "prev_token": 0.2,
                                              "next_token": 0.1, "local": 0.1, "broad": 0.1}
     assert shares({"first_token": None}) is None
 
@@ -42,18 +50,18 @@ def test_roles_are_relative_to_the_model():
     """Every head sends about half its weight to [CLS]; the ones that also look back are previous-token heads."""
     rows = [[0.45, 0.0, 0.05, 0.05, 0.05, 0.0, 0.4]] * 6 + [[0.45, 0.0, 0.05, 0.4, 0.0, 0.0, 0.1]] * 3 + \
            [[0.8, 0.0, 0.05, 0.05, 0.05, 0.0, 0.05]] * 3
-    names = name_clusters(np.array(rows) + np.random.default_rng(1).normal(0, 0.005, (12, 7)))
-    assert names[6:9] == ["prev_token"] * 3 and names[9:] == ["first_token"] * 3 and names[0] == "broad"
+    got = name_clusters(matrix(rows) + np.random.default_rng(1).normal(0, 0.005, (12, 7)))
+    assert got[6:9] == ["prev_token"] * 3 and got[9:] == ["first_token"] * 3 and got[0] == "broad"
 
 
 def test_too_few_heads_name_themselves():
-    names = name_clusters(np.array([[0.9, 0, 0, 0, 0, 0, 0.1], [0.1, 0, 0, 0.8, 0, 0, 0.1]]))
-    assert names == ["first_token", "prev_token"]
+    got = name_clusters(matrix([[0.9, 0, 0, 0, 0, 0, 0.1], [0.1, 0, 0, 0.8, 0, 0, 0.1]]))
+    assert got == ["first_token", "prev_token"]
 
 
 def test_a_lone_positional_head_keeps_its_role():
     rows = [[0.5, 0.0, 0.1, 0.05, 0.05, 0.05, 0.25]] * 10 + [[0.2, 0.0, 0.05, 0.05, 0.6, 0.0, 0.1]]
-    X = np.array(rows) + np.random.default_rng(2).normal(0, 0.01, (11, 7))
+    X = matrix(rows) + np.random.default_rng(2).normal(0, 0.01, (11, 7))
     assign_names = name_clusters(X)
     from diagnose.ablation.roles import name_own
 
