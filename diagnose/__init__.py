@@ -20,6 +20,7 @@ _EXPORTS = {
     "GroupEffect": ".ablation", "HeadEffect": ".ablation", "HeadsResult": ".ablation", "ablate_heads": ".ablation",
     "ablate_together": ".ablation",
     "AttentionSite": ".adapters.base",
+    "NormForm": ".adapters.norms", "register_norm": ".adapters.norms", "unregister_norm": ".adapters.norms",
     "AttentionSummary": ".attention_stats", "attention_summary": ".attention_stats",
     "Capture": "._capture", "capture": "._capture",
     "use_forward": ".calling",
@@ -36,6 +37,7 @@ _EXPORTS = {
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from .ablation import GroupEffect, HeadEffect, HeadsResult, ablate_heads, ablate_together
     from .adapters.base import AttentionSite
+    from .adapters.norms import NormForm, register_norm, unregister_norm
     from .attention_stats import AttentionSummary, attention_summary
     from ._capture import Capture, capture
     from .calling import use_forward
@@ -67,6 +69,7 @@ __all__ = [
     "HeadEffect",
     "HeadsResult",
     "MonitorConfig",
+    "NormForm",
     "PruneResult",
     "Registry",
     "Run",
@@ -86,7 +89,9 @@ __all__ = [
     "prune_heads",
     "read_run",
     "register_adapter",
+    "register_norm",
     "save_checkpoint",
+    "unregister_norm",
     "use_forward",
     "write_report",
 ]

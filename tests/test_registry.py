@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from diagnose.ablation import analyses, methods
-from diagnose.adapters import _registry as adapters
+from diagnose.adapters import _registry as adapters, norms
 from diagnose.errors import ConfigError
 from diagnose.io import _kinds as kinds
 from diagnose.monitor import _detect as detect, _measure as measure
@@ -84,6 +84,8 @@ SIX = [
     (adapters.REGISTRY, ("reference", "transformer-lens", "hf-gpt2"),
      lambda: adapters.register_adapter(adapters.REGISTRY.get("reference"))),
     (kinds.REGISTRY, (), lambda: kinds.register_folder_kind(kinds.FolderKind("pruned", print))),  # no built-ins in io
+    (norms.REGISTRY, ("torch.nn.modules.normalization.LayerNorm",), lambda: norms.REGISTRY.register(
+        norms.NormClass(norms.nn.LayerNorm, norms.RMS_NORM))),
     (analyses.REGISTRY, (), lambda: analyses.register_analysis(analyses.Analysis("toy", print, option="nonesuch"))),
 ]
 

@@ -191,15 +191,19 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
 def _direct_effects(model: torch.nn.Module, sweep: Sweep, parts: list, first: int, r: Ranks, chosen: list[int],
                     cfg: AblationConfig) -> tuple[Accumulator | None, dict]:
     """The direct effects of the chosen heads (direct.py), or None and the one-line reason they cannot be had."""
-    paths, reason = _direct.readiness(sweep.sites, model)
+    paths, reason = _direct.readiness(sweep.sites, model, parts[0][0] if parts else None)
     if paths is not None and not chosen:
         paths, reason = None, "no head was ablated exactly (--top 0), so there is no total effect to set beside one"
     if paths is None:
         return None, {"measured": False, "reason": reason}
-    passes = _direct.Direct(sweep, paths)
+    passes = _direct.passes(sweep, paths)
+    reason = passes.verify(*parts[0][:2])
+    if reason is not None:
+        return None, {"measured": False, "reason": reason}
     acc = passes.run(parts, first, r, chosen)
     forwards = r.gather(passes.forwards)
     return acc, {"measured": True, "n_heads": len(chosen), "norm": _direct.NORM, "method": cfg.method,
+                 "path": _direct.path_of(paths),
                  "seconds": passes.seconds, "forward_passes": sum(forwards),
                  "blocks_replayed": bool(passes.replay_ok) and sweep.recorder is not None}
 
