@@ -14,6 +14,8 @@ from .helpers import evaluate, loss_tol, with_head_weights_zeroed
 from .test_families import FAMILIES, N
 from ..tolerance import size_of
 
+pytestmark = pytest.mark.numerics
+
 SITES = {  # family -> (site module of layer l, final norm)
     "reference": (lambda m, l: m.blocks[l].attn, lambda m: m.ln_f),
     "gpt2-eager": (lambda m, l: m.transformer.h[l].attn, lambda m: m.transformer.ln_f),

@@ -19,6 +19,8 @@ from diagnose.demo import demo_variants
 from diagnose.zoo import Transformer, induction, train
 from ..tolerance import F64, approx
 
+pytestmark = pytest.mark.numerics
+
 
 @pytest.fixture(scope="module")
 def trained():

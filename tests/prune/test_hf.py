@@ -17,6 +17,8 @@ from diagnose.sites import find_heads
 from ..tolerance import assert_close as assert_close_t, assert_exact, output_scale, tol
 from .helpers import assert_close, outputs, size, zeroed
 
+pytestmark = pytest.mark.numerics
+
 transformers = pytest.importorskip("transformers")
 V = 40
 
