@@ -106,3 +106,16 @@ def test_no_tracked_file_holds_a_conflict_marker():
         missing(f"{ROOT} is not a git checkout, so its tracked files are unknown")
     found = _conflict_markers().scan(ROOT)
     assert not found, f"merge-conflict markers (resolve each by reading both sides): {found}"
+
+
+def test_demo_paths_runs_every_lesson_once_in_groups_that_share_no_trained_model():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_paths", ROOT / ".ci" / "demo_paths.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    groups, lessons = module.groups(), module.lesson_models()
+    assert sorted(k for g in groups for k in g) == sorted(lessons)
+    models = [set().union(*(lessons[k] for k in g)) for g in groups]
+    assert all(not (a & b) for i, a in enumerate(models) for b in models[i + 1:]), models
+    assert groups[0] == ["scaling"]  # the widest models train first, so the last jobs are short
