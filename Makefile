@@ -50,7 +50,8 @@ bench: $(STAMP)
 families: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python bench/families.py
 
-# The demo under each CPU kernel path: the same lessons and flags on each (CI runs it; ~10 minutes).
+# The demo's conclusions under each CPU kernel path, compared: the same lessons and flags on each (CI
+# runs it; per path only what can differ there, in one-thread jobs two at a time: .ci/demo_paths.py).
 PATHS ?= $(shell bash .ci/kernel-paths)
 demo-paths: $(STAMP)
 	$(BIN)/python .ci/demo_paths.py demo-paths-out $(PATHS)
