@@ -60,8 +60,9 @@ demo-paths: $(STAMP)
 # (make test-numerics; VERSIONS_TEST=test for the whole suite):
 # pyproject's lower bounds (python 3.10, torch, numpy, transformers: .ci/lowest.txt; TransformerLens
 # needs torch 2.6 and transformers 5.9, so its tests skip there), and the newest torch and
-# transformers the package index serves. Each row prints the versions it ran. venv-lowest and
-# venv-newest only install a row (CI builds both in the background while the whole suite runs).
+# transformers the package index serves (once per venv: rm -rf .venv-newest to take later releases).
+# Each row prints the versions it ran. venv-lowest and venv-newest only install a row (CI builds
+# both in the background while the whole suite runs).
 LOWEST_PYTHON ?= $(shell bash .ci/find-python 3.10)
 LOWEST_ROW = VENV=.venv-lowest PYTHON=$(LOWEST_PYTHON) TORCH_SPEC=torch==2.4.0 CONSTRAINTS=.ci/lowest.txt \
 	EXTRAS=transformers,lightning,tensorboard,test
@@ -73,9 +74,11 @@ versions: versions-lowest versions-newest
 venv-lowest:
 	@test -n "$(LOWEST_PYTHON)" || { echo "error: no Python 3.10 for the lowest row (set LOWEST_PYTHON=...)" >&2; exit 1; }
 	$(MAKE) .venv-lowest/.diagnose-installed $(LOWEST_ROW)
-venv-newest:
+venv-newest: .venv-newest/.diagnose-upgraded
+.venv-newest/.diagnose-upgraded: pyproject.toml Makefile
 	$(MAKE) .venv-newest/.diagnose-installed $(NEWEST_ROW)
 	.venv-newest/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[all,test]"
+	touch $@
 versions-lowest: venv-lowest
 	$(MAKE) $(VERSIONS_TEST) $(LOWEST_ROW)
 	.venv-lowest/bin/python -c '$(VERSIONS)'
