@@ -14,6 +14,8 @@ from diagnose.stat_context import BatchContext
 from diagnose.statistics import ATTENTION_STATS, DENOMINATORS, STATISTICS, Statistic, register, shown, unregister
 from .tolerance import approx
 
+pytestmark = pytest.mark.numerics
+
 T = 6
 
 

@@ -14,6 +14,8 @@ from diagnose.zoo import ModelConfig, Transformer
 from .hooks import hook_snapshot
 from .tolerance import approx, assert_exact, magnitude
 
+pytestmark = pytest.mark.numerics
+
 
 @pytest.fixture
 def model():

@@ -15,6 +15,8 @@ from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import approx, loss_tol
 from .planted_repair import planted_data, planted_repair
 
+pytestmark = pytest.mark.numerics
+
 
 @pytest.fixture(scope="module")
 def planted():

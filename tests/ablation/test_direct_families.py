@@ -16,6 +16,8 @@ from diagnose.zoo.families import FAMILIES as TABLE, module_at
 from .test_families import FAMILIES, N
 from ..tolerance import size_of
 
+pytestmark = pytest.mark.numerics
+
 # family -> its name in the family table (diagnose/zoo/families.py: output projection and final norm paths)
 SITES = {"gpt2-eager": "GPT-2", "gpt2-sdpa": "GPT-2", "llama-eager": "Llama", "llama-sdpa": "Llama",
          "gemma-eager": "Gemma"}

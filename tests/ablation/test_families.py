@@ -18,6 +18,8 @@ from ..wordlevel import make_tokenizer
 from .helpers import assert_untouched, evaluate, loss_tol, snapshot, with_head_weights_zeroed
 from ..tolerance import F64, approx, differ, size_of
 
+pytestmark = pytest.mark.numerics
+
 transformers = pytest.importorskip("transformers")
 V, T, N = 40, 8, 12
 

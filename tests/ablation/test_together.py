@@ -15,6 +15,8 @@ from diagnose.zoo import ModelConfig, Transformer, order
 from .helpers import assert_untouched, evaluate, loss_tol, snapshot, with_head_weights_zeroed
 from ..tolerance import F64, approx, assert_differ, size_of
 
+pytestmark = pytest.mark.numerics
+
 
 @pytest.fixture(scope="module")
 def model_and_data():

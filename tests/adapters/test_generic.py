@@ -17,6 +17,8 @@ from ..hooks import hook_snapshot
 from ..tolerance import assert_close, assert_differ, assert_exact, model_size, size_of
 from ..nano import nanogpt
 
+pytestmark = pytest.mark.numerics
+
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_nanogpt(fused, gate_check):

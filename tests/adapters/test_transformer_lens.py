@@ -13,6 +13,8 @@ from ..hooks import hook_snapshot
 from ..tolerance import approx, assert_exact
 from ..wordlevel import make_tokenizer
 
+pytestmark = pytest.mark.numerics
+
 pytest.importorskip("transformer_lens")
 transformers = pytest.importorskip("transformers")
 

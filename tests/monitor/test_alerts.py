@@ -11,6 +11,8 @@ import torch
 from diagnose.monitor._alerts import AlertEngine, Thresholds, format_alert, hints, kinds
 from ..tolerance import approx
 
+pytestmark = pytest.mark.numerics
+
 
 def rec(step, loss=2.0, gn=1.0, lr=None, layers=None, attention=None, **extra):
     r = {"step": step, "loss": loss, "lr": lr, "grad_norm": gn,

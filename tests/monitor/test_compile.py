@@ -27,6 +27,8 @@ from diagnose.monitor._signals import is_compiled, unwrap
 from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import approx
 
+pytestmark = pytest.mark.numerics
+
 CFG = ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=32)
 STEPS, ATTENTION_EVERY = 5, 2  # attention on steps 0, 2, 4
 BACKEND = "aot_eager"

@@ -21,6 +21,8 @@ from ..nano import NanoGPT
 from ..tolerance import approx
 from .test_alerts import feed, rec
 
+pytestmark = pytest.mark.numerics
+
 
 def _model(scale: str = "sdpa_causal") -> NanoGPT:
     torch.manual_seed(0)

@@ -18,6 +18,8 @@ from diagnose.zoo.families import build
 from ..tolerance import assert_close as assert_close_t, assert_exact, output_scale, tol
 from .helpers import assert_close, outputs, size, zeroed
 
+pytestmark = pytest.mark.numerics
+
 transformers = pytest.importorskip("transformers")
 V = 40
 

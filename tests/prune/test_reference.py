@@ -14,6 +14,8 @@ from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import F64, approx, assert_exact, loss_tol, tol
 from .helpers import assert_close, evaluate, outputs, size, state_hash, zeroed
 
+pytestmark = pytest.mark.numerics
+
 
 def _model_and_data(kind="classifier"):
     torch.manual_seed(0)
