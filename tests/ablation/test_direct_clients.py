@@ -9,6 +9,7 @@ applies), the ViTs with pixel batches."""
 
 from __future__ import annotations
 
+import pytest
 from dataclasses import replace
 
 import torch
@@ -19,6 +20,8 @@ from diagnose.sites import find_heads
 
 from ..clients import mingpt, nanogpt, timm_vit, torchvision_vit, xtransformers
 from .test_direct_traced import check_against_hand
+
+pytestmark = pytest.mark.numerics
 
 N = 8
 

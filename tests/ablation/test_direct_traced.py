@@ -23,6 +23,8 @@ from ..tolerance import loss_tol, size_of
 from .helpers import assert_untouched, snapshot, with_head_weights_zeroed
 from .planted_takeover import OddRMSNorm, planted_takeover, takeover_data, with_unknown_norm
 
+pytestmark = pytest.mark.numerics
+
 
 def losses(model: nn.Module, batch: tuple, task: str) -> torch.Tensor:
     """Per-example loss sums of one plain forward of batch = (inputs, labels or None).  # [N]"""

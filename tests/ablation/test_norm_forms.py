@@ -21,6 +21,8 @@ from ..tolerance import assert_close, loss_tol, size_of
 from .helpers import with_head_weights_zeroed
 from .test_direct_traced import losses
 
+pytestmark = pytest.mark.numerics
+
 D = 16
 
 

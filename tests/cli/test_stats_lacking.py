@@ -4,6 +4,7 @@ trained with Adam lacks nothing."""
 
 from __future__ import annotations
 
+import pytest
 import json
 
 import torch
@@ -13,6 +14,8 @@ from click.testing import CliRunner
 from diagnose.cli.main import cli
 from diagnose.monitor import TrainingMonitor
 from diagnose.zoo import ModelConfig, Transformer
+
+pytestmark = pytest.mark.numerics
 
 
 def _train(run_dir, kind: str, optimizer) -> None:

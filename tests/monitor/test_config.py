@@ -14,6 +14,8 @@ from diagnose.errors import ConfigError, UsageError
 from diagnose.monitor import Thresholds
 from diagnose.zoo import ModelConfig, Transformer
 
+pytestmark = pytest.mark.numerics
+
 
 def _run(tmp_path, name, **how):
     torch.manual_seed(0)

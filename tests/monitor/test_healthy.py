@@ -16,6 +16,8 @@ from diagnose.monitor._alerts import AlertEngine, Thresholds
 from diagnose.zoo import ModelConfig, TrainConfig, Transformer, induction, train
 from .test_alerts import feed, noisy, rec
 
+pytestmark = pytest.mark.numerics
+
 _spec = importlib.util.spec_from_file_location("_proxy", Path(__file__).parents[2] / "bench" / "_proxy.py")
 proxy = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(proxy)
