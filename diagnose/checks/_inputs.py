@@ -35,12 +35,12 @@ _WHAT = {"pixel_values": "an image", "input_features": "audio features"}
 
 def input_kind(model: nn.Module) -> str:
     """The name of the model's main input: Hugging Face's main_input_name; else pixel_values for a model
-    whose first parameterised module is a Conv2d (timm's and torchvision's ViTs: a patch embedding) and
+    whose first layer (Conv, Linear or Embedding, in registration order) is a Conv2d (timm's and torchvision's ViTs: a patch embedding) and
     that has no nn.Embedding; else input_ids."""
     name = getattr(model, "main_input_name", None)
     if isinstance(name, str):
         return name
-    first = next((m for m in model.modules() if any(True for _ in m.parameters(recurse=False))), None)
+    first = next((m for m in model.modules() if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Linear, nn.Embedding))), None)
     if isinstance(first, nn.Conv2d) and not any(isinstance(m, nn.Embedding) for m in model.modules()):
         return "pixel_values"
     return "input_ids"
