@@ -14,6 +14,11 @@ factory_option = click.option(
     "--factory", metavar="MODULE:FUNCTION", default=None,
     help="A function that builds the model; MODEL is then its state_dict (.pt or .safetensors).")
 
+forward_option = click.option(
+    "--forward", metavar="MODULE:FUNCTION", default=None,
+    help="A function fn(model, inputs) -> output that calls the model, for a forward whose signature does not "
+         "say how (diagnose.calling); inputs are {'input_ids': ..., 'attention_mask': ...} or {'pixel_values': ...}.")
+
 trust_pickle_option = click.option(
     "--trust-pickle", is_flag=True, default=False,
     help="Allow a fully pickled nn.Module. Unpickling runs code from the file: only for files you trust.")
@@ -24,20 +29,21 @@ attn_implementation_option = click.option(
 
 max_length_option = click.option(
     "--max-length", type=click.IntRange(min=1), default=None,
-    help="Truncate text data to this many tokens (default: the model's maximum positions, "
-         "e.g. max_position_embeddings).")
+    help="Truncate text data to this many tokens, or cut a raw .bin token stream into examples of this many "
+         "(default: the model's maximum positions, e.g. max_position_embeddings or block_size).")
 
 
 def data_option(required: bool = False) -> Callable:
     """--data DATA: .pt/.safetensors/.npz tensors or .jsonl/.csv text."""
     return click.option("--data", "data", metavar="DATA", type=click.Path(path_type=str), required=required,
                         help="Data file: .pt, .safetensors or .npz with input_ids [N, T] (attention_mask, "
-                             "labels optional), or .jsonl/.csv with text and label.")
+                             "labels optional) or pixel_values [N, C, H, W] (labels [N]), a raw uint16 .bin of "
+                             "token ids (nanoGPT's), or .jsonl/.csv with text and label.")
 
 
 def model_options(fn: Callable) -> Callable:
-    """MODEL argument plus --factory, --trust-pickle and --attn-implementation."""
-    for deco in (attn_implementation_option, trust_pickle_option, factory_option, model_argument):
+    """MODEL argument plus --factory, --forward, --trust-pickle and --attn-implementation."""
+    for deco in (attn_implementation_option, trust_pickle_option, forward_option, factory_option, model_argument):
         fn = deco(fn)
     return fn
 

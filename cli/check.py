@@ -32,7 +32,7 @@ _STYLE = {"error": "bold red", "warning": "bold yellow", "info": "cyan"}
               help="Write the diagnose.checks/1 JSON here (atomically).")
 @click.option("--strict", is_flag=True, default=False,
               help="Exit with code 1 when any warning or error is found (default: 0 whatever is found).")
-def check(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None,
+def check(model: str, factory: str | None, forward: str | None, trust_pickle: bool, attn_implementation: str | None,
           data: str | None, max_length: int | None, attention_module: str | None, n_heads: int | None,
           causal: bool | None, run_dir: str | None, json_path: str | None, strict: bool) -> None:
     """Check a model for wiring bugs, each proven by a forward-pass experiment.
@@ -54,7 +54,8 @@ def check(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     from diagnose.checks import check_model, check_training_setup
     from diagnose.io import load_data_for, load_model
 
-    net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
+    net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation,
+                     forward=forward)
     ds = load_data_for(net, data, max_length=max_length) if data else None
     result = check_model(net, ds, causal=causal, attention_module=attention_module, n_heads=n_heads)
     if run_dir:

@@ -65,7 +65,8 @@ UNVERIFIED = "not verified"  # a --fast head's effect cell
                    "scale of every norm on that path frozen), self-repair = direct - total, and flag compensated "
                    "heads.")
 @html_option
-def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
+def heads(model: str, factory: str | None, forward: str | None, trust_pickle: bool, attn_implementation: str | None,
+          data: str,
           max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
           method: str, methods: str | None, draws: int | None, seed: int, json_path: str | None,
           batch_size: int | None, fast: bool,
@@ -105,7 +106,7 @@ def heads(model: str, factory: str | None, trust_pickle: bool, attn_implementati
                    rank_by=rank_by, together=closed, max_memory=parse_size(max_memory, "--max-memory"),
                    direct=direct)
     result, main = _ablate((model, factory, trust_pickle, attn_implementation, data, max_length, attention_module,
-                            n_heads, task), options, compared, draws)
+                            n_heads, task, forward), options, compared, draws)
     if main:  # under torchrun, rank 0 prints and writes
         _write(result, json_path, html_path)
 
@@ -147,13 +148,15 @@ def _write(result, json_path: str | None, html_path: str | None) -> None:
 
 
 def _load(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
-          max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None) -> tuple:
+          max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
+          forward: str | None = None) -> tuple:
     """The model, its data, its attention sites and the task, each checked on the CPU."""
     from diagnose.io import check_task, load_data_for, load_model, trial_forward
     from diagnose.objectives import default_task
     from diagnose.sites import find_heads
 
-    net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
+    net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation,
+                     forward=forward)
     ds = load_data_for(net, data, max_length=max_length)
     trial_forward(net, ds)
     sites = find_heads(net, attention_module=attention_module, n_heads=n_heads, example=ds.inputs(0, 2))

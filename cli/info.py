@@ -13,7 +13,7 @@ from ._options import data_option, max_length_option, model_options
 @model_options
 @data_option()
 @max_length_option
-def info(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None,
+def info(model: str, factory: str | None, forward: str | None, trust_pickle: bool, attn_implementation: str | None,
          data: str | None, max_length: int | None) -> None:
     """Load MODEL (and --data) the way every command does, and say what is in them.
 
@@ -28,7 +28,8 @@ def info(model: str, factory: str | None, trust_pickle: bool, attn_implementatio
         trial_forward,
     )
 
-    net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
+    net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation,
+                     forward=forward)
     m = describe_model(net)
     _echo(f"model       {m['source']}  ({m['format']})")
     _echo(f"class       {m['class']}")
@@ -43,18 +44,27 @@ def info(model: str, factory: str | None, trust_pickle: bool, attn_implementatio
     fit = trial_forward(net, ds)
     d = describe_data(ds)
     _echo(f"data        {d['source']}")
-    _echo(f"examples    N={d['n_examples']}  T={d['seq_len']}  token ids {d['token_ids'][0]}..{d['token_ids'][1]}")
-    _echo("padding     " + (f"{d['padding_share']:.1%} of positions" if d["has_attention_mask"]
-                            else "no attention_mask"))
+    if "image_size" in d:  # pixel_values
+        c, h, w = d["image_size"]
+        lo, hi = d["pixel_range"]
+        _echo(f"examples    N={d['n_examples']}  images {c}x{h}x{w}  pixel values {lo:.3g}..{hi:.3g}")
+    else:
+        _echo(f"examples    N={d['n_examples']}  T={d['seq_len']}  token ids {d['token_ids'][0]}..{d['token_ids'][1]}")
+        _echo("padding     " + (f"{d['padding_share']:.1%} of positions" if d["has_attention_mask"]
+                                else "no attention_mask"))
     lab = d["labels"]
-    if lab is None:
+    if lab is None and "image_size" in d:
+        _echo("labels      none (images are scored against class labels [N]: heads and prune need them)")
+    elif lab is None:
         _echo("labels      none (language-model data: targets are the inputs shifted by one)")
     else:
         extra = f", {lab['scored_share']:.1%} of positions scored" if lab["kind"] == "token" else ""
         _echo(f"labels      {lab['kind']} {lab['shape']}, {lab['min']}..{lab['max']} "
               f"({lab['distinct']} distinct{extra})")
     fits = "" if fit["labels_fit"] is None else "; labels fit"
-    _echo(f"output      {fit['output_shape']} on the first {min(2, d['n_examples'])} examples{fits}")
+    last = " (last position only: scored on the token after each example's last input)" \
+        if fit["last_position_only"] else ""
+    _echo(f"output      {fit['output_shape']} on the first {min(2, d['n_examples'])} examples{fits}{last}")
 
 
 def _echo(line: str) -> None:

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
+from functools import partial
 
 import click
 
 from diagnose import __version__
 from diagnose._terminal import plain
 from diagnose.errors import DiagnoseError
+from diagnose.notes import Note
 
 
 class _Group(click.Group):
@@ -20,8 +23,17 @@ class _Group(click.Group):
     "interrupted" and exit code 130 (click's own answer is "Aborted!" and 1)."""
 
     def invoke(self, ctx: click.Context):
+        notes: list[str] = []
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():
+                warnings.showwarning = partial(_show_note, notes)
+                try:
+                    out = super().invoke(ctx)
+                except (click.exceptions.Exit, SystemExit):  # a result with its own exit code (check --strict)
+                    _say(notes)
+                    raise
+            _say(notes)  # after the result, and never before an error: that stays the one line said
+            return out
         except DiagnoseError as exc:
             # messages quote file names and values from files: printed as text, no escapes;
             # under torchrun every rank meets the same error (or is told another's): rank 0 says it,
@@ -41,6 +53,22 @@ class _Group(click.Group):
             if _peer_gone(exc):  # rank 0 said why in one line and left; repeating it as a traceback helps no one
                 ctx.exit(2)
             raise
+
+
+_show_warning = warnings.showwarning
+
+
+def _say(notes: list[str]) -> None:
+    for line in dict.fromkeys(notes):
+        click.echo(f"note: {line}", err=True)
+
+
+def _show_note(notes: list[str], message, category, filename, lineno, file=None, line=None) -> None:
+    """Keep a diagnose.notes.Note for one `note: ...` line on stderr; show any other warning as Python does."""
+    if issubclass(category, Note):
+        notes.append(plain(message))
+    else:
+        _show_warning(message, category, filename, lineno, file, line)
 
 
 _PEER_GONE = ("Connection closed", "Connection reset", "Broken pipe", "recvBytes", "sendBytes", "peer", "NCCL",

@@ -35,7 +35,8 @@ TASKS = ("classification", "lm")  # literal so that --help needs no torch
 @click.option("--json", "json_path", type=click.Path(path_type=str), default=None,
               help="Write the diagnose.prune/1 JSON here (atomically).")
 @html_option
-def prune(model: str, factory: str | None, trust_pickle: bool, attn_implementation: str | None, data: str,
+def prune(model: str, factory: str | None, forward: str | None, trust_pickle: bool, attn_implementation: str | None,
+          data: str,
           eval_path: str | None, max_length: int | None, max_drop: float | None, max_loss: float | None,
           task: str | None, method: str, candidates: int, limit: int | None, batch_size: int | None,
           out_dir: str | None, json_path: str | None, html_path: str | None) -> None:
@@ -60,7 +61,7 @@ def prune(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     # every output, --out included, is checked before any work: a bad path costs nothing
     check_outputs({"--out": out_dir, "--json": json_path, "--html": html_path}, inputs=inputs, folders=("--out",))
     net, ds, held, task = _load(model, factory, trust_pickle, attn_implementation, data, eval_path, max_length,
-                                task, out_dir, inputs)
+                                task, out_dir, inputs, forward)
     _check_budget(task, max_drop, max_loss)
     from diagnose._head_label import head_label
     from diagnose.prune import prune_heads
@@ -74,7 +75,8 @@ def prune(model: str, factory: str | None, trust_pickle: bool, attn_implementati
     _write(result, out_dir, json_path, html_path)
 
 
-def _load(model, factory, trust_pickle, attn_implementation, data, eval_path, max_length, task, out_dir, inputs):
+def _load(model, factory, trust_pickle, attn_implementation, data, eval_path, max_length, task, out_dir, inputs,
+          forward=None):
     """The model, the data, the held-out data and the task, each tried once before any round."""
     from pathlib import Path
 
@@ -84,7 +86,8 @@ def _load(model, factory, trust_pickle, attn_implementation, data, eval_path, ma
 
     if out_dir:
         check_folder(Path(out_dir), inputs=inputs)
-    net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation)
+    net = load_model(model, factory=factory, trust_pickle=trust_pickle, attn_implementation=attn_implementation,
+                     forward=forward)
     ds = load_data_for(net, data, max_length=max_length)
     trial_forward(net, ds)
     held = load_data_for(net, eval_path, max_length=max_length) if eval_path else None

@@ -22,6 +22,7 @@ _EXPORTS = {
     "AttentionSite": ".adapters.base", "InterceptAdapter": ".adapters",
     "AttentionSummary": ".attention_stats", "attention_summary": ".attention_stats",
     "Capture": "._capture", "capture": "._capture",
+    "use_forward": ".calling",
     "Finding": ".checks", "check_model": ".checks", "check_training_setup": ".checks",
     "DataSet": ".io", "load_data": ".io", "load_data_for": ".io", "load_model": ".io", "save_checkpoint": ".io",
     "Run": ".monitor", "Thresholds": ".monitor", "TrainingMonitor": ".monitor", "read_run": ".monitor",
@@ -36,6 +37,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .adapters.base import AttentionSite
     from .attention_stats import AttentionSummary, attention_summary
     from ._capture import Capture, capture
+    from .calling import use_forward
     from .checks import Finding, check_model, check_training_setup
     from .io import DataSet, load_data, load_data_for, load_model, save_checkpoint
     from .monitor import Run, Thresholds, TrainingMonitor, read_run
@@ -82,6 +84,7 @@ __all__ = [
     "read_run",
     "register_adapter",
     "save_checkpoint",
+    "use_forward",
     "write_report",
 ]
 __all__ += errors.__all__

@@ -37,8 +37,9 @@ class Capture:
 def capture(model: nn.Module, inputs: Any, *, attention: bool = True, activations: bool = True,
             sites: list[AttentionSite] | None = None, attention_module: str | None = None,
             n_heads: int | None = None) -> Capture:
-    """Run the model once on `inputs` (a Tensor positionally, a Mapping as keyword arguments)
-    under no_grad and return its attention maps and per-block activation statistics."""
+    """Run the model once on `inputs` under no_grad and return its attention maps and per-block
+    activation statistics. The inputs reach the model as diagnose.calling.call passes them: a Tensor
+    positionally, a Mapping by the names its forward takes, else its main input first."""
     if sites is None:
         sites = find_heads(model, attention_module=attention_module, n_heads=n_heads, example=inputs)
     maps: list[list[torch.Tensor]] = [[] for _ in sites]

@@ -35,10 +35,11 @@ def default_task(model: torch.nn.Module, data: Any) -> str:
 
 
 def call_model(model: torch.nn.Module, inputs: Any) -> Any:
-    """A Tensor is passed positionally, a Mapping as keyword arguments."""
-    if isinstance(inputs, Mapping):
-        return model(**inputs)
-    return model(inputs)
+    """Run the model on a batch as diagnose.calling.call does: a Tensor positionally, a Mapping as
+    keyword arguments where forward names them, else its main input to forward's first parameter."""
+    from .calling import call
+
+    return call(model, inputs)
 
 
 def batch_size_of(inputs: Any) -> int:
@@ -59,13 +60,9 @@ def batch_size_of(inputs: Any) -> int:
 
 def logits_of(output: Any) -> torch.Tensor:
     """A model's output: a Tensor, a tuple/list (first element), or an object with .logits."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if hasattr(output, "logits"):
-        return output.logits
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise DataError(f"cannot find logits in a model output of type {type(output).__name__}")
+    from .calling import logits
+
+    return logits(output)
 
 
 def require_finite(model: torch.nn.Module, logits: torch.Tensor, where: str) -> None:

@@ -24,9 +24,11 @@ def as_batches(data: Any, batch_size: int | None, device: torch.device | None = 
     if bs < 1:
         raise DataError(f"batch_size must be at least 1, got {batch_size}")
     if isinstance(data, Batches):  # already cut: keep the pairs where they are
-        return Batches(data.pairs, device)
-    if isinstance(data, Mapping) and "input_ids" in data:
+        return Batches(data.pairs, device, data.last_position)
+    if isinstance(data, Mapping) and ("input_ids" in data or "pixel_values" in data):
         pairs = _chunks(dict(data), data.get("labels"), bs)
+    elif isinstance(getattr(data, "pixel_values", None), torch.Tensor):  # an ImageSet (diagnose.io)
+        pairs = _chunks({"pixel_values": data.pixel_values}, getattr(data, "labels", None), bs)
     elif hasattr(data, "input_ids") and isinstance(getattr(data, "input_ids"), torch.Tensor):
         fields = {"input_ids": data.input_ids}
         for name in ("attention_mask", "token_type_ids"):
@@ -44,18 +46,43 @@ def as_batches(data: Any, batch_size: int | None, device: torch.device | None = 
     return Batches(pairs, device)
 
 
+def for_last_position(model: torch.nn.Module, batches: "Batches", task: str) -> "Batches":
+    """`batches` as `model` can be scored on them. A language model that returns the last position
+    only (nanoGPT without targets: [B, 1, V], see diagnose.calling) is scored there, on the token
+    after each example's last input: its batches lose their last position, which becomes the label
+    [B, 1]; the user is told once. Any other model (or task) gets `batches` unchanged.
+    One forward of one example decides."""
+    from ..calling import last_position_batch, last_position_only, logits, note_last_position
+    from ..modes import eval_mode
+
+    if task != "lm" or not len(batches) or batches.last_position:  # cut once: a cut batch is last-position too
+        return batches
+    x, _ = batches[0]
+    one = {k: v[:1] if isinstance(v, torch.Tensor) and v.dim() > 0 else v for k, v in x.items()} \
+        if isinstance(x, Mapping) else x[:1]
+    from ..objectives import call_model
+
+    with eval_mode(model), torch.no_grad():
+        out = logits(call_model(model, one))
+    if not last_position_only(out, one):
+        return batches
+    note_last_position(model)
+    return Batches([last_position_batch(x, y) for x, y in batches.pairs], batches.device, last_position=True)
+
+
 class Batches(Sequence):
     """A re-iterable list of (inputs, labels) pairs that are moved to `device` one at a time, as read."""
 
-    def __init__(self, pairs: list[tuple[Any, Any]], device: torch.device | None = None):
+    def __init__(self, pairs: list[tuple[Any, Any]], device: torch.device | None = None, last_position: bool = False):
         self.pairs, self.device = list(pairs), device
+        self.last_position = last_position  # cut by for_last_position: scored on the token after the last input
 
     def __len__(self) -> int:
         return len(self.pairs)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return Batches(self.pairs[i], self.device)
+            return Batches(self.pairs[i], self.device, self.last_position)
         x, y = self.pairs[i]
         return _to(x, self.device), _to(y, self.device)
 
@@ -73,7 +100,7 @@ def padding_mask(inputs: Any) -> torch.Tensor | None:
 
 def _chunks(fields: dict[str, Any], labels: Any, bs: int) -> list[tuple[Any, Any]]:
     inputs = {k: v for k, v in fields.items() if k != "labels" and isinstance(v, torch.Tensor)}
-    n = int(inputs["input_ids"].shape[0])
+    n = int(inputs["input_ids" if "input_ids" in inputs else "pixel_values"].shape[0])
     return [({k: v[i:i + bs] for k, v in inputs.items()}, None if labels is None else labels[i:i + bs])
             for i in range(0, n, bs)]
 

@@ -30,7 +30,7 @@ from ..sites import find_heads
 from . import contrast, roles, significance, verdict
 from .accumulate import Accumulator, head_effects
 from .attention import summarise
-from .batches import Batches, as_batches
+from .batches import Batches, as_batches, for_last_position
 from . import direct as _direct
 from .config import DEFAULT_TOP, FAST_RANK, MIN_EFFECT, RANKINGS, AblationConfig
 from .gate import gated
@@ -76,6 +76,11 @@ def _run(model: torch.nn.Module, data: Any, cfgs: list[AblationConfig], sites: S
     r = ranks(cfg.distributed)
     started = time.perf_counter()
     batches = as_batches(data, cfg.batch_size, next((p.device for p in model.parameters()), None))
+    scored = for_last_position(model, batches, cfg.task)
+    if scored is not batches:  # scored on the token after the last input: one position fewer
+        known = tokens if tokens is not None else getattr(data, "tokens", None)
+        tokens = None if known is None else [list(t)[:-1] for t in known]
+        batches, data = scored, scored
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
     closing = time.perf_counter()
     groups = [[ablate_together(model, data, list(members), task=c.task, method=c.method, draws=c.draws,

@@ -246,7 +246,7 @@ def micro_batches(batches: Sequence[tuple[Any, Any]], size: int) -> Sequence[tup
     """The (inputs, labels) batches cut into pieces of at most `size` examples, in order. Batches
     that move to the device as read (`Batches`) are cut where they are and still move one at a time."""
     if isinstance(batches, Batches):
-        return Batches(micro_batches(batches.pairs, size), batches.device)
+        return Batches(micro_batches(batches.pairs, size), batches.device, batches.last_position)
     out = []
     for inputs, labels in batches:
         B = batch_size_of(inputs)

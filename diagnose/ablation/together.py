@@ -18,7 +18,7 @@ from ..errors import ConfigError
 from ..modes import eval_mode
 from ..objectives import TASKS
 from ..sites import find_heads
-from .batches import as_batches
+from .batches import as_batches, for_last_position
 from .gate import gated
 from .methods import DataPass, get_method, prepare
 from .steps import first_example, indexed
@@ -67,7 +67,7 @@ def ablate_together(model: torch.nn.Module, data: Any, heads: Iterable[tuple[int
         raise ConfigError(f"task {task!r} is not one of {', '.join(TASKS)}")
     how = get_method(method)
     device = next((p.device for p in model.parameters()), None)
-    batches = as_batches(data, batch_size, device)
+    batches = for_last_position(model, as_batches(data, batch_size, device), task)
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
     closed = sorted({(int(layer), int(head)) for layer, head in heads})
     by_layer = {site.layer: site for site in sites}

@@ -14,7 +14,6 @@ else random ones shaped from the config), and each check says whether it applies
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Mapping
 
 import torch
@@ -104,8 +103,7 @@ def probe_inputs(model: nn.Module, data: Any, kind: str, n: int, seed: int) -> t
 
 
 def _call(model: nn.Module, kind: str, x: torch.Tensor) -> torch.Tensor:
-    x = x.to(device_of(model))
-    out = part_output(call_model(model, _inputs(model, kind, x))).detach().cpu()
+    out = part_output(call_model(model, {kind: x.to(device_of(model))})).detach().cpu()  # diagnose.calling
     return out if out.dtype == torch.float64 else out.float()  # float64 kept: the positions test needs it
 
 
@@ -139,21 +137,13 @@ def check_continuous(model: nn.Module, data: Any, names: list[str], kind: str, o
         return _patch_positions(model, x, opts["seed"])
 
     runs = {"causal": no_causal, "padding": no_padding, "positions": positions,
-            "scaling": lambda: measure_scaling(model, _inputs(model, kind, x[:2].to(device_of(model))),
+            "scaling": lambda: measure_scaling(model, {kind: x[:2].to(device_of(model))},
                                                attention_module=opts["attention_module"], n_heads=opts["n_heads"])}
     summary = {"family": type(model).__name__, "input": kind,
                "n_parameters": sum(p.numel() for p in model.parameters()),
                "probe": {"examples": int(x.shape[0]), "shape": list(x.shape[1:]),
                          "data": "random" if data is None else "given"}}
     return run_checks(names, runs, Findings(model=summary), skip, asked=opts.get("asked", ()))
-
-
-def _inputs(model: nn.Module, kind: str, x: torch.Tensor) -> Any:
-    """x as the model takes it: by name when forward has a parameter called `kind` (or takes **kwargs),
-    else positionally (timm's and torchvision's forward(x))."""
-    params = inspect.signature(model.forward).parameters
-    by_name = kind in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    return {kind: x} if by_name else x
 
 
 def _patch_positions(model: nn.Module, x: torch.Tensor, seed: int) -> list[Finding]:

@@ -1,16 +1,15 @@
 """What the forward-pass checks share: how to call the model, and real-token rows to probe it with.
 
-Inputs follow DESIGN.md (a Mapping is passed as keyword arguments, a Tensor positionally): a
-model whose forward takes `attention_mask` gets {ids_name: ids [B, T], "attention_mask": mask
-[B, T]} (1 real, 0 padding), where ids_name is `input_ids` or else forward's first parameter
-(TransformerLens's `input`); any other model gets the ids positionally. Every probe runs in eval
+Inputs go through diagnose.calling: a model whose forward takes a padding mask (`attention_mask`,
+or x-transformers' `mask`) gets {"input_ids": ids [B, T], "attention_mask": mask [B, T]} (1 real,
+0 padding), which calling routes to forward's own parameters (TransformerLens's `input`); any other
+model gets the ids positionally. Every probe runs in eval
 mode (diagnose.modes.eval_mode) under no_grad (dropout would make two identical inputs differ) and
 restores the training flag. A `Subject` is the model under check with the real-token rows fed to it.
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -18,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import DataError
+from ..calling import convention, per_position
 from ..io._model import vocab_size_of
 from ._parts import part_output
 
@@ -65,13 +65,11 @@ def model_info(model: nn.Module) -> ModelInfo:
     pad = getattr(cfg, "pad_id", None)
     if pad is None:
         pad = getattr(cfg, "pad_token_id", None)
-    params = inspect.signature(model.forward).parameters
-    named = [n for n, p in params.items()
-             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
-    ids_name = "input_ids" if "input_ids" in params else (named[0] if named else None)
-    takes_mask = "attention_mask" in params and ids_name not in (None, "attention_mask")
+    # diagnose.calling routes {"input_ids", "attention_mask"} to forward's own parameters
+    # (TransformerLens's `input`, nanoGPT's `idx`, x-transformers' `x` and `mask`)
+    takes_mask = convention(model).mask is not None
     return ModelInfo(vocab, int(pad) if isinstance(pad, int) else 0, max_len,
-                     takes_mask, takes_mask, type(model).__name__, ids_name or "input_ids")
+                     takes_mask, takes_mask, type(model).__name__)
 
 
 def device_of(model: nn.Module) -> torch.device:
@@ -100,8 +98,9 @@ def forward(model: nn.Module, info: ModelInfo, ids: torch.Tensor, mask: torch.Te
         chunk = ids[s:s + MAX_ROWS_PER_FORWARD].to(dev)
         m = None if mask is None else mask[s:s + MAX_ROWS_PER_FORWARD].to(dev)
         x = inputs_for(info, chunk, m)
-        out = model(**x) if isinstance(x, Mapping) else model(x)
-        logits = part_output(out).detach().cpu()
+        # a model that returns the last position only (nanoGPT) is read at every position, a
+        # prefix at a time, so that the causal and padding checks can compare positions
+        logits = per_position(model, x, read=part_output).detach().cpu()
         outs.append(logits if logits.dtype == torch.float64 else logits.float())
     return torch.cat(outs)
 

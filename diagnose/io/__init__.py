@@ -1,6 +1,6 @@
 """Reading and writing the model and data files named in DESIGN.md.
 
-Exported: the public loaders (load_model, load_data, load_data_for, DataSet, save_checkpoint),
+Exported: the public loaders (load_model, load_data, load_data_for, DataSet, ImageSet, save_checkpoint),
 what the CLI commands use (check_task, describe_model, describe_data, trial_forward), and what
 another part of diagnose uses to teach load_model a folder kind it writes (FolderKind,
 register_folder_kind, weight_shapes: see _kinds.py). The rest
@@ -15,7 +15,8 @@ from .._lazy import lazy_names
 
 # Imported on first use (PEP 562): the report reads files through io._read and must not pay for
 # torch (about 300 MB and seconds) to do so.
-_HOMES = {"save_checkpoint": "_checkpoint", "DataSet": "_data", "check_task": "_data", "load_data": "_data",
+_HOMES = {"save_checkpoint": "_checkpoint", "DataSet": "_data", "ImageSet": "_images", "check_task": "_data",
+          "load_data": "_data",
           "load_data_for": "_data",
           "label2id_of": "_model", "load_model": "_model", "max_positions_of": "_model", "tokenizer_of": "_model",
           "describe_data": "_summary", "describe_model": "_summary", "trial_forward": "_summary",
@@ -25,6 +26,7 @@ _HOMES = {"save_checkpoint": "_checkpoint", "DataSet": "_data", "check_task": "_
 if TYPE_CHECKING:
     from ._checkpoint import can_checkpoint, save_checkpoint
     from ._data import DataSet, check_task, load_data, load_data_for
+    from ._images import ImageSet
     from ._hf import weight_shapes
     from ._kinds import FolderKind, register_folder_kind, unregister_folder_kind
     from ._model import label2id_of, load_model, max_positions_of, tokenizer_of
@@ -35,7 +37,7 @@ __getattr__, __dir__ = lazy_names(__name__, {k: f".{v}" for k, v in _HOMES.items
 
 
 __all__ = [
-    "DataSet", "check_task", "describe_data", "describe_model", "load_data", "load_data_for", "load_model",
+    "DataSet", "ImageSet", "check_task", "describe_data", "describe_model", "load_data", "load_data_for", "load_model",
     "save_checkpoint", "trial_forward",
     "FolderKind", "can_checkpoint", "register_folder_kind", "unregister_folder_kind", "weight_shapes",
 ]

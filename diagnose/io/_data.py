@@ -1,5 +1,7 @@
 """Data files: tensors (.pt / .safetensors / .npz) with input_ids [N, T], optional
-attention_mask [N, T] and optional labels ([N] or [N, T]); or text (.jsonl / .csv, see _text.py).
+attention_mask [N, T] and optional labels ([N] or [N, T]); raw uint16 token streams (nanoGPT's
+.bin, see _token_stream.py); or text (.jsonl / .csv, see _text.py). Token ids may be any integer
+dtype, uint16 and uint32 included (widened to int64).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ IGNORE = -100
 TENSOR_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".npz")
 TEXT_SUFFIXES = (".jsonl", ".csv")
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+# numpy's unsigned ids (nanoGPT's uint16 .bin, a uint32 vocabulary over 65,535): widened to int64
+# exactly (torch has few operations for them, not even max)
+_UINT_DTYPES = (torch.uint16, torch.uint32)
 
 
 @dataclass
@@ -72,12 +77,13 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path) -> Path:
 
 
 def load_data(path: str | Path, *, tokenizer: Any = None, max_length: int | None = None,
-              label2id: Mapping[str, int] | None = None, model_max_length: int | None = None) -> DataSet:
+              label2id: Mapping[str, int] | None = None, model_max_length: int | None = None) -> Any:
     """Read and validate a data file. Text files need `tokenizer` (a Hugging Face tokenizer).
 
     max_length truncates text when tokenising (default: the lower of model_max_length and the
     tokenizer's own limit); label2id maps label names in text files to ids.
-    With a tokenizer, `tokens` holds each example's token strings.
+    With a tokenizer, `tokens` holds each example's token strings. A file holding pixel_values
+    gives an ImageSet (images and class labels, see _images.py) instead of a DataSet.
     """
     path = Path(path)
     require_file(path, "data file")
@@ -89,9 +95,15 @@ def load_data(path: str | Path, *, tokenizer: Any = None, max_length: int | None
         return validate(tensors, path, tokens=tokens)
     if suffix not in TENSOR_SUFFIXES:
         raise InputFileError(f"{path}: unknown data format {suffix or '(no suffix)'!r}; use .pt, .safetensors "
-                             "or .npz tensors (input_ids, attention_mask, labels), or .jsonl/.csv text")
-    data = validate(_read_tensors(path), path)
-    if tokenizer is not None:
+                             "or .npz tensors (input_ids, attention_mask, labels), .bin token ids (nanoGPT's), "
+                             "or .jsonl/.csv text")
+    from ._token_stream import is_token_stream, read_token_stream
+    if is_token_stream(path):
+        tensors = read_token_stream(path, max_length or model_max_length)
+    else:
+        tensors = _read_tensors(path)
+    data = validate(tensors, path)
+    if tokenizer is not None and isinstance(data, DataSet):
         data.tokens = token_strings(tokenizer, data.input_ids)
     return data
 
@@ -195,18 +207,25 @@ def _as_int64(name: str, value: Any, path: Path) -> torch.Tensor:
         raise DataError(f"{path}: {name} is a {type(value).__name__}, not a tensor; store it as a torch tensor")
     if value.dtype == torch.bool and name != "input_ids":
         return value.long()
+    if value.dtype in _UINT_DTYPES:
+        return value.to(torch.int64)  # every uint16 / uint32 value fits
     if value.dtype not in _INT_DTYPES:
         raise DataError(f"{path}: {name} has dtype {str(value.dtype).replace('torch.', '')}, but must hold "
                         f"integers; convert it with .long() before saving")
     return value.long()
 
 
-def validate(tensors: Mapping[str, Any], path: str | Path, *, tokens: list[list[str]] | None = None) -> DataSet:
-    """Check names, shapes, dtypes and values; return the DataSet or raise DataError naming the fix."""
+def validate(tensors: Mapping[str, Any], path: str | Path, *, tokens: list[list[str]] | None = None) -> Any:
+    """Check names, shapes, dtypes and values; return the DataSet (or, for pixel_values, the
+    ImageSet: see _images.py) or raise DataError naming the fix."""
     path = Path(path)
+    if "pixel_values" in tensors:
+        from ._images import validate_images
+        return validate_images(tensors, path)
     if "input_ids" not in tensors:
         found = ", ".join(sorted(map(str, tensors))) or "nothing"
-        raise DataError(f"{path}: has no input_ids (found: {found}); store the token ids [N, T] as 'input_ids'")
+        raise DataError(f"{path}: has no input_ids (found: {found}); store the token ids [N, T] as 'input_ids' "
+                        "(or images [N, C, H, W] as 'pixel_values')")
     ids = _as_int64("input_ids", tensors["input_ids"], path)
     if ids.dim() != 2:
         raise DataError(f"{path}: input_ids has shape {tuple(ids.shape)}, but must be [N, T] (examples x "
@@ -269,6 +288,11 @@ def check_task(data: DataSet, task: str) -> None:
     real tokens in a row: with T = 1 nothing is predicted, and no statistic can be computed)."""
     from ..objectives import targets_for
 
+    if getattr(data, "main_input", "input_ids") == "pixel_values":
+        if task != "classification" or data.labels is None:
+            raise DataError(f"{data.source}: images are scored as classification against labels [N]; store the "
+                            "class ids as 'labels' (and use --task classification)")
+        return
     targets = targets_for(task, data.inputs(), data.labels)
     if not bool((targets != IGNORE).any()):
         why = (f"every example has fewer than two real tokens (T = {data.seq_len})" if task == "lm"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.nn as nn
@@ -11,7 +11,7 @@ import torch.nn as nn
 from ..errors import ConfigError, InputFileError
 from ._files import torch_load
 from ._checkpoint import FORMAT, is_checkpoint, model_from_checkpoint
-from ._factory import model_from_factory, read_state_dict
+from ._factory import model_from_factory, read_state_dict, resolve_factory
 from ._hf import is_hf_folder, load_hf_folder, refuse_special_files
 
 _FORMATS = ("a diagnose checkpoint (diagnose.save_checkpoint), a Hugging Face model folder "
@@ -20,12 +20,14 @@ _FORMATS = ("a diagnose checkpoint (diagnose.save_checkpoint), a Hugging Face mo
 
 
 def load_model(path: str | Path, *, factory: str | None = None, trust_pickle: bool = False,
-               attn_implementation: str | None = None) -> nn.Module:
+               attn_implementation: str | None = None, forward: str | Callable | None = None) -> nn.Module:
     """Load a model file or folder and return the model in eval mode, on the CPU.
 
     factory: "module:function" that builds the model; `path` then holds its state_dict.
     trust_pickle: allow a fully pickled nn.Module (unpickling runs code from the file).
     attn_implementation: passed to Hugging Face models ("eager", "sdpa"); default: theirs.
+    forward: fn(model, inputs) -> output, or "module:function" naming one (imported like the factory,
+    user code named by the user), that diagnose calls the model with (diagnose.calling.use_forward).
     The model gets `diagnose_source` (the path), `diagnose_format`, and `diagnose_tokenizer`
     (the folder's tokenizer, else None).
     """
@@ -51,6 +53,10 @@ def load_model(path: str | Path, *, factory: str | None = None, trust_pickle: bo
     else:
         model = _from_object(torch_load(path, trust_pickle=trust_pickle), path)
     model.diagnose_source = str(path)
+    if forward is not None:
+        from ..calling import use_forward
+
+        use_forward(model, resolve_factory(forward, option="--forward") if isinstance(forward, str) else forward)
     if not hasattr(model, "diagnose_tokenizer"):
         model.diagnose_tokenizer = None
     return model.eval()
@@ -107,8 +113,10 @@ def vocab_size_of(model: nn.Module) -> int | None:
 def max_positions_of(model: nn.Module) -> int | None:
     """The longest input the model's position scheme allows, where its config states it."""
     cfg = getattr(model, "cfg", None) or getattr(model, "config", None)
-    for name in ("max_len", "max_position_embeddings", "n_positions"):
-        size = getattr(cfg, name, None)
+    # block_size: nanoGPT's config and minGPT's model; max_seq_len: x-transformers' TransformerWrapper
+    for holder, name in [(cfg, n) for n in ("max_len", "max_position_embeddings", "n_positions", "block_size")] + \
+            [(model, "max_seq_len"), (model, "block_size")]:
+        size = getattr(holder, name, None)
         if isinstance(size, int) and not isinstance(size, bool) and size > 0:
             return size
     return None

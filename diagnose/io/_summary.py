@@ -8,7 +8,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..errors import DataError
+from ..calling import last_position_only
+from ..errors import DataError, UsageError
 from ..objectives import call_model, logits_of
 from ._files import one_line
 from ._data import IGNORE, DataSet, check_labels, check_vocab
@@ -52,7 +53,11 @@ def config_summary(model: nn.Module) -> dict[str, Any]:
 
 
 def describe_data(data: DataSet) -> dict[str, Any]:
-    """Counts, padding share and label layout and range (ignoring -100)."""
+    """Counts, padding share and label layout and range (ignoring -100); for an ImageSet, its
+    count, image size and pixel range (describe_images)."""
+    if getattr(data, "main_input", "input_ids") == "pixel_values":
+        from ._images import describe_images
+        return describe_images(data)  # type: ignore[arg-type]
     mask = data.attention_mask
     out: dict[str, Any] = {
         "source": data.source,
@@ -80,20 +85,23 @@ def describe_data(data: DataSet) -> dict[str, Any]:
 @torch.no_grad()
 def trial_forward(model: nn.Module, data: DataSet, n: int = 2) -> dict[str, Any]:
     """Run the first n examples through the model; check token ids and labels against its outputs."""
+    images = getattr(data, "main_input", "input_ids") == "pixel_values"
     vocab = vocab_size_of(model)
-    if vocab is not None:
+    if vocab is not None and not images:
         check_vocab(data, vocab)
     inputs, _ = next(data.take(n).batches(n))
     try:
         logits = logits_of(call_model(model, inputs))
+    except UsageError:  # diagnose.calling: the signature cannot take the inputs (it says which and the fix)
+        raise
     except Exception as exc:  # the model's own forward can raise anything
-        fix = ("diagnose calls model(input_ids=..., attention_mask=...): give forward those parameter names"
-               if isinstance(exc, TypeError) and "keyword argument" in str(exc)
-               else "check that the data was made for this model")
         raise DataError(f"{data.source}: the model fails on the first examples ({type(exc).__name__}: "
-                        f"{one_line(exc)}); {fix}") from None
-    _try_largest_id(model, data, n)
-    out = {"output_shape": list(logits.shape), "labels_fit": None}
+                        f"{one_line(exc)}); check that the data was made for this model, or pass --forward "
+                        "module:function to say how to call it") from None
+    if not images:
+        _try_largest_id(model, data, n)
+    out = {"output_shape": list(logits.shape), "labels_fit": None,
+           "last_position_only": last_position_only(logits, inputs)}
     labels = data.labels
     if labels is not None:
         # labels [N] score logits [B, C]; labels [N, T] score logits [B, T, C]

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 import torch.nn as nn
 
 from .._tolerance import model_size
-from ..ablation.batches import as_batches
+from ..ablation.batches import as_batches, for_last_position
 from ..ablation.gate import gated
 from ..ablation.methods import FOLDABLE, DataPass, get_method, install, prepare
 from ..adapters.base import AttentionSite
@@ -56,8 +56,9 @@ def prune_heads(model: nn.Module, data: Any, *, max_drop: float | None = None, m
     if int(candidates) < 1 or (limit is not None and int(limit) < 0):
         raise ConfigError("candidates must be at least 1 and limit 0 or more")
     device = next((p.device for p in model.parameters()), None)
-    batches = as_batches(data, batch_size, device)
-    held_out = as_batches(eval_data, batch_size, device) if eval_data is not None else None
+    batches = for_last_position(model, as_batches(data, batch_size, device), task)
+    held_out = for_last_position(model, as_batches(eval_data, batch_size, device), task) if eval_data is not None \
+        else None
     for name, bs in (("data", batches), ("eval data", held_out or [])):
         if task == "classification" and any(labels is None for _, labels in bs):
             raise DataError(f"the {name} has no labels; classification pruning measures accuracy against them")

@@ -63,14 +63,14 @@ def test_nothing_left_after_an_interrupted_sweep(model, data, error, fast):
 
 
 def test_nothing_left_after_ctrl_c_inside_a_replayed_forward(model, data):
-    """Interrupt while block 0 replays and the layer-1 gate is closed (the memory plan's probe, clean,
-    layer 0, then layer 1)."""
+    """Interrupt while block 0 replays and the layer-1 gate is closed (the one-example probe of the
+    output's positions, the memory plan's probe, clean, layer 0, then layer 1)."""
     before = snapshot(model)
     calls = []
 
     def interrupt(_m, _args, _out):
         calls.append("forward" in model.blocks[0].__dict__)  # is block 0 replaying right now?
-        if len(calls) == 4:
+        if len(calls) == 5:
             raise KeyboardInterrupt
 
     handle = model.blocks[1].register_forward_hook(interrupt)
@@ -79,7 +79,7 @@ def test_nothing_left_after_ctrl_c_inside_a_replayed_forward(model, data):
             ablate_heads(model, data, task="lm", batch_size=N, progress=False, attention=False)
     finally:
         handle.remove()
-    assert calls == [False, False, False, True]
+    assert calls == [False, False, False, False, True]
     assert_untouched(model, before)
 
 

@@ -34,7 +34,8 @@ def test_describe_reference_model_and_data(tmp_path):
     assert d["padding_share"] == pytest.approx(0.2) and d["token_ids"] == [0, 5]
     assert d["labels"] == {"shape": [2, 5], "kind": "token", "min": 2, "max": 5, "distinct": 4,
                            "scored_share": pytest.approx(0.6)}
-    assert trial_forward(loaded, _data(labels)) == {"output_shape": [2, 5, 8], "labels_fit": True}
+    assert trial_forward(loaded, _data(labels)) == {"output_shape": [2, 5, 8], "labels_fit": True,
+                                                    "last_position_only": False}
 
 
 def test_probe_catches_misfits():
