@@ -16,11 +16,11 @@ own design). When nothing declares intent and the outputs are shaped like a lang
 (one score per vocabulary entry at every position) it is a warning: most hand-written LMs are
 meant to be causal, and a missing mask is the classic bug that lets them cheat.
 
-A model that returns one output for the whole sequence (nanoGPT's GPT without targets returns the
-last position's logits [B, 1, V]; a classifier [B, C]) has no per-position output to compare. For the
-last position, or whenever causal=True asks for the test, the test reads the residual stream
-instead: the last residual block's output [B, T, C] at every position (the blocks the adapters
-find), and says so in the evidence. Pooled outputs of a model nobody asked to be causal: skipped.
+A model that returns the last position only (nanoGPT's GPT without targets) is read at every
+position by diagnose.calling.per_position. One whose output has no position axis at all (a
+classifier [B, C]) has nothing per position to compare: when causal=True asks for the test, it reads
+the residual stream instead, the last residual block's output [B, T, C] at every position (the
+blocks the adapters find), and says so in the evidence (`compared`); otherwise it is skipped.
 """
 
 from __future__ import annotations
@@ -95,11 +95,10 @@ def check_causal(subject: Subject, causal: bool | None = None) -> list[Finding]:
         out = forward(subject.model, subject.info, torch.cat(variants))  # [(1 + V) * B, ...]
     read = "outputs"
     if not token_level(out[:B], ids):
-        last = out.dim() >= 3 and out.shape[1] == 1
-        if not (last or causal is True):
+        if causal is not True:
             raise SkipCheck(f"outputs are pooled {tuple(out.shape[1:])}: there is no output per position to test")
         block, out = _stream(subject, torch.cat(variants), ids)  # [(1 + V) * B, T, C]
-        read = f"the residual stream after {block} ({'the model returns the last position only' if last else 'pooled outputs'})"
+        read = f"the residual stream after {block} (the outputs are pooled)"
     clean = out[:B]  # [B, T, V]
     leak = {"next": 0.0, "later": 0.0}
     leaking = torch.zeros(T, dtype=torch.bool)
@@ -145,11 +144,11 @@ def _stream(subject: Subject, ids: torch.Tensor, example: torch.Tensor) -> tuple
         blocks = sites[0].adapter.blocks(model)
     except DiagnoseError as exc:
         raise SkipCheck(f"the model returns no output per position and its residual blocks are not found ({exc}); "
-                        "fix: return logits for every position (e.g. pass targets), or name the attention "
-                        "layers (--attention-module)") from None
+                        "fix: return an output for every position, or name the attention layers "
+                        "(--attention-module)") from None
     if not blocks:
         raise SkipCheck("the model returns no output per position and no residual block was found to read instead; "
-                        "fix: return logits for every position (e.g. pass targets)")
+                        "fix: return an output for every position")
     name, module = blocks[-1]
     seen: list[torch.Tensor] = []
 

@@ -1,7 +1,7 @@
 """`diagnose check --causal --strict` on the client models' saved files (a state_dict and a factory
 file, as their users hold them): a clean model exits 0, the same model with its causal mask removed
-exits 1; nanoGPT, which returns only the last position's logits, is tested on its residual stream
-instead of being skipped; a requested check that cannot run (--causal on a ViT) fails --strict;
+exits 1; a causal classifier with no output per position is tested on its residual stream instead
+of being skipped; a requested check that cannot run (--causal on a ViT) fails --strict;
 x-transformers' cosine attention (qk_norm, scale 10) is no missing 1/sqrt(d_k); minGPT's positions
 check runs in float32 (its float64 copy cannot run) and says so."""
 
@@ -13,6 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from diagnose import check_model
 from diagnose.cli.main import cli
 
 from . import mingpt, nanogpt, timm_vit, xtransformers
@@ -93,11 +94,29 @@ def test_gpt_causal_strict_catches_a_removed_mask(client, tmp_path):
     assert "ERROR causal: Causal leak" in res.output
 
 
-def test_nanogpt_last_position_logits_are_tested_on_the_residual_stream(tmp_path):
-    res = _check(tmp_path, _without_mask(nanogpt.make(flash=False)), "nanogpt", "--causal", "--strict")
-    assert res.exit_code == 1, res.output
-    assert "compared = the residual stream after transformer.h.1 (the model returns the last position only)" \
-        in res.output
+class LastToken(torch.nn.Module):
+    """A causal classifier: x-transformers' output at the last position only, [B, V] (no position axis)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)[:, -1]
+
+
+@pytest.mark.parametrize("leaky", [False, True])
+def test_pooled_outputs_asked_to_be_causal_are_tested_on_the_residual_stream(leaky):
+    inner = xtransformers.make()
+    for m in inner.modules():
+        if type(m).__name__ == "Attend":
+            m.causal = not leaky
+    result = check_model(LastToken(inner), causal=True, checks=["causal"])
+    assert [(f.severity, f.evidence["compared"]) for f in result] == (
+        [("error", "the residual stream after inner.attn_layers.layers.3 (the outputs are pooled)")] if leaky else [])
+    assert result.passed == ([] if leaky else ["causal"])
+    skipped = check_model(LastToken(inner), checks=["causal"])  # nobody asked: nothing per position to test
+    assert [s["check"] for s in skipped.skipped] == ["causal"] and list(skipped) == []
 
 
 def test_xtransformers_causal_strict_catches_a_removed_mask(tmp_path):
