@@ -149,9 +149,10 @@ class TrainingMonitor:
         if self._waiting is not None:
             self._waiting.remove()
             if where == "step":
-                warnings.warn("diagnose: TrainingMonitor.step() came before any forward of the model, so its "
-                              "attention and blocks were looked for without an input (a model only the generic "
-                              "tracer knows is then not watched); fix: pass example=inputs to TrainingMonitor",
+                warnings.warn("diagnose: TrainingMonitor.step() came before any forward of the model it was given "
+                              "(a trainer that calls a submodule, not the model), so its attention and blocks "
+                              "are looked for without its input: on guessed token ids, and not at all for a model "
+                              "without an nn.Embedding; fix: pass example=inputs to TrainingMonitor",
                               RuntimeWarning, stacklevel=3)
             self._setup(None)
 
