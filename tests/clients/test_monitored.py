@@ -123,3 +123,23 @@ def test_compiled_equals_eager(client, tmp_path):
             assert a["attention"][site]["entropy"] == approx(b["attention"][site]["entropy"], width=32, depth=2)
         for block in b["layers"]:
             assert a["layers"][block]["act_var"] == approx(b["layers"][block]["act_var"], width=32, depth=2)
+
+
+def test_example_finds_them_when_the_monitor_is_made(tmp_path):
+    model = timm_vit.make().train()
+    with diagnose.TrainingMonitor(model, tmp_path, example=pixel_values(2), echo=False) as monitor:
+        run = json.loads((tmp_path / "run.json").read_text())  # written before any training step
+        assert run["model"]["attention_sites"] == CLIENTS["timm"][3] == monitor.site_names
+        assert run["model"]["blocks"] == CLIENTS["timm"][2]
+
+
+def test_a_step_before_any_forward_says_what_is_not_watched(tmp_path):
+    model = timm_vit.make().train()
+    monitor = diagnose.TrainingMonitor(model, tmp_path, echo=False)
+    with pytest.warns(RuntimeWarning) as caught:
+        monitor.step(torch.tensor(1.0))
+    monitor.close()
+    said = " ".join(str(w.message) for w in caught)
+    assert "step() came before any forward" in said and "pass example=inputs" in said
+    assert "records no attention statistics" in said and "does not start with an nn.Embedding" in said
+    assert monitor.site_names == []
