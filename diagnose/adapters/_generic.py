@@ -21,7 +21,7 @@ from ..errors import ConfigError, NoAttentionFoundError
 from ._hooks import blocks_around, gate_projection
 from ._intercept import AttentionMode, watch_probs, watch_probs_traced
 from .base import AttentionSite, HeadOutputFn, PatternCallback
-from ._trace import Trace, trace
+from ._trace import Trace, first_example, sample_input, trace  # noqa: F401  (the last two: for their old importers)
 from .layout import BLOCKED, Projection, ProjectionLayout
 
 _HEAD_DIM_ATTRS = ("head_dim", "head_size", "d_head", "dim_head", "attention_head_size", "hs")
