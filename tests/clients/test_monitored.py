@@ -111,10 +111,11 @@ def test_torchvision_block_statistics_read_the_residual_stream(tmp_path):
 
 
 @pytest.mark.skipif(not TRACED_HOOKS, reason="diagnose's traced attention hooks need torch >= 2.13")
-@pytest.mark.parametrize("client", ["xtransformers", "timm"])
+@pytest.mark.parametrize("client", ["xtransformers", "timm", "torchvision"])
 def test_compiled_equals_eager(client, tmp_path):
-    """x-transformers (the blocks are list items the parent unpacks) and timm (no Embedding: found on the
-    first batch, by a pre-hook that runs outside the compiled graph), compiled: the eager run's numbers."""
+    """x-transformers (the blocks are list items the parent unpacks), timm (no Embedding: found on the
+    first batch, by a pre-hook that runs outside the compiled graph) and torchvision (nn.MultiheadAttention's
+    traced hook), compiled: the eager run's numbers."""
     eager, _ = _train(client, tmp_path / "eager")
     got, run = _train(client, tmp_path / "compiled", compiled=True)
     _assert_watched(got, run, client)
