@@ -19,7 +19,7 @@ from .errors import *  # noqa: F403 -- every error class (errors.__all__), so a 
 _EXPORTS = {
     "GroupEffect": ".ablation", "HeadEffect": ".ablation", "HeadsResult": ".ablation", "ablate_heads": ".ablation",
     "ablate_together": ".ablation",
-    "AttentionSite": ".adapters.base",
+    "AttentionSite": ".adapters.base", "InterceptAdapter": ".adapters",
     "NormForm": ".adapters.norms", "register_norm": ".adapters.norms", "unregister_norm": ".adapters.norms",
     "AttentionSummary": ".attention_stats", "attention_summary": ".attention_stats",
     "Capture": "._capture", "capture": "._capture",
@@ -36,6 +36,7 @@ _EXPORTS = {
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from .ablation import GroupEffect, HeadEffect, HeadsResult, ablate_heads, ablate_together
+    from .adapters import InterceptAdapter
     from .adapters.base import AttentionSite
     from .adapters.norms import NormForm, register_norm, unregister_norm
     from .attention_stats import AttentionSummary, attention_summary
@@ -68,6 +69,7 @@ __all__ = [
     "GroupEffect",
     "HeadEffect",
     "HeadsResult",
+    "InterceptAdapter",
     "MonitorConfig",
     "NormForm",
     "PruneResult",
