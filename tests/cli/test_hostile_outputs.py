@@ -388,6 +388,7 @@ def test_check_and_heads_print_names_from_the_model_as_text(capsys, monkeypatch)
     from diagnose.checks._finding import Finding, Findings
     from diagnose.cli import check as check_cli
     from diagnose.cli import heads as heads_cli
+    from diagnose.schema import Field, Section
 
     monkeypatch.setenv("FORCE_COLOR", "1")
     hostile = "[/bold][link=https://evil.example]x\x1b]8;;https://evil.example\x07\u202e"
@@ -400,7 +401,8 @@ def test_check_and_heads_print_names_from_the_model_as_text(capsys, monkeypatch)
         baseline={"accuracy": 0.5, "loss": 1.0}, ranked=lambda: [], significance={
             "n_significant": 0, "n_tested": 0, "correction": "holm", "alpha": 0.05}, fast=None,
         flags=[{"kind": hostile, "layer": 0, "head": 0, "reason": hostile}], together=[],
-        timing={"seconds": 1.0, "forward_passes": 2})
+        timing={"seconds": 1.0, "forward_passes": 2},
+        sections=[Section("toy", hostile, (Field("x", hostile, "s"),), [{"x": hostile}], note=hostile)])
     heads_cli._print(result, hostile)
     out = capsys.readouterr().out
     plain = re.sub(r"\x1b\[[0-9;]*m", "", out)

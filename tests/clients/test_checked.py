@@ -19,6 +19,8 @@ from diagnose.cli.main import cli
 from . import mingpt, nanogpt, timm_vit, xtransformers
 from .files import save_state_dict
 
+pytestmark = pytest.mark.numerics
+
 HERE = Path(__file__).parent
 
 FACTORIES = f'''

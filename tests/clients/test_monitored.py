@@ -19,6 +19,8 @@ from ..tolerance import approx
 from . import mingpt, nanogpt, timm_vit, torchvision_vit, xtransformers
 from .files import pixel_values
 
+pytestmark = pytest.mark.numerics
+
 STEPS = 3
 
 
