@@ -34,14 +34,12 @@ to state).
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 import torch
 import torch.nn as nn
 
-from .._distributed import Ranks
 from ..adapters import StreamPlan, hooks, stream_plan
 from ..adapters.base import AttentionSite
 from ..adapters.layout import stored_in_out
@@ -49,11 +47,8 @@ from ..adapters.norms import NormForm, declared
 from ..adapters.readout import ResidualPath, hidden_of, moved, residual_path
 from ..errors import ConfigError
 from ..objectives import call_model, logits_of, score
-from .accumulate import Accumulator
-from .direct_clamp import Clamped
+from .direct_clamp import Clamped, Passes
 from .prefix import repeat_batch, replay
-from .shards import merge
-from .steps import indexed
 from .sweep import Ablated, Clean, Sweep, _kl_sums, _same
 
 NORM = ("frozen: every norm on a head's path to the output (pre-norm: the final norm; post-norm BERT or torch "
@@ -120,7 +115,7 @@ def norm_form(adapter, norm: nn.Module) -> NormForm:
     return form
 
 
-class Direct:
+class Direct(Passes):
     """The direct-effect passes of one sweep (its gates, fills and replay); `run` returns an Accumulator
     whose 'ablated' outcomes are the direct-path ones, so the sweep's tests apply unchanged."""
 
@@ -137,23 +132,9 @@ class Direct:
         self.forwards = 0
         self.seconds = 0.0
 
-    def run(self, parts: Sequence[tuple[Any, Any]], first: int, r: Ranks, heads: Sequence[int],
-            tick=None) -> Accumulator:
-        """Every head of `heads` (global indices) on this rank's parts; all ranks' sums."""
-        acc = Accumulator(len(self.sweep.heads))
-        started = time.perf_counter()
-
-        def work() -> None:
-            for inputs, labels, rows in indexed(parts, first):
-                clean, outs, normed = self._clean(inputs, labels, rows)
-                acc.add_clean(clean)
-                acc.add_ablated(self._batch(clean, outs, normed, heads))
-                if tick:
-                    tick()
-
-        r.run_local("measuring direct effects", work)
-        self.seconds += time.perf_counter() - started
-        return merge(acc, r)
+    def _pass(self, inputs: Any, labels: Any, rows: torch.Tensor, heads: Sequence[int]) -> tuple[Clean, Ablated]:
+        clean, outs, normed = self._clean(inputs, labels, rows)
+        return clean, self._batch(clean, outs, normed, heads)
 
     def _clean(self, inputs: Any, labels: Any, rows: torch.Tensor
                ) -> tuple[Clean, dict[int, torch.Tensor], dict[int, torch.Tensor]]:

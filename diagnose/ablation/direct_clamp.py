@@ -33,14 +33,13 @@ from .steps import indexed
 from .sweep import Ablated, Clean, Sweep, _kl_sums
 
 
-class Clamped:
-    """The clamped direct-effect passes of one sweep; `run` returns an Accumulator as Direct.run does."""
+class Passes:
+    """The loop both direct-effect passes share (declared path: direct.Direct; traced: Clamped): per batch
+    the clean pass, then every head's direct-path outcome (each subclass's `_pass(inputs, labels, rows, heads)
+    -> (Clean, Ablated)`), summed over this rank's parts and merged."""
 
-    def __init__(self, sweep: Sweep, plan: StreamPlan):
-        self.sweep, self.plan = sweep, plan
-        self.replay_ok = False  # every block recomputes: its sublayers are clamped, not replayed
-        self.forwards = 0
-        self.seconds = 0.0
+    sweep: Sweep
+    seconds: float
 
     def run(self, parts: Sequence[tuple[Any, Any]], first: int, r: Ranks, heads: Sequence[int],
             tick=None) -> Accumulator:
@@ -50,15 +49,29 @@ class Clamped:
 
         def work() -> None:
             for inputs, labels, rows in indexed(parts, first):
-                clean, record = self._clean(inputs, labels, rows)
+                clean, ablated = self._pass(inputs, labels, rows, heads)
                 acc.add_clean(clean)
-                acc.add_ablated(self._batch(clean, record, heads))
+                acc.add_ablated(ablated)
                 if tick:
                     tick()
 
         r.run_local("measuring direct effects", work)
         self.seconds += time.perf_counter() - started
         return merge(acc, r)
+
+
+class Clamped(Passes):
+    """The clamped direct-effect passes of one sweep; `run` returns an Accumulator as Direct.run does."""
+
+    def __init__(self, sweep: Sweep, plan: StreamPlan):
+        self.sweep, self.plan = sweep, plan
+        self.replay_ok = False  # every block recomputes: its sublayers are clamped, not replayed
+        self.forwards = 0
+        self.seconds = 0.0
+
+    def _pass(self, inputs: Any, labels: Any, rows: torch.Tensor, heads: Sequence[int]) -> tuple[Clean, Ablated]:
+        clean, record = self._clean(inputs, labels, rows)
+        return clean, self._batch(clean, record, heads)
 
     def _clean(self, inputs: Any, labels: Any, rows: torch.Tensor) -> tuple[Clean, dict[str, list]]:
         """The clean pass, recording each sublayer's output and each norm's (input, output)."""

@@ -15,6 +15,7 @@ from ._probs import LazyProbs, Probs, float32_only, materialise, query_chunks
 from ._stream import StreamPlan, stream_plan
 from ._registry import adapters as all_adapters, builtin_layouts, register_adapter, unregister_adapter
 from ._torch_mha import no_fastpath
+from ._trace import Called
 from .base import Adapter, AttentionSite, HeadOutputFn, PatternCallback
 from .layout import BLOCKED, INTERLEAVED, SEPARATE, Projection, ProjectionLayout, layout_of, stored_in_out
 from .norms import LAYER_NORM, RMS_NORM, NormForm, register_norm, unregister_norm
@@ -27,4 +28,4 @@ __all__ = ["BLOCKED", "INTERLEAVED", "LAYER_NORM", "RMS_NORM", "SEPARATE", "Adap
            # the mode that intercepts it inside a module, MHA without its fast path, the traced residual stream
            "all_adapters", "GenericAdapter", "named_sites", "hooks", "first_tensor", "LazyProbs", "Probs",
            "float32_only", "materialise", "query_chunks", "sdpa_probs", "mode_inside", "no_fastpath",
-           "StreamPlan", "stream_plan", "stored_in_out"]
+           "StreamPlan", "stream_plan", "stored_in_out", "Called"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..adapters._hooks import first_tensor, hooks
+from ..adapters import first_tensor, hooks
 from ..modes import eval_mode
 from ._subject import SAME, Subject, forward, inputs_for, relative_change, token_level
 from ._finding import Finding, SkipCheck

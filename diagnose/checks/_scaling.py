@@ -232,14 +232,33 @@ def measure_scaling(model: torch.nn.Module, inputs: Any, *, attention_module: st
         sites = find_heads(model, attention_module=attention_module, n_heads=n_heads, example=inputs)
     except DiagnoseError as exc:
         raise SkipCheck(f"no attention layer found ({exc})") from None
-    seen = [{"scale": [], "probs": [], "unit": []} for _ in sites]
+    seen = _observe(model, inputs, sites)
+    ratios, stds, sats = _per_layer(sites, seen)
+    measured = [r for r in ratios if not math.isnan(r)]
+    if not measured:
+        raise SkipCheck("no layer's scale could be measured (no softmax or scaled_dot_product_attention call "
+                        "seen in Python, or scores carry a position bias)")
+    evidence = {"scale_times_sqrt_dk_per_layer": ratios, "head_dim_per_layer": [s.head_dim for s in sites],
+                "logit_std_per_layer": stds, "sqrt_dk_per_layer": [math.sqrt(s.head_dim) for s in sites],
+                "saturated_share_per_layer": sats, "threshold": TOO_LARGE}
+    return _judge(sites, seen, ratios, sats, evidence)
+
+
+def _observe(model: torch.nn.Module, inputs: Any, sites: list) -> list[dict[str, list]]:
+    """One forward with every site watched: per site its scales, probabilities and unit-norm flags."""
     from ..adapters import no_fastpath
 
+    seen = [{"scale": [], "probs": [], "unit": []} for _ in sites]
     # the fused MHA / TransformerEncoder fast path runs no Python inside attention: switch it off
     with eval_mode(model), torch.no_grad(), no_fastpath(), ExitStack() as stack:
         for s, out in zip(sites, seen):
             stack.enter_context(_watch(s.module, s, out))
         call_model(model, inputs)
+    return seen
+
+
+def _per_layer(sites: list, seen: list[dict[str, list]]) -> tuple[list[float], list[float], list[float]]:
+    """Per layer: scale x sqrt(d_k) (NaN when not a steady multiple of q.k), logit std, saturated share."""
     ratios, stds, sats = [], [], []
     for s, out in zip(sites, seen):
         c = torch.cat(out["scale"]) if out["scale"] else None
@@ -251,13 +270,12 @@ def measure_scaling(model: torch.nn.Module, inputs: Any, *, attention_module: st
         st, sat = _row_stats(torch.cat(rows)) if rows else (math.nan, math.nan)
         stds.append(st)
         sats.append(sat)
-    measured = [r for r in ratios if not math.isnan(r)]
-    if not measured:
-        raise SkipCheck("no layer's scale could be measured (no softmax or scaled_dot_product_attention call "
-                        "seen in Python, or scores carry a position bias)")
-    evidence = {"scale_times_sqrt_dk_per_layer": ratios, "head_dim_per_layer": [s.head_dim for s in sites],
-                "logit_std_per_layer": stds, "sqrt_dk_per_layer": [math.sqrt(s.head_dim) for s in sites],
-                "saturated_share_per_layer": sats, "threshold": TOO_LARGE}
+    return ratios, stds, sats
+
+
+def _judge(sites: list, seen: list[dict[str, list]], ratios: list[float], sats: list[float],
+           evidence: dict[str, Any]) -> list[Finding]:
+    """The findings: cosine attention, a missing or extra scale, muP's 1/d_k, near one-hot rows."""
     found = []
     cosine = [bool(out["unit"]) and all(out["unit"]) for out in seen]  # unit-norm q and k: c is a temperature
     warm = [i for i, r in enumerate(ratios) if r > TOO_LARGE and cosine[i]]

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import torch
 
 from .._write import atomic_write
-from ..errors import ConfigError, DataError, InputFileError
+from ..errors import DataError, InputFileError
+from ._batched import Batched
 from ._files import one_line, require_file, torch_load
 
 IGNORE = -100
@@ -26,7 +27,7 @@ _UINT_DTYPES = (torch.uint16, torch.uint32)
 
 
 @dataclass
-class DataSet:
+class DataSet(Batched):
     """Token ids with optional mask and labels; `batches` yields (inputs, labels) pairs."""
 
     input_ids: torch.Tensor  # [N, T] int64
@@ -51,14 +52,6 @@ class DataSet:
         if self.token_type_ids is not None:
             out["token_type_ids"] = self.token_type_ids[start:stop]
         return out
-
-    def batches(self, batch_size: int) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor | None]]:
-        """(inputs, labels) pairs in order: the `data` that ablate_heads and capture take."""
-        if int(batch_size) < 1:
-            raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
-        for start in range(0, len(self), int(batch_size)):
-            stop = start + int(batch_size)
-            yield self.inputs(start, stop), None if self.labels is None else self.labels[start:stop]
 
     def take(self, n: int) -> "DataSet":
         """The first n examples (all of them when n >= len)."""

@@ -12,18 +12,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import torch
 
-from ..errors import ConfigError, DataError
+from ..errors import DataError
+from ._batched import Batched
 
 IGNORE = -100
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 @dataclass
-class ImageSet:
+class ImageSet(Batched):
     """Images with optional class labels; `batches` yields (inputs, labels) pairs."""
 
     pixel_values: torch.Tensor  # [N, C, H, W] float
@@ -44,14 +45,6 @@ class ImageSet:
     def inputs(self, start: int = 0, stop: int | None = None) -> dict[str, torch.Tensor]:
         """Model inputs for examples [start, stop): {"pixel_values": [n, C, H, W]}."""
         return {"pixel_values": self.pixel_values[start:stop]}
-
-    def batches(self, batch_size: int) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor | None]]:
-        """(inputs, labels) pairs in order: the `data` that ablate_heads and capture take."""
-        if int(batch_size) < 1:
-            raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
-        for start in range(0, len(self), int(batch_size)):
-            stop = start + int(batch_size)
-            yield self.inputs(start, stop), None if self.labels is None else self.labels[start:stop]
 
     def take(self, n: int) -> "ImageSet":
         """The first n examples (all of them when n >= len)."""

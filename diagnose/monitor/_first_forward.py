@@ -12,12 +12,12 @@ import torch
 import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
-from ..adapters._trace import Called
+from ..adapters import Called
 
 
 def structural_sites(model: nn.Module) -> bool:
     """Whether a registered or built-in family adapter finds the model's attention without a forward."""
-    from ..adapters._registry import adapters
+    from ..adapters import all_adapters as adapters
 
     for adapter in adapters():
         try:

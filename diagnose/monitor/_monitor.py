@@ -57,26 +57,16 @@ class TrainingMonitor:
     monitor = TrainingMonitor(model, "runs/exp1")
     loss.backward(); monitor.step(loss, optimizer=opt); opt.step()
 
-    every: log one step in `every` (hooks return at once on the others).
-    attention_every: sample attention statistics on steps divisible by it (0: never).
-    clip: the max norm the loop clips gradients to, to record the clip coefficient.
-    thresholds: alert thresholds (Thresholds()); echo: print alerts to stderr as they fire.
-    settings: extra entries for run.json's "settings" (e.g. how the integration reads norms).
-    raise_on: alert kinds (e.g. ("nonfinite",)) on which step() raises TrainingAlertError after
-        writing the step; on_alert: a function called with each alert dict as it fires.
-    save_spikes: when a grad_spike, loss_spike or nonfinite alert fires, save the batch given to
-        step(batch=..., per_example_loss=...) to spikes/ in the run folder, at most spike_bytes
-        of tensors per step and spike_limit steps per run.
-    sinks: more places each record, alert and evaluation goes (diagnose.monitor.Sink objects, e.g. a
-        live tracker), after the run folder; run_dir=None keeps no run folder, only these sinks.
+    config / **options: the settings, every one a field of MonitorConfig (diagnose/monitor/_config.py,
+        which says what each does: every, attention_every, clip, thresholds, echo, settings, raise_on,
+        on_alert, save_spikes, spike_bytes, spike_limit, sinks); run_dir=None keeps no run folder, only the sinks.
     example: the model's inputs (a Tensor, or a Mapping of keyword arguments) for finding its
         attention and residual blocks. Without it a family adapter finds them from the modules, and
         a model only the generic tracer knows is traced on the first forward's own arguments
         (the first step's batch), just before that forward runs, which is then measured too.
-    The settings (all but example) are the fields of one MonitorConfig (_config.py): pass them as
-    keywords, or one whole as config=MonitorConfig(...) (keywords then lay over it). What is measured
-    comes from the registered measurements (_measure.py), which alerts fire from the registered
-    detectors (_detect.py).
+    Pass the settings as keywords, or one whole as config=MonitorConfig(...) (keywords then lay over
+    it). What is measured comes from the registered measurements (_measure.py), which alerts fire
+    from the registered detectors (_detect.py).
 
     Errors: a bad setting raises ConfigError (a ValueError), a sink without a sink's methods
     UsageError (a TypeError), step() or log_eval() after close() StateError (a RuntimeError).

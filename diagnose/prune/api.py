@@ -63,13 +63,7 @@ def prune_heads(model: nn.Module, data: Any, *, config: AblationConfig | None = 
                           f"reproduce it; prune with {', '.join(FOLDABLE)}")
     if int(candidates) < 1 or (limit is not None and int(limit) < 0):
         raise ConfigError("candidates must be at least 1 and limit 0 or more")
-    device = next((p.device for p in model.parameters()), None)
-    batches = for_last_position(model, as_batches(data, batch_size, device), task)
-    held_out = for_last_position(model, as_batches(eval_data, batch_size, device), task) if eval_data is not None \
-        else None
-    for name, bs in (("data", batches), ("eval data", held_out or [])):
-        if task == "classification" and any(labels is None for _, labels in bs):
-            raise DataError(f"the {name} has no labels; classification pruning measures accuracy against them")
+    batches, held_out = _batches(model, data, eval_data, task, batch_size)
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
     layouts = check_cuttable(model, sites, method)
     with eval_mode(model):
@@ -127,6 +121,18 @@ class _Pruned:
     started: float
     forwards: int
     time_repeats: int
+
+
+def _batches(model: nn.Module, data: Any, eval_data: Any, task: str, batch_size: int | None):
+    """The data and the held-out data (or None) as batches on the model's device, scored as the task says."""
+    device = next((p.device for p in model.parameters()), None)
+    batches = for_last_position(model, as_batches(data, batch_size, device), task)
+    held_out = for_last_position(model, as_batches(eval_data, batch_size, device), task) if eval_data is not None \
+        else None
+    for name, bs in (("data", batches), ("eval data", held_out or [])):
+        if task == "classification" and any(labels is None for _, labels in bs):
+            raise DataError(f"the {name} has no labels; classification pruning measures accuracy against them")
+    return batches, held_out
 
 
 def _budget(task: str, max_drop: float | None, max_loss: float | None) -> Budget:
