@@ -256,6 +256,7 @@ class TrainingMonitor:
         `step` is positional only, so that a metric may be called anything (`step`, `self`)."""
         if self._closed:
             raise StateError("TrainingMonitor.log_eval() after close()")
+        self._ready("eval")  # an evaluation before any forward of the model: the sinks start here
         record = eval_record(step, loss, metrics)
         for sink in self.sinks:
             sink.eval(record)

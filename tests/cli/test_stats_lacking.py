@@ -36,7 +36,7 @@ def _train(run_dir, kind: str, optimizer) -> None:
 
 def test_stats_names_the_signals_a_classifier_trained_with_sgd_lacks(tmp_path):
     _train(tmp_path / "cls", "classifier", lambda p: torch.optim.SGD(p, lr=0.1))
-    result = CliRunner().invoke(cli, ["stats", str(tmp_path / "cls")], terminal_width=400)
+    result = CliRunner().invoke(cli, ["stats", str(tmp_path / "cls")], env={"COLUMNS": "240"})  # xdist workers set COLUMNS=80
     assert result.exit_code == 0, result.output
     lines = [ln for ln in result.output.splitlines() if ln.startswith("not recorded:")]
     assert len(lines) == 2, result.output
@@ -49,7 +49,7 @@ def test_stats_names_the_signals_a_classifier_trained_with_sgd_lacks(tmp_path):
 
 def test_stats_of_a_language_model_trained_with_adam_lacks_nothing(tmp_path):
     _train(tmp_path / "lm", "lm", lambda p: torch.optim.AdamW(p, lr=1e-3))
-    result = CliRunner().invoke(cli, ["stats", str(tmp_path / "lm")], terminal_width=400)
+    result = CliRunner().invoke(cli, ["stats", str(tmp_path / "lm")], env={"COLUMNS": "240"})  # xdist workers set COLUMNS=80
     assert result.exit_code == 0, result.output
     assert "not recorded:" not in result.output
     js = json.loads(CliRunner().invoke(cli, ["stats", str(tmp_path / "lm"), "--json"]).output)

@@ -164,7 +164,7 @@ def test_toy_fields_reach_stats_and_its_json(toy_run):
     assert [row["toy_block_norm"] for row in s["layers"]] == approx([norms[b] for b in blocks])
     assert [v for a in s["attention"] for v in a["toy_q_norm"]] == approx([v for x in sites for v in heads[x]])
     assert all(len(a["max_logit"]) == 2 for a in s["attention"])
-    text = CliRunner().invoke(cli, ["stats", str(run_dir)])
+    text = CliRunner().invoke(cli, ["stats", str(run_dir)], env={"COLUMNS": "240"})  # xdist sets COLUMNS=80
     assert text.exit_code == 0, text.output
     for header in ("toy query norm [w]", "toy squared weights", "toy block norm", "max logit"):
         assert header in text.output
@@ -226,7 +226,7 @@ def test_fields_nothing_declares_are_shown_by_name(toy_run):
         s = json.loads(CliRunner().invoke(cli, ["stats", str(run_dir), "--json"]).output)
         assert s["last"]["toy_sq_sum"] == approx(total)
         assert [v for a in s["attention"] for v in a["toy_q_norm"]] == approx([v for x in sites for v in heads[x]])
-        text = CliRunner().invoke(cli, ["stats", str(run_dir)]).output
+        text = CliRunner().invoke(cli, ["stats", str(run_dir)], env={"COLUMNS": "240"}).output  # xdist sets COLUMNS=80
         assert "toy_q_norm" in text and "toy_block_norm" in text and "toy query norm" not in text
     finally:
         for m in TOYS:
