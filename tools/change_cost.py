@@ -105,12 +105,15 @@ def run_recipe(recipe: Recipe, copy: Path, python: str, verbose: bool) -> Outcom
     except RecipeRot as exc:
         return Outcome(recipe, changed_files(copy), "ROT", f"{recipe.name}: {exc}")
     files = changed_files(copy)
-    cmd = [python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly", recipe.test,
+    cmd = [python, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider", "-p", "no:randomly", recipe.test,
            *recipe.guards]
     out = subprocess.run(cmd, cwd=copy, env=environment(copy), capture_output=True, text=True)
     if verbose or out.returncode != 0:
         print(f"--- {recipe.name}: {' '.join(cmd[3:])}\n{out.stdout[-6000:]}{out.stderr[-3000:]}", file=sys.stderr)
     summary = (out.stdout.strip().splitlines() or ["(no output)"])[-1]
+    skipped = [line for line in out.stdout.splitlines() if line.startswith("SKIPPED") and recipe.test in line]
+    if skipped:  # a skipped recipe test proves nothing: install what it needs (the `test` extra)
+        return Outcome(recipe, files, "FAIL", f"its test skipped: {skipped[0]}")
     return Outcome(recipe, files, "pass" if out.returncode == 0 else "FAIL", summary)
 
 
