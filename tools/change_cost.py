@@ -29,6 +29,9 @@ sys.path.insert(0, str(HERE))
 
 from change_recipes import Recipe, RecipeRot, recipes  # noqa: E402
 
+# the house's scans of the library and the tests (file sizes, error and write policy, no assertion under an
+# `if`, floats through tests/tolerance.py): every change must keep passing them
+POLICY = ("tests/test_suite_policy.py", "tests/test_error_policy.py", "tests/test_write_policy.py")
 LINKS = {"diagnose/cli": "../cli", "diagnose/reports": "../reports"}  # what the editable install maps
 
 
@@ -106,7 +109,7 @@ def run_recipe(recipe: Recipe, copy: Path, python: str, verbose: bool) -> Outcom
         return Outcome(recipe, changed_files(copy), "ROT", f"{recipe.name}: {exc}")
     files = changed_files(copy)
     cmd = [python, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider", "-p", "no:randomly", recipe.test,
-           *recipe.guards]
+           *recipe.guards, *(p for p in POLICY if (copy / p).exists())]
     out = subprocess.run(cmd, cwd=copy, env=environment(copy), capture_output=True, text=True)
     if verbose or out.returncode != 0:
         print(f"--- {recipe.name}: {' '.join(cmd[3:])}\n{out.stdout[-6000:]}{out.stderr[-3000:]}", file=sys.stderr)

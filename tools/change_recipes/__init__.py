@@ -88,6 +88,6 @@ def replace(path: str, old: str, new_text: str) -> Edit:
 
 def recipes() -> list[Recipe]:
     """Every recipe, in the table's order."""
-    from . import families, heads, monitor
+    from . import families, heads, monitor, monitor_alerts
 
-    return [*heads.RECIPES, *monitor.RECIPES, *families.RECIPES]
+    return [*heads.RECIPES, *monitor.RECIPES, *monitor_alerts.RECIPES, *families.RECIPES]
