@@ -16,7 +16,7 @@ CONSTRAINTS ?=
 # pytest workers (xdist); CI's second pass uses one worker with two torch threads.
 TEST_WORKERS ?= 2
 
-.PHONY: demo test bench families clean demo-paths versions versions-lowest versions-newest wheel-check gpu
+.PHONY: demo test bench families change-cost clean demo-paths versions versions-lowest versions-newest wheel-check gpu
 
 $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ bench: $(STAMP)
 # The families table of the README: tiny random Hugging Face models, nothing downloaded (a few minutes).
 families: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python bench/families.py
+
+# What each typical change costs, counted by making it in a throwaway copy of the repository and running
+# its test there (tools/change_cost.py; docs/development.md's change-cost table is its output; ~5 minutes).
+change-cost: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python tools/change_cost.py
 
 # The demo under each CPU kernel path: the same lessons and flags on each (CI runs it; ~10 minutes).
 PATHS ?= $(shell bash .ci/kernel-paths)

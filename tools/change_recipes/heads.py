@@ -87,7 +87,7 @@ STATISTIC = Recipe(
     guards=(REGISTRY_TEST, "tests/cli/test_heads_statistic.py"),
     note="the pin of the shipped statistics and their places moves (counted). Not in the CLI's table: at its 132 "
          "columns it holds four statistics, and a fifth cuts the last column (tests/cli/test_heads_statistic.py's "
-         "toy then reads `sam tok`); the CLI's --json has it.")
+         "toy then reads `sam tok`); `diagnose heads --json` writes it.")
 
 # ---- a role statistic ---------------------------------------------------------------------------------
 

@@ -128,17 +128,19 @@ tools that tail a file; the same scalars the trackers get."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from pathlib import Path
 
 from .. import _json
 from ._live import LiveSink
+from ._runfolder import _open_append
 
 
 class JSONLinesSink(LiveSink):
-    """Appends `{"step": s, "scalars": {...}}` lines to `path`, flushed as written (a NaN is null)."""
+    """Appends `{"step": s, "scalars": {...}}` lines to `path`, flushed as written (a NaN is null), through
+    the run folder's appender (a torn last line left by a killed run is ended first)."""
 
     def __init__(self, path: str | os.PathLike):
-        self._file = open(path, "a", encoding="utf-8")
+        self._file = _open_append(Path(path))
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         self._file.write(_json.dumps({"step": step, "scalars": scalars}) + "\\n")
