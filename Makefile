@@ -13,10 +13,12 @@ STAMP := $(VENV)/.diagnose-installed
 # what `pip install -e` takes: the extras, and a constraints file that pins versions (the version matrix)
 EXTRAS ?= all,test
 CONSTRAINTS ?=
-# pytest workers (xdist); CI's second pass uses one worker with two torch threads.
+# pytest workers (xdist), each with DIAGNOSE_TEST_THREADS torch threads (tests/conftest.py; CI's passes: .ci/run).
 TEST_WORKERS ?= 2
+# more pytest arguments, e.g. make test PYTEST_ARGS='-m numerics' (what make test-numerics runs)
+PYTEST_ARGS ?=
 
-.PHONY: demo test bench families change-cost clean demo-paths versions versions-lowest versions-newest wheel-check gpu
+.PHONY: demo test test-numerics conflicts bench families change-cost clean demo-paths venv venv-lowest venv-newest versions versions-lowest versions-newest wheel-check gpu
 
 $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +31,17 @@ demo: $(STAMP)
 	$(BIN)/diagnose demo --out demo-out
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# Only the tests whose outcome can change with the CPU kernel path, the thread count or the versions
+# (the `numerics` marker; tests/test_numerics_marker.py says which): what CI runs on the other kernel
+# paths, the second thread layout and the version rows, after one whole `make test`.
+test-numerics: $(STAMP)
+	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile -m numerics $(PYTEST_ARGS)
+
+# No merge-conflict marker in any tracked text file (CI runs it first).
+conflicts:
+	$(PYTHON) .ci/conflict_markers.py
 
 bench: $(STAMP)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
@@ -43,27 +55,40 @@ families: $(STAMP)
 change-cost: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python tools/change_cost.py
 
-# The demo under each CPU kernel path: the same lessons and flags on each (CI runs it; ~10 minutes).
+# The demo's conclusions under each CPU kernel path, compared: the same lessons and flags on each (CI
+# runs it; per path only what can differ there, in one-thread jobs two at a time: .ci/demo_paths.py).
 PATHS ?= $(shell bash .ci/kernel-paths)
 demo-paths: $(STAMP)
 	$(BIN)/python .ci/demo_paths.py demo-paths-out $(PATHS)
 
-# The version matrix (docs/development.md), each row in a venv of its own, the whole suite on each:
+# The version matrix (docs/development.md), each row in a venv of its own, the numerics tests on each
+# (make test-numerics; VERSIONS_TEST=test for the whole suite):
 # pyproject's lower bounds (python 3.10, torch, numpy, transformers: .ci/lowest.txt; TransformerLens
 # needs torch 2.6 and transformers 5.9, so its tests skip there), and the newest torch and
-# transformers the package index serves. Each row prints the versions it ran.
+# transformers the package index serves (once per venv: rm -rf .venv-newest to take later releases).
+# Each row prints the versions it ran. venv-lowest and venv-newest only install a row (CI builds
+# both in the background while the whole suite runs).
 LOWEST_PYTHON ?= $(shell bash .ci/find-python 3.10)
+LOWEST_ROW = VENV=.venv-lowest PYTHON=$(LOWEST_PYTHON) TORCH_SPEC=torch==2.4.0 CONSTRAINTS=.ci/lowest.txt \
+	EXTRAS=transformers,lightning,tensorboard,test
+NEWEST_ROW = VENV=.venv-newest TORCH_SPEC=torch
+VERSIONS_TEST ?= test-numerics
 VERSIONS := import sys, torch, numpy, transformers; print("== versions:", "python", sys.version.split()[0], "torch", torch.__version__, "numpy", numpy.__version__, "transformers", transformers.__version__)
+venv: $(STAMP)
 versions: versions-lowest versions-newest
-versions-lowest:
+venv-lowest:
 	@test -n "$(LOWEST_PYTHON)" || { echo "error: no Python 3.10 for the lowest row (set LOWEST_PYTHON=...)" >&2; exit 1; }
-	$(MAKE) test VENV=.venv-lowest PYTHON=$(LOWEST_PYTHON) TORCH_SPEC=torch==2.4.0 CONSTRAINTS=.ci/lowest.txt \
-		EXTRAS=transformers,lightning,tensorboard,test
-	.venv-lowest/bin/python -c '$(VERSIONS)'
-versions-newest:
-	$(MAKE) .venv-newest/.diagnose-installed VENV=.venv-newest TORCH_SPEC=torch
+	$(MAKE) .venv-lowest/.diagnose-installed $(LOWEST_ROW)
+venv-newest: .venv-newest/.diagnose-upgraded
+.venv-newest/.diagnose-upgraded: pyproject.toml Makefile
+	$(MAKE) .venv-newest/.diagnose-installed $(NEWEST_ROW)
 	.venv-newest/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[all,test]"
-	$(MAKE) test VENV=.venv-newest
+	touch $@
+versions-lowest: venv-lowest
+	$(MAKE) $(VERSIONS_TEST) $(LOWEST_ROW)
+	.venv-lowest/bin/python -c '$(VERSIONS)'
+versions-newest: venv-newest
+	$(MAKE) $(VERSIONS_TEST) $(NEWEST_ROW)
 	.venv-newest/bin/python -c '$(VERSIONS)'
 
 # The wheel and sdist (python -m build), installed into a clean venv in a temporary folder away from
@@ -77,4 +102,4 @@ gpu: $(STAMP)
 	$(BIN)/python bench/gpu.py
 
 clean:
-	rm -rf $(VENV) .venv-lowest .venv-newest demo-out demo-paths-out dist
+	rm -rf $(VENV) .venv-lowest .venv-newest demo-out demo-paths-out dist ci-logs

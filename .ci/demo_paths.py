@@ -1,9 +1,15 @@
 """`make demo-paths`: the demo under each CPU kernel path gives the same lessons and flags.
 
-Runs `diagnose demo` once per ATEN_CPU_CAPABILITY value given (two at a time: the demo runs on one
-thread), then compares what the demo concludes, leaving out the digits that rounding may move:
-each lesson's claim and its verdict rows (checks, monitor alerts, flags), and for each of the three
-main models every head's verdict (significant, negligible, its verdict in words, compensated) and every flag. Exits 1 on any difference.
+Runs what `diagnose demo` concludes once per ATEN_CPU_CAPABILITY value given, then compares it,
+leaving out the digits that rounding may move: each lesson's claim and its verdict rows (checks,
+monitor alerts, flags), and for each of the three main models every head's verdict (significant,
+negligible, its verdict in words, compensated) and every flag and check. Exits 1 on any difference.
+
+Only what depends on the path is computed per path, in jobs of one thread each, two at a time,
+the longest first (so the two cores stay busy to the end): per path, the three shipped models'
+sweeps and checks (`run_demo` without lessons or report; nothing retrained), and each group of
+lessons that trains on its own (the lesson pairs are trained on the spot, which is what can differ
+per path). The report, which only lays out those files, is not rendered per path (tests render it).
 
     python .ci/demo_paths.py OUT_DIR avx512 avx2 default
 """
@@ -21,18 +27,76 @@ from pathlib import Path
 from diagnose._head_label import head_label
 
 
-def run(out: Path, path: str) -> Path:
+def lesson_models() -> dict[str, set[str]]:
+    """Each lesson's key and the variants (models) it compares, in the demo's order."""
+    from diagnose.demo import _lessons
+
+    return {les.key: {les.a, les.b} for les in _lessons.LESSONS}
+
+
+def groups() -> list[list[str]]:
+    """The lessons in groups that share no trained variant (each group one job), longest first."""
+    from diagnose.demo import _lessons
+
+    vs = _lessons.variants()
+    out: list[tuple[set[str], list[str]]] = []
+    for key, names in lesson_models().items():
+        joined = [g for g in out if g[0] & names]
+        merged = (names.union(*(g[0] for g in joined)), [k for g in joined for k in g[1]] + [key])
+        out = [g for g in out if g not in joined] + [merged]
+
+    def cost(names: set[str]) -> float:  # trained steps x layers x width^2 (shipped ones cost ~0)
+        return sum(vs[n].train.steps * vs[n].model.n_layers * vs[n].model.d_model ** 2 for n in names if n in vs)
+
+    return [keys for names, keys in sorted(out, key=lambda g: -cost(g[0]))]
+
+
+def job(folder: Path, kind: str) -> None:
+    """One job, in this process (ATEN_CPU_CAPABILITY already set): `main`, or a comma-separated
+    group of lesson keys, written to folder/lessons-<first key>/lessons.json."""
+    import torch
+
+    from diagnose.demo import _lessons, _shipped, demo_variants, run_demo, run_lessons
+
+    torch.set_num_threads(1)
+    if kind == "main":
+        run_demo(folder, lessons=False, report=False, log=lambda _: None)
+        return
+    keys = kind.split(",")
+    needed = {n for les in _lessons.LESSONS if les.key in keys for n in (les.a, les.b)}
+    positions = _lessons.variants()["positions"]
+    trained, cache = {}, {}
+    for v in demo_variants():  # the shipped models a lesson uses as they are, as run_demo reuses them
+        names = {v.name} | ({positions.name} if _shipped.recipe(v) == _shipped.recipe(positions) else set())
+        if names & needed:
+            t = _lessons.shipped_variant(v, folder / f"lessons-{keys[0]}" / "runs", cache)
+            trained.update(dict.fromkeys(names & needed, t))
+    run_lessons(folder / f"lessons-{keys[0]}", only=keys, trained=trained, log=lambda _: None)
+
+
+def run(out: Path, path: str, kind: str) -> None:
     folder = out / path
     env = {**os.environ, "ATEN_CPU_CAPABILITY": path, "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "diagnose", "demo", "--out", str(folder)], env=env,
+    name = kind.split(",")[0]
+    done = subprocess.run([sys.executable, __file__, "--job", str(folder), kind], env=env,
                           capture_output=True, text=True)
-    (out / f"{path}.log").write_text(done.stdout + done.stderr)
+    (out / f"{path}-{name}.log").write_text(done.stdout + done.stderr)
     if done.returncode:
-        raise SystemExit(f"error: the demo failed under ATEN_CPU_CAPABILITY={path} (exit {done.returncode}); "
-                         f"see {out / f'{path}.log'}")
-    print(f"  {path:8s} demo done in {time.perf_counter() - start:.0f} s", flush=True)
-    return folder
+        raise SystemExit(f"error: the demo's {kind} failed under ATEN_CPU_CAPABILITY={path} (exit {done.returncode}); "
+                         f"see {out / f'{path}-{name}.log'}")
+    print(f"  {path:8s} {kind:22s} done in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def merge(folder: Path, lesson_groups: list[list[str]]) -> None:
+    """folder/lessons.json: every group's lessons, in the demo's order."""
+    from diagnose.demo import _lessons
+
+    found = {les["key"]: les for keys in lesson_groups
+             for les in json.loads((folder / f"lessons-{keys[0]}" / "lessons.json").read_text())["lessons"]}
+    order = list(lesson_models())
+    (folder / "lessons.json").write_text(json.dumps({"schema": _lessons.SCHEMA, "lessons": [found[k] for k in order]},
+                                                    indent=1, ensure_ascii=False))
 
 
 def verdicts(folder: Path) -> dict:
@@ -55,11 +119,19 @@ def verdicts(folder: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--job"]:
+        job(Path(argv[1]), argv[2])
+        return 0
     out, paths = Path(argv[0]), argv[1:]
     out.mkdir(parents=True, exist_ok=True)
+    lesson_groups = groups()
+    kinds = [",".join(keys) for keys in lesson_groups] + ["main"]
+    jobs = [(path, kind) for kind in kinds for path in paths]  # longest first, each on every path
     with ThreadPoolExecutor(2) as pool:
-        folders = dict(zip(paths, pool.map(lambda p: run(out, p), paths)))
-    found = {p: verdicts(f) for p, f in folders.items()}
+        list(pool.map(lambda pk: run(out, *pk), jobs))
+    for path in paths:
+        merge(out / path, lesson_groups)
+    found = {p: verdicts(out / p) for p in paths}
     (out / "verdicts.json").write_text(json.dumps(found, indent=1, ensure_ascii=False))
     first = paths[0]
     bad = [(p, key) for p in paths[1:] for key in found[first] if found[p].get(key) != found[first][key]]

@@ -139,13 +139,9 @@ def _variants(tmp: str, no_wandb: bool):
     # the same monitor at attention_every=10 without this signals (max attention logit, z,
     # update ratio, Adam's sqrt(v)/eps): their own cost, paired with diag@10 in every repetition
     diag = make()
-    saved = list(MEASUREMENTS)
-    MEASUREMENTS[:] = [m for m in saved if m.name not in NEW_SIGNALS]
-    try:
+    with MEASUREMENTS.without(NEW_SIGNALS):
         mon = TrainingMonitor(diag[0], os.path.join(tmp, "run10-old"), every=1, attention_every=10, clip=1.0,
                               echo=False)
-    finally:
-        MEASUREMENTS[:] = saved
     monitors.append(mon)
     variants["diag@10-old"] = (diag, {"on_backward": lambda loss, opt, mon=mon: mon.step(loss, optimizer=opt)})
     wrun = None

@@ -28,71 +28,13 @@ import transformers  # noqa: E402
 
 import diagnose  # noqa: E402
 from diagnose.objectives import call_model  # noqa: E402
+from diagnose.zoo.families import FAMILIES, SMALL, build  # noqa: E402
 
-T, V = 8, 99
-SMALL = dict(vocab_size=V, hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64,
-             max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-# name -> (model type, auto class, config overrides, input kind)
-FAMILIES = {
-    "GPT-2": ("gpt2", "AutoModelForCausalLM", {}, "lm"),
-    "GPT-Neo": ("gpt_neo", "AutoModelForCausalLM", {"attention_types": [[["global", "local"], 1]], "num_layers": 2,
-                                                     "window_size": 4}, "lm"),
-    "GPT-NeoX": ("gpt_neox", "AutoModelForCausalLM", {}, "lm"),
-    "GPT-J": ("gptj", "AutoModelForCausalLM", {"rotary_dim": 4}, "lm"),
-    "OPT": ("opt", "AutoModelForCausalLM", {"ffn_dim": 64, "word_embed_proj_dim": 32}, "lm"),
-    "Bloom": ("bloom", "AutoModelForCausalLM", {}, "lm"),
-    "Falcon": ("falcon", "AutoModelForCausalLM", {"alibi": False, "new_decoder_architecture": False,
-                                                   "multi_query": False}, "lm"),
-    "Llama": ("llama", "AutoModelForCausalLM", {"num_key_value_heads": 2}, "lm"),
-    "Mistral": ("mistral", "AutoModelForCausalLM", {"num_key_value_heads": 2}, "lm"),
-    "Qwen2": ("qwen2", "AutoModelForCausalLM", {"num_key_value_heads": 2}, "lm"),
-    "Qwen3": ("qwen3", "AutoModelForCausalLM", {"num_key_value_heads": 2, "head_dim": 8}, "lm"),
-    "Gemma": ("gemma", "AutoModelForCausalLM", {"num_key_value_heads": 2, "head_dim": 8}, "lm"),
-    "Gemma2": ("gemma2", "AutoModelForCausalLM", {"num_key_value_heads": 2, "head_dim": 8}, "lm"),
-    "Gemma3 (text)": ("gemma3_text", "AutoModelForCausalLM", {"num_key_value_heads": 2, "head_dim": 8}, "lm"),
-    "Phi": ("phi", "AutoModelForCausalLM", {}, "lm"),
-    "Phi3": ("phi3", "AutoModelForCausalLM", {"num_key_value_heads": 2}, "lm"),
-    "StableLM": ("stablelm", "AutoModelForCausalLM", {"num_key_value_heads": 2}, "lm"),
-    "OLMo": ("olmo", "AutoModelForCausalLM", {}, "lm"),
-    "OLMo2": ("olmo2", "AutoModelForCausalLM", {}, "lm"),
-    "BERT": ("bert", "AutoModelForMaskedLM", {}, "mlm"),
-    "RoBERTa": ("roberta", "AutoModelForMaskedLM", {"pad_token_id": 1}, "mlm"),
-    "XLM-R": ("xlm-roberta", "AutoModelForMaskedLM", {"pad_token_id": 1}, "mlm"),
-    "DistilBERT": ("distilbert", "AutoModelForMaskedLM", {"dim": 32, "hidden_dim": 64, "n_heads": 4,
-                                                           "n_layers": 2}, "mlm"),
-    "ALBERT": ("albert", "AutoModelForMaskedLM", {"embedding_size": 16}, "mlm"),
-    "ELECTRA": ("electra", "AutoModelForMaskedLM", {"embedding_size": 32}, "mlm"),
-    "DeBERTa-v2": ("deberta-v2", "AutoModelForMaskedLM", {}, "mlm"),
-    "ModernBERT": ("modernbert", "AutoModelForMaskedLM", {"global_attn_every_n_layers": 1}, "mlm"),
-    "T5": ("t5", "AutoModelForSeq2SeqLM", {"d_kv": 8, "d_ff": 64, "num_decoder_layers": 2,
-                                            "decoder_start_token_id": 0}, "seq2seq"),
-    "BART": ("bart", "AutoModelForSeq2SeqLM", {"encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
-                                                "decoder_attention_heads": 4, "encoder_ffn_dim": 64,
-                                                "decoder_ffn_dim": 64, "decoder_start_token_id": 2}, "seq2seq"),
-    "Whisper": ("whisper", "AutoModelForSpeechSeq2Seq", {"num_mel_bins": 8, "encoder_layers": 2, "decoder_layers": 2,
-                                                          "encoder_attention_heads": 4, "decoder_attention_heads": 4,
-                                                          "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
-                                                          "max_source_positions": 8, "max_target_positions": 16,
-                                                          "decoder_start_token_id": 1}, "audio"),
-    "ViT": ("vit", "AutoModelForImageClassification", {"image_size": 16, "patch_size": 4}, "image"),
-    "CLIP vision": ("clip_vision_model", "CLIPVisionModel", {"image_size": 16, "patch_size": 4}, "image"),
-}
-
-
-def build(name: str, impl: str, state=None):
-    model_type, auto, extra, _ = FAMILIES[name]
-    cfg = transformers.AutoConfig.for_model(model_type, **{**SMALL, **extra})
-    cfg._attn_implementation = impl
-    torch.manual_seed(0)
-    cls = getattr(transformers, auto)
-    model = (cls.from_config(cfg) if hasattr(cls, "from_config") and auto.startswith("Auto") else cls(cfg)).eval()
-    if state is not None:
-        model.load_state_dict(state)
-    return model
+T, V = 8, SMALL["vocab_size"]  # the architectures: diagnose/zoo/families.py, the one table tests read too
 
 
 def inputs_for(name: str, model) -> dict:
-    kind = FAMILIES[name][3]
+    kind = FAMILIES[name].kind
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, V, (2, T), generator=g)  # [B, T]
     mask = torch.ones(2, T, dtype=torch.long)
@@ -125,7 +67,7 @@ def output(model, inputs) -> torch.Tensor:
 
 def check_capture(name: str, impl: str) -> str:
     eager = build(name, "eager")
-    model = eager if impl == "eager" else build(name, impl, eager.state_dict())
+    model = eager if impl == "eager" else build(name, impl, state=eager.state_dict())
     inputs = inputs_for(name, model)
     want = own_maps(eager, inputs)
     got = diagnose.capture(model, inputs, activations=False).attention
@@ -135,11 +77,11 @@ def check_capture(name: str, impl: str) -> str:
     return "ok" if err <= 1e-5 else f"max diff {err:.1e}"
 
 
-def _zeroed(proj, h: int, D: int):
+def _zeroed(name: str, proj, h: int, D: int):
     w = proj.weight
-    if isinstance(proj, torch.nn.Linear):
-        return w, (slice(None), slice(h * D, (h + 1) * D))
-    return w, (slice(h * D, (h + 1) * D), slice(None))  # GPT-2's Conv1D stores [in, out]
+    if FAMILIES[name].weight_in_out:  # GPT-2's Conv1D stores [in, out]
+        return w, (slice(h * D, (h + 1) * D), slice(None))
+    return w, (slice(None), slice(h * D, (h + 1) * D))
 
 
 def check_ablation(name: str, impl: str) -> str:
@@ -162,7 +104,7 @@ def check_ablation(name: str, impl: str) -> str:
             return f"closing a head of {site.name} changed nothing"
         if site.application is not None:
             continue  # one set of weights at every depth: no weight twin for one depth
-        w, idx = _zeroed(site.out_proj, 0, site.head_dim)
+        w, idx = _zeroed(name, site.out_proj, 0, site.head_dim)
         saved = w.detach().clone()
         with torch.no_grad():
             w[idx] = 0

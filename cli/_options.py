@@ -6,7 +6,7 @@ from typing import Callable
 
 import click
 
-from diagnose._write import check_outputs  # noqa: F401  (one guard for every command)
+from diagnose.files import check_outputs  # noqa: F401  (one guard for every command)
 
 model_argument = click.argument("model", metavar="MODEL", type=click.Path(path_type=str))
 
@@ -53,8 +53,10 @@ def attention_options(fn: Callable) -> Callable:
     fn = click.option("--heads", "n_heads", type=click.IntRange(min=1), default=None, metavar="N",
                       help="Number of heads of the modules named by --attention-module.")(fn)
     return click.option("--attention-module", "attention_module", metavar="NAME", default=None,
-                        help="Glob over qualified module names of the attention layers, "
-                             "e.g. 'encoder.layers.*.attn' (for models diagnose cannot recognise).")(fn)
+                        help="The attention layers, for models diagnose cannot recognise: their class "
+                             "(e.g. 'Attention'), a glob over qualified module names (e.g. "
+                             "'encoder.layers.*.attn') or 're:REGEX'. A named module that computes no "
+                             "softmax (a feed-forward) is refused.")(fn)
 
 
 def html_option(f):

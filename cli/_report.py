@@ -11,9 +11,9 @@ import click
 
 def write_report_noting(sources: Any, path: str, *, title: str | None = None) -> Path:
     """diagnose.write_report, with each ReportNote (e.g. grids too big to draw) as one `note:` line."""
-    from diagnose._terminal import plain
+    from diagnose.display import plain
     from diagnose.reports import write_report
-    from diagnose.reports._view import ReportNote
+    from diagnose.reports import ReportNote
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ReportNote)

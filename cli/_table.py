@@ -16,7 +16,7 @@ def table(columns: Sequence[Any], rows: Iterable[Mapping[str, Any]],
     is: a cell a command composed itself). options: rich Column settings by column key (max_width, ...)."""
     from rich.table import Column, Table
 
-    from diagnose._terminal import text
+    from diagnose.display import text
 
     options = options or {}
     out = Table(*(Column(text(c.header), **options.get(c.key, {})) for c in columns))
@@ -27,7 +27,7 @@ def table(columns: Sequence[Any], rows: Iterable[Mapping[str, Any]],
 
 def print_sections(out: Any, sections: Iterable[Any]) -> None:
     """Each analysis section: its title, its table (or that it has no rows), and its note."""
-    from diagnose._terminal import text
+    from diagnose.display import text
 
     for s in sections:
         out.print(text(s.title, "bold"))

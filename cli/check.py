@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from diagnose._terminal import plain
+from diagnose.display import plain
 
 from ._options import attention_options, check_outputs, data_option, max_length_option, model_options
 

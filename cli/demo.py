@@ -22,7 +22,7 @@ def demo(out_dir: str, quick: bool, no_lessons: bool) -> None:
 
     Example: diagnose demo --out demo-out
     """
-    from diagnose._write import check_outputs
+    from diagnose.files import check_outputs
     from diagnose.demo import run_demo
 
     check_outputs({"--out": out_dir}, folders=["--out"])

@@ -114,7 +114,7 @@ def heads(model: str, factory: str | None, forward: str | None, trust_pickle: bo
 def _ablate(load_args: tuple, options: dict, compared: list[str] | None, draws: int | None):
     """Join torchrun's group if any, load the model and data (`_load`'s arguments), sweep under one method or
     several; (the result, whether this process is rank 0)."""
-    from diagnose._distributed import init_from_env, leave
+    from diagnose.distributed import init_from_env, leave
     from diagnose.ablation import AblationConfig, ablate_heads, ablate_methods
 
     from ._progress import progress_bar
@@ -136,7 +136,7 @@ def _ablate(load_args: tuple, options: dict, compared: list[str] | None, draws: 
 
 def _write(result, json_path: str | None, html_path: str | None) -> None:
     """The JSON, the table and summary on stdout, and the report."""
-    from diagnose._terminal import plain
+    from diagnose.display import plain
 
     if json_path:
         result.save(json_path)
@@ -169,8 +169,7 @@ def _print(result, json_path: str | None) -> None:
     from rich.console import Console
     from rich.text import Text
 
-    from diagnose._head_label import heads_label
-    from diagnose._terminal import plain, text
+    from diagnose.display import heads_label, plain, text
 
     out = Console(highlight=False, width=max(Console().width, 132))  # 120 + the direct effect column
     b = result.baseline
@@ -216,7 +215,7 @@ def _print(result, json_path: str | None) -> None:
 def _table(result, corr: str):
     """Every head ranked by its effect, beside the attention statistics the registry shows in the CLI: the
     declared head fields (diagnose/head_fields.py) and statistics through the one table printer."""
-    from diagnose._head_label import head_label
+    from diagnose.display import head_label
     from diagnose.head_fields import by_key
     from diagnose.schema import Field
     from diagnose.statistics import role_label, shown
@@ -273,7 +272,7 @@ def _print_agreement(out, agreement: dict) -> None:
     """Whether each head's verdict is the same under every method, and the heads where it is not."""
     from rich.text import Text
 
-    from diagnose._head_label import head_label
+    from diagnose.display import head_label
 
     names = ", ".join(agreement["methods"])
     rows = {(r["layer"], r["head"]): r for r in agreement["heads"]}
@@ -339,7 +338,7 @@ def _direct(h) -> str:
 
 def _direct_note(result) -> str:
     """One line on the direct effects: the compensated heads, or why none were measured."""
-    from diagnose._head_label import head_label
+    from diagnose.display import head_label
 
     d = getattr(result, "direct", None)  # None: a result from before direct effects
     if not d:

@@ -69,7 +69,7 @@ def info(model: str, factory: str | None, forward: str | None, trust_pickle: boo
 
 def _echo(line: str) -> None:
     """Model configs and file names are data: printed as text without control characters."""
-    from diagnose._terminal import plain
+    from diagnose.display import plain
 
     click.echo(plain(line))
 

@@ -13,7 +13,7 @@ from functools import partial
 import click
 
 from diagnose import __version__
-from diagnose._terminal import plain
+from diagnose.display import plain
 from diagnose.errors import DiagnoseError
 from diagnose.notes import Note
 
@@ -42,7 +42,7 @@ class _Group(click.Group):
             if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
                 click.echo(line, err=True)
             else:
-                from diagnose._distributed import say_on_rank0
+                from diagnose.distributed import say_on_rank0
 
                 say_on_rank0(lambda: click.echo(line, err=True))
             ctx.exit(2)

@@ -63,7 +63,7 @@ def prune(model: str, factory: str | None, forward: str | None, trust_pickle: bo
     net, ds, held, task = _load(model, factory, trust_pickle, attn_implementation, data, eval_path, max_length,
                                 task, out_dir, inputs, forward)
     _check_budget(task, max_drop, max_loss)
-    from diagnose._head_label import head_label
+    from diagnose.display import head_label
     from diagnose.prune import prune_heads
 
     def step(s, choice) -> None:
@@ -100,7 +100,7 @@ def _load(model, factory, trust_pickle, attn_implementation, data, eval_path, ma
 
 def _write(result, out_dir: str | None, json_path: str | None, html_path: str | None) -> None:
     """The pruned model, the JSON and the report; a failed model save is raised after the figures are written."""
-    from diagnose._terminal import plain
+    from diagnose.display import plain
     from diagnose.errors import OutputError
 
     failed = None
@@ -144,7 +144,7 @@ def _check_labels(task: str, files: tuple) -> None:
 
 
 def _print(d: dict, json_path: str | None) -> None:
-    from diagnose._terminal import text
+    from diagnose.display import text
 
     b, size = d["baseline"], d["size"]
     click.echo(text(f"{d['model']['family']} model: removed {d['n_removed']} of {d['n_heads_total']} heads "

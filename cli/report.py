@@ -21,7 +21,7 @@ def report(sources: tuple[str, ...], output: str, title: str | None) -> None:
     Example: diagnose report heads.json runs/exp1 -o report.html
     Example: diagnose report runs/a runs/b -o compare.html
     """
-    from diagnose._write import check_outputs
+    from diagnose.files import check_outputs
 
     from ._report import write_report_noting
 

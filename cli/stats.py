@@ -6,7 +6,7 @@ import os
 
 import click
 
-from diagnose._terminal import plain
+from diagnose.display import plain
 
 from ._options import check_outputs, html_option
 
@@ -46,7 +46,7 @@ def _step_line(rec: dict) -> str:
 def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, as_json: bool,
           html_path: str | None) -> None:
     """Summarise a run folder: loss, grad norms and activations through depth, attention entropy, alerts,
-    evaluations, step time and throughput.
+    evaluations, step time and throughput, and the signals the run did not record, with why.
 
     \b
     Example: diagnose stats runs/exp1 --follow
@@ -57,11 +57,11 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, as_
     from rich.console import Console
     from rich.text import Text
 
-    from diagnose import _json
-    from diagnose._terminal import plain as clean
-    from diagnose.monitor._follow import follow as follow_run
-    from diagnose.monitor._runfolder import read_run
-    from diagnose.monitor._summary import alert_line, render, summarize
+    from diagnose import files as _json  # dumps: the one strict JSON policy
+    from diagnose.display import plain as clean
+    from diagnose.monitor import follow as follow_run
+    from diagnose.monitor import read_run
+    from diagnose.monitor import alert_line, render_summary as render, summarize
 
     console = Console(highlight=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
@@ -71,7 +71,7 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, as_
                    on_note=lambda msg: click.echo(clean(msg), err=True))
     run = read_run(run_dir)
     if step is not None:
-        from diagnose.monitor._stepview import render_step, step_view
+        from diagnose.monitor import render_step, step_view
 
         view = step_view(run, step)
         if as_json:
@@ -81,15 +81,19 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, as_
         return
     summary = summarize(run)
     if tb_dir:
-        from diagnose.monitor._tensorboard import export_tensorboard
+        from diagnose.monitor import export_tensorboard
 
         n = export_tensorboard(run, tb_dir)
         if not as_json:
             console.print(Text(f"wrote {n} scalars to {clean(tb_dir)}"))
+    from diagnose.monitor import lacking_lines, lacking_signals
+
     if as_json:
-        click.echo(_json.dumps(summary, indent=1))
+        click.echo(_json.dumps({**summary, "lacking_signals": lacking_signals(run)}, indent=1))
     else:
         render(summary, console)
+        for line in lacking_lines(run):  # a signal missing says so, with the reason (issue 33)
+            console.print(Text(clean(line)))
     if html_path:
         from diagnose.reports import write_report
 

@@ -19,28 +19,34 @@ from .errors import *  # noqa: F403 -- every error class (errors.__all__), so a 
 _EXPORTS = {
     "GroupEffect": ".ablation", "HeadEffect": ".ablation", "HeadsResult": ".ablation", "ablate_heads": ".ablation",
     "ablate_together": ".ablation",
-    "AttentionSite": ".adapters.base",
+    "AttentionSite": ".adapters.base", "InterceptAdapter": ".adapters",
+    "NormForm": ".adapters.norms", "register_norm": ".adapters.norms", "unregister_norm": ".adapters.norms",
     "AttentionSummary": ".attention_stats", "attention_summary": ".attention_stats",
     "Capture": "._capture", "capture": "._capture",
     "use_forward": ".calling",
     "Finding": ".checks", "check_model": ".checks", "check_training_setup": ".checks",
     "DataSet": ".io", "load_data": ".io", "load_data_for": ".io", "load_model": ".io", "save_checkpoint": ".io",
-    "Run": ".monitor", "Thresholds": ".monitor", "TrainingMonitor": ".monitor", "read_run": ".monitor",
+    "MonitorConfig": ".monitor", "Run": ".monitor", "Thresholds": ".monitor", "TrainingMonitor": ".monitor",
+    "read_run": ".monitor",
     "PruneResult": ".prune", "prune_heads": ".prune",
+    "Registry": ".registry",
     "write_report": ".reports",
     "find_heads": ".sites", "register_adapter": ".sites",
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from .ablation import GroupEffect, HeadEffect, HeadsResult, ablate_heads, ablate_together
+    from .adapters import InterceptAdapter
     from .adapters.base import AttentionSite
+    from .adapters.norms import NormForm, register_norm, unregister_norm
     from .attention_stats import AttentionSummary, attention_summary
     from ._capture import Capture, capture
     from .calling import use_forward
     from .checks import Finding, check_model, check_training_setup
     from .io import DataSet, load_data, load_data_for, load_model, save_checkpoint
-    from .monitor import Run, Thresholds, TrainingMonitor, read_run
+    from .monitor import MonitorConfig, Run, Thresholds, TrainingMonitor, read_run
     from .prune import PruneResult, prune_heads
+    from .registry import Registry
     from .reports import write_report
     from .sites import find_heads, register_adapter
 
@@ -63,7 +69,11 @@ __all__ = [
     "GroupEffect",
     "HeadEffect",
     "HeadsResult",
+    "InterceptAdapter",
+    "MonitorConfig",
+    "NormForm",
     "PruneResult",
+    "Registry",
     "Run",
     "Thresholds",
     "TrainingMonitor",
@@ -81,7 +91,9 @@ __all__ = [
     "prune_heads",
     "read_run",
     "register_adapter",
+    "register_norm",
     "save_checkpoint",
+    "unregister_norm",
     "use_forward",
     "write_report",
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .adapters._probs import float32_only
+from .adapters import float32_only
 
 STAT_NAMES = ("mean", "var", "max_abs", "token_cos")
 

@@ -14,8 +14,8 @@ import torch
 import torch.nn as nn
 
 from ._activations import STAT_NAMES, hidden_stats
-from .adapters._hooks import first_tensor, hooks
-from .adapters._probs import materialise
+from .adapters import first_tensor, hooks
+from .adapters import materialise
 from .adapters.base import AttentionSite
 from .attention_stats import key_mask_of
 from .errors import DiagnoseError, NoAttentionFoundError

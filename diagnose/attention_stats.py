@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 import torch.nn as nn
 
-from .adapters._probs import LazyProbs, Probs, float32_only, query_chunks
+from .adapters import LazyProbs, Probs, float32_only, query_chunks
 from .adapters.base import AttentionSite
 from .objectives import batch_size_of, call_model
 from .stat_context import BatchContext, Chunk

@@ -233,7 +233,7 @@ def per_position(model: nn.Module, inputs: Any, read: Callable[[Any], torch.Tens
     see every position (calls on prefixes would hide any leak: a prefix has no future). The user
     is told once which module was read. `read` takes the tensor from the output (default: `logits`).
     """
-    from .adapters._hooks import hooks
+    from .adapters import hooks
 
     read = read or logits
     out = read(call(model, inputs))

@@ -6,7 +6,7 @@ whether it needs the batch's token ids, and where it is shown: the `diagnose hea
 the report's head tables ("table"), the report's grid beside the causal effects ("effect_grid"),
 its grid of attention statistics ("grid") and its scatter against the effect ("scatter").
 
-Adding a statistic is one `register(Statistic(...))` call (with its test and a line in
+Adding a statistic is one `register(Statistic(...))` call (a `Registry`, diagnose/registry.py) (with its test and a line in
 docs/heads.md): HeadStats accumulates it, the heads JSON carries it under each head's `attention`,
 the rank correlations include it, and every table and plot that its `show` names draws it.
 
@@ -24,9 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from .errors import ConfigError
+from .registry import Registry
 
 LOCAL = 2  # "local": keys at most this many positions away (not the query itself)
 PLACES = ("cli", "table", "effect_grid", "grid", "scatter")  # where a statistic can be shown
@@ -108,13 +109,7 @@ DENOMINATORS: dict[str, Callable[[Any], Any]] = {
     "with_next": lambda c: (c.q_pos + 1 < c.Tk).float(),  # rows with a next position
 }
 
-STATISTICS: dict[str, Statistic] = {}  # name -> entry, in the order they are computed and written
-
-
-def register(stat: Statistic) -> Statistic:
-    """Add a statistic to the registry (a ConfigError for a taken name, an unknown place or denominator)."""
-    if stat.name in STATISTICS:
-        raise ConfigError(f"attention statistic {stat.name!r} is registered already")
+def _check(stat: Statistic) -> None:
     if stat.denominator not in DENOMINATORS:
         raise ConfigError(f"attention statistic {stat.name!r}: denominator {stat.denominator!r} is not one of "
                           f"{', '.join(DENOMINATORS)}")
@@ -124,15 +119,22 @@ def register(stat: Statistic) -> Statistic:
                           f"show it; places: {', '.join(PLACES)}")
     if stat.role is not None:
         _check_role(stat)
-    STATISTICS[stat.name] = stat
-    return stat
+
+
+# name -> entry, in the order they are computed and written; the built-ins are _BUILTINS below
+REGISTRY: Registry[Statistic] = Registry("attention statistic", check=_check, builtins=lambda: _BUILTINS)
+STATISTICS: Mapping[str, Statistic] = REGISTRY.mapping()  # the same, read as a dict
+
+
+def register(stat: Statistic) -> Statistic:
+    """Add a statistic to the registry (a ConfigError for a taken name, an unknown place or denominator,
+    or a role that clashes with another's)."""
+    return REGISTRY.register(stat)
 
 
 def unregister(name: str) -> Statistic:
     """Remove a statistic (a test's toy entry); ConfigError for a name that is not registered."""
-    if name not in STATISTICS:
-        raise ConfigError(f"attention statistic {name!r} is not registered; registered: {', '.join(STATISTICS)}")
-    return STATISTICS.pop(name)
+    return REGISTRY.unregister(name)
 
 
 def _check_role(stat: Statistic) -> None:
@@ -166,7 +168,7 @@ def role_label(name: str | None) -> str:
 def shown(place: str) -> list[Statistic]:
     """The statistics shown at `place` (one of PLACES), in registry order."""
     assert place in PLACES, f"unknown place {place!r}"
-    return [s for s in STATISTICS.values() if place in s.show]
+    return [s for s in REGISTRY if place in s.show]
 
 
 class _Names(Sequence):
@@ -174,26 +176,26 @@ class _Names(Sequence):
     registered after import is seen by everything that iterates them)."""
 
     def __getitem__(self, i: Any) -> Any:
-        return tuple(STATISTICS)[i]
+        return REGISTRY.names()[i]
 
     def __len__(self) -> int:
-        return len(STATISTICS)
+        return len(REGISTRY)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(tuple(STATISTICS))
+        return iter(REGISTRY.names())
 
     def __contains__(self, name: object) -> bool:
-        return name in STATISTICS
+        return name in REGISTRY
 
     def __repr__(self) -> str:
-        return repr(tuple(STATISTICS))
+        return repr(REGISTRY.names())
 
 
 ATTENTION_STATS: Sequence[str] = _Names()  # every name, in registry order
 
 
 _ALL = frozenset({"cli", "table", "grid", "scatter"})
-for _stat in (
+_BUILTINS = (
     Statistic("entropy", "entropy (nats)", "entropy", lambda c: entropy(c.p), show=_ALL),
     Statistic("max_weight", "max weight", "max weight", lambda c: c.p.amax(-1),
               show=frozenset({"cli", "table", "effect_grid", "scatter"})),
@@ -212,5 +214,4 @@ for _stat in (
     Statistic("local", f"mass within {LOCAL} positions", "local", _local,
               role=Role("local window", "W", f"within {LOCAL} positions", within=("prev_token", "next_token"),
                         one_key=False)),
-):
-    register(_stat)
+)

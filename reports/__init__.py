@@ -15,7 +15,18 @@ from typing import Any
 
 from ._sources import load_sources
 
-__all__ = ["load_sources", "render_html", "write_report"]
+__all__ = ["ReportNote", "load_sources", "render_html", "write_report"]
+
+
+
+def __getattr__(name: str) -> Any:
+    """ReportNote (a note the report shows, such as the CLI's) on first use: its module draws, and
+    `import diagnose` must not pull in matplotlib."""
+    if name == "ReportNote":
+        from ._view import ReportNote
+
+        return ReportNote
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def write_report(sources: Any, path: str | os.PathLike, *, title: str | None = None) -> Path:

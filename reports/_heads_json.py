@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from diagnose.errors import InputFileError
-from diagnose.io._read import parse_json
+from diagnose.io import parse_json
 
 # An example's maps: per-head `attention` is an object ({...}); a list after the key is maps.
 _MAPS = re.compile(rb'"attention"\s*:\s*\[\s*(?=\[)')

@@ -20,10 +20,8 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from diagnose import _json
-from diagnose._head_label import head_label
-from diagnose._terminal import plain
-from diagnose._write import atomic_write
+from diagnose.display import head_label, plain
+from diagnose.files import atomic_write, dumps
 from diagnose.statistics import role_label
 
 from ._sources import load_sources
@@ -36,7 +34,7 @@ STATIC = HERE / "static"
 
 def escape_json(obj: Any) -> str:
     """JSON safe to place inside a <script> element: <, >, & become \\u003c, \\u003e, \\u0026."""
-    text = _json.dumps(obj, compact=True, ensure_ascii=False)  # strict JSON: the one policy
+    text = dumps(obj, compact=True, ensure_ascii=False)  # strict JSON: the one policy
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 

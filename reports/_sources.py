@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from diagnose.errors import DiagnoseError, InputFileError
 from diagnose.head_fields import ATTENTION, DOCUMENT_LISTS, DOCUMENT_OBJECTS, FLAGS, INTERVALS, NUMBERS, WORDS
-from diagnose.io._read import read_bytes
+from diagnose.io import read_bytes
 from diagnose.schema import Section
 
 from ._heads_json import FILE_LIMIT, parse_source

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from diagnose._head_label import head_label
+from diagnose.display import head_label
 
 from diagnose.ablation.verdict import DETECTABLE, MATTERS, VERDICTS
 

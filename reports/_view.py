@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from diagnose._head_label import head_label
+from diagnose.display import head_label
 from diagnose.head_fields import INTERVALS, REPORT_TABLE, by_key
 from diagnose.schema import Field, Section
 from diagnose.statistics import shown

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from diagnose._head_label import head_label, heads_label
+from diagnose.display import head_label, heads_label
 from diagnose.ablation.verdict import DETECTABLE, MATTERS, VERDICTS
 from diagnose.errors import InputFileError
 from diagnose.head_fields import ATTENTION, HEAD_NUMBERS

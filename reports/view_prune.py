@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from diagnose._numbers import kind, number
+from diagnose.files import kind, number
 from diagnose.errors import InputFileError
 
 from ._figures import new_figure, to_data_uri

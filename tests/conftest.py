@@ -1,6 +1,7 @@
 """Shared fixtures. Tests run on tiny models; torch runs DIAGNOSE_TEST_THREADS threads per worker
-(default 1: two workers x two threads on a 2-core machine thrash, 100x slower, measured). CI's
-second pass runs one worker with two threads, so in-process float sums take another path."""
+(default 1: two workers x two threads thrash a 2-core machine when OpenMP's idle threads spin, 100x
+slower, measured; with OMP_WAIT_POLICY=PASSIVE they cost 0.6 to 1.3x one thread, measured). CI's
+pass B runs two workers x two threads, passive, so in-process float sums take another path."""
 
 from __future__ import annotations
 

@@ -1,9 +1,12 @@
 """hidden_stats against direct computations on hand-made tensors."""
 
+import pytest
 import torch
 
 from diagnose._activations import hidden_stats
 from .tolerance import assert_close, assert_exact, magnitude
+
+pytestmark = pytest.mark.numerics
 
 
 def test_matches_direct_computation_with_padding():

@@ -14,6 +14,8 @@ from diagnose.attention_stats import HeadStats, entropy_and_max
 from diagnose.zoo import ModelConfig, Transformer
 from .tolerance import approx, assert_close, size_of
 
+pytestmark = pytest.mark.numerics
+
 T = 6
 
 

@@ -13,6 +13,8 @@ from diagnose.calling import (call, call_arguments, convention, last_position_ba
 from .nano import NanoGPT, NanoNoMask
 from .tolerance import approx, assert_close, assert_exact
 
+pytestmark = pytest.mark.numerics
+
 
 class Recorder(nn.Module):
     """Records what its forward received: forward(x, *, mask=None, **kwargs), as x-transformers'."""

@@ -11,6 +11,8 @@ from click.testing import CliRunner
 from diagnose.cli.main import cli
 from diagnose.demo import markdown_table, run_lessons
 
+pytestmark = pytest.mark.numerics
+
 
 @pytest.mark.slow
 def test_quick_demo_writes_models_analyses_and_report(tmp_path):

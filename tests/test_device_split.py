@@ -19,6 +19,8 @@ from diagnose.ablation import ablate_heads
 from .long_model import LongLM, dispatch
 from .tolerance import approx, assert_close, loss_tol, size_of
 
+pytestmark = pytest.mark.numerics
+
 SPLITS = [["cpu", "cpu"]] + ([["cuda", "cpu"], ["cpu", "cuda"]] if torch.cuda.is_available() else [])
 
 

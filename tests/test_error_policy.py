@@ -23,6 +23,7 @@ PROTOCOL = {"NotImplementedError"}
 # (file, exception) -> (how many raises are allowed, why a built-in is right there)
 ALLOWED = {
     ("diagnose/ablation/result.py", "KeyError"): (1, "HeadsResult.head(layer, head) is a lookup by key"),
+    ("diagnose/registry.py", "KeyError"): (1, "Registry.mapping() is a Mapping, whose protocol raises KeyError"),
     ("diagnose/prune/_remote_model.py", "ValueError"): (
         2, "copied into a pruned model folder and run by transformers without diagnose installed"),
     ("diagnose/monitor/hf.py", "ImportError"): (1, "an optional dependency is missing, as Python says it"),

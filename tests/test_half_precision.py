@@ -17,6 +17,8 @@ from .ablation.helpers import evaluate, with_head_weights_zeroed
 from .long_model import LongLM
 from .tolerance import approx, assert_close, loss_tol, magnitude, size_of
 
+pytestmark = pytest.mark.numerics
+
 V, T, N, H, D = 20, 7, 8, 4, 8
 
 

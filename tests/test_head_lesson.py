@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 
 from diagnose import ablate_heads, ablate_together
 from diagnose.ablation.result import HeadsResult
@@ -15,6 +16,8 @@ from diagnose.ablation.verdict import verdict
 from diagnose.demo._head_lesson import measure, name, pick
 
 from .ablation.test_contrast import head
+
+pytestmark = pytest.mark.numerics
 
 
 def _result(heads):

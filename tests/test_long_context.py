@@ -19,6 +19,8 @@ from diagnose.attention_stats import STATS, HeadStats
 from .long_model import LongLM, twin
 from .tolerance import approx, assert_close, magnitude, size_of
 
+pytestmark = pytest.mark.numerics
+
 
 def reference(probs: torch.Tensor) -> dict[str, list[float]]:
     """Every statistic straight from one example's whole causal map, float64.  # probs [1, H, T, T]"""

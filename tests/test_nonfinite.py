@@ -13,6 +13,8 @@ from diagnose.cli.main import cli
 from diagnose.errors import DiagnoseError, NonFiniteError
 from diagnose.zoo import ModelConfig, Transformer
 
+pytestmark = pytest.mark.numerics
+
 
 def _nan_model(kind="lm"):
     torch.manual_seed(0)

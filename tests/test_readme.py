@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.numerics
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 

@@ -16,6 +16,8 @@ from diagnose.errors import DiagnoseError
 from diagnose.demo._lessons import _split
 from diagnose.monitor import read_run
 
+pytestmark = pytest.mark.numerics
+
 
 def test_every_demo_model_ships_with_its_recipe_hashes_and_run(tmp_path: Path):
     made = _shipped.manifest()

@@ -29,9 +29,10 @@ sys.path.insert(0, str(HERE))
 
 from change_recipes import Recipe, RecipeRot, recipes  # noqa: E402
 
-# the house's scans of the library and the tests (file sizes, error and write policy, no assertion under an
-# `if`, floats through tests/tolerance.py): every change must keep passing them
-POLICY = ("tests/test_suite_policy.py", "tests/test_error_policy.py", "tests/test_write_policy.py")
+# the house's scans of the library and the tests (error and write policy, no assertion under an `if`, floats
+# through tests/tolerance.py, imports against the layers table): every change must keep passing them
+POLICY = ("tests/test_suite_policy.py", "tests/test_error_policy.py", "tests/test_write_policy.py",
+          "tests/test_layers.py")
 LINKS = {"diagnose/cli": "../cli", "diagnose/reports": "../reports"}  # what the editable install maps
 
 
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     chosen = [r for r in recipes() if not args.only or any(o in r.name for o in args.only)]
     if args.list:
-        print("\n".join(f"{r.name}: {r.change} [{r.point}]" for r in chosen))
+        print("\n".join(f"{r.name}: {r.change} [{', '.join(r.points)}]" for r in chosen))
         return 0
     if not chosen:
         print(f"change-cost: no recipe matches {args.only}; see --list", file=sys.stderr)

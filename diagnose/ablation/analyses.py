@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 from ..errors import ConfigError
+from ..registry import Registry
 from ..schema import Section
 
 BUILTINS: tuple[str, ...] = ()  # modules whose import registers the shipped analysis steps
@@ -52,37 +53,43 @@ class Analysis:
     option: str | None = None  # the AblationConfig field that turns it on; None: it runs in every sweep
 
 
-ANALYSES: dict[str, Analysis] = {}  # name -> step, run in the order registered
-
-
-def register_analysis(step: Analysis) -> Analysis:
-    """Add a step (a ConfigError for a taken name, or an option that is no AblationConfig field)."""
+def _check(step: Analysis) -> None:
+    """A step's name must be a section's name, and its option a field of AblationConfig."""
     from .config import AblationConfig
 
-    if step.name in ANALYSES:
-        raise ConfigError(f"analysis step {step.name!r} is registered already")
-    Section(step.name, step.name, ())  # the name must be a section's name
+    Section(step.name, step.name, ())
     options = {f.name for f in fields(AblationConfig)}
     if step.option is not None and step.option not in options:
         raise ConfigError(f"analysis step {step.name!r}: option {step.option!r} is not a field of AblationConfig; "
                           f"add it there (ablation/config.py), or use one of {', '.join(sorted(options))}")
-    ANALYSES[step.name] = step
-    return step
+
+
+def _builtins() -> list[Analysis]:
+    """The shipped steps: importing each module of BUILTINS registers its step (at its end)."""
+    for module in BUILTINS:
+        importlib.import_module(module)
+    return []
+
+
+# name -> step, run in the order registered (the one registry pattern, diagnose/registry.py)
+REGISTRY: Registry[Analysis] = Registry("analysis step", check=_check, builtins=_builtins)
+ANALYSES = REGISTRY.mapping()  # the same, read as a dict
+
+
+def register_analysis(step: Analysis) -> Analysis:
+    """Add a step (a ConfigError for a taken name, or an option that is no AblationConfig field)."""
+    return REGISTRY.register(step)
 
 
 def unregister_analysis(name: str) -> Analysis:
     """Remove a step (a test's toy entry); ConfigError for a name that is not registered."""
-    if name not in ANALYSES:
-        raise ConfigError(f"analysis step {name!r} is not registered; registered: {', '.join(ANALYSES) or 'none'}")
-    return ANALYSES.pop(name)
+    return REGISTRY.unregister(name)
 
 
 def run_analyses(given: AnalysisInput) -> list[Section]:
     """Every registered step whose option is on, in order, each checked to return its own Section."""
-    for module in BUILTINS:
-        importlib.import_module(module)
     out = []
-    for step in list(ANALYSES.values()):
+    for step in list(REGISTRY):
         if step.option is not None and not getattr(given.config, step.option):
             continue
         section = step.run(given)

@@ -2,7 +2,8 @@
 
 The one place that lists the options: `ablate_heads(model, data, **keywords)` maps its keywords onto
 these fields, `ablate_heads(model, data, config=AblationConfig(...))` passes one whole, and the CLI
-builds one from its flags.
+builds one from its flags. `ablate_together` and `prune_heads` take the same config (each reads the
+fields it uses, TOGETHER and PRUNE below) and map their keywords onto it through `AblationConfig.of`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ DEFAULT_TOP = 5
 FAST_RANK = "second_order_delta_loss"  # the cheap estimate closest to exact ablation (bench/bench_estimators.py)
 RANKINGS = ("second_order_delta_loss", "estimated_delta_loss", "grad_importance_raw")
 MIN_EFFECT = 0.05  # negligible: |delta loss| under 5 % of the baseline loss (contrast.default_band)
+# the fields ablate_together and prune_heads read, which they also take as keywords
+TOGETHER = ("task", "method", "batch_size", "draws", "seed", "distributed")
+PRUNE = ("task", "method", "batch_size")
 
 
 @dataclass(frozen=True)
@@ -81,14 +85,17 @@ class AblationConfig:
         object.__setattr__(self, "together", tuple(tuple(group) for group in self.together))
 
     @classmethod
-    def of(cls, config: "AblationConfig | None", keywords: dict[str, Any]) -> "AblationConfig":
-        """`config` (default: the defaults) with `keywords` laid over it; UsageError for a keyword that is
-        no option, as Python raises for an unknown argument."""
-        names = {f.name for f in fields(cls)}
+    def of(cls, config: "AblationConfig | None", keywords: dict[str, Any], *, caller: str = "ablate_heads",
+           options: Sequence[str] | None = None, **defaults: Any) -> "AblationConfig":
+        """`config` (default: the defaults, then `defaults`) with `keywords` laid over it; UsageError for a
+        keyword that is not one of `options` (default: every field), as Python raises for an unknown argument."""
+        names = set(options) if options is not None else {f.name for f in fields(cls)}
         unknown = sorted(set(keywords) - names)
         if unknown:
-            raise UsageError(f"ablate_heads() got an unexpected keyword argument {unknown[0]!r}; the options are "
+            raise UsageError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}; the options are "
                              f"{', '.join(sorted(names))}")
+        if config is None:
+            config = cls(**defaults) if defaults else None
         if config is not None and not isinstance(config, cls):
             raise UsageError(f"config must be an AblationConfig, got a {type(config).__name__}")
         return replace(config, **keywords) if config is not None else cls(**keywords)

@@ -34,6 +34,7 @@ from .._head_label import heads_label
 from ..adapters.base import AttentionSite
 from ..statistics import roles
 from .result import ATTENTION_STATS, HeadEffect
+from .config import AblationConfig
 from .together import ablate_together
 
 EFFECT = "delta_loss"
@@ -45,7 +46,7 @@ TINY_ACCURACY = 0.01  # |delta accuracy| below 1 point: closing a head after ano
 VITAL_ACCURACY = 0.02  # vital: significant and at least 2 points of accuracy ...
 VITAL_LOSS = 0.10  # ... or 10 % of the baseline loss
 ROLE_SLACK = 0.05  # a named role's share this close to the max weight means the peak is on that role's key
-_ORDER = {"diffuse_but_vital": 0, "striking_but_inert": 1, "redundant_group": 2}
+_ORDER = {"diffuse_but_vital": 0, "striking_but_compensated": 1, "striking_but_inert": 1, "redundant_group": 2}
 
 
 SINGLE_KEY = "max_weight"  # "a single key": the peak weight, wherever it goes
@@ -106,10 +107,7 @@ def flags(heads: Sequence[HeadEffect], baseline_loss: float, band: dict[str, flo
             twins = [list(m) for m in group_of.get(key, []) if m != key]
             cover = (f"; {len(twins)} other head(s) of layer {h.layer} look the same and may cover for it "
                      "(single-head ablation misses redundancy)") if twins else ""
-            flag = _flag("striking_but_inert", h, f"{share:.0%} of its attention goes {_phrases()[role]} (typical for "
-                         f"this model: {typical:.0%}), yet removing it changes accuracy by {_effect(h)} and loss by "
-                         f"{_loss_effect(h)}, both inside the negligible band (±{band['accuracy']:.0%} accuracy, "
-                         f"±{band['loss']:.3g} loss){cover}", z)
+            flag = _inert_flag(h, role, share, typical, band, z, cover)
             out.append({**flag, "twins": twins} if twins else flag)
         elif (share is not None and share < DIFFUSE and _known(h.attention.get("entropy"))
               and h.attention["entropy"] > mid_entropy and h.significant and not inert and _vital(h, baseline_loss)):
@@ -121,6 +119,23 @@ def flags(heads: Sequence[HeadEffect], baseline_loss: float, band: dict[str, flo
     return rank(out)
 
 
+def _inert_flag(h: HeadEffect, role: str, share: float, typical: float, band: dict, z: float,
+                cover: str) -> dict[str, Any]:
+    """striking_but_inert, or striking_but_compensated where the direct effect shows later layers make up
+    for the head; where no direct effect was measured the reason says the head may be compensated."""
+    looks = f"{share:.0%} of its attention goes {_phrases()[role]} (typical for this model: {typical:.0%})"
+    total = (f"removing it changes accuracy by {_effect(h)} and loss by {_loss_effect(h)}, both inside the "
+             f"negligible band (±{band['accuracy']:.0%} accuracy, ±{band['loss']:.3g} loss)")
+    if h.compensated:
+        return _flag("striking_but_compensated", h, f"{looks}, and {total}, yet its direct effect on the loss is "
+                     f"{h.direct_delta_loss:+.4f}: the output reads it, and later layers make up for it when it is "
+                     f"removed (self-repair){cover}", z)
+    note = "" if h.compensated is False else (
+        ". Its direct effect was not measured, so later layers may make up for it (self-repair): `direct` in the "
+        "result says why, and closing it together with later heads (ablate_together) shows whether they do")
+    return _flag("striking_but_inert", h, f"{looks}, yet {total}{note}{cover}", z)
+
+
 def rank(flags_: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Most telling first: vital heads by effect, then inert ones by how far they stand out, then groups;
     each flag gets its 1-based `rank`."""
@@ -128,12 +143,12 @@ def rank(flags_: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**f, "rank": i} for i, f in enumerate(ordered, 1)]
 
 
-def flags_with_groups(heads: list[HeadEffect], model: torch.nn.Module, batches: Sequence, task: str, method: str,
+def flags_with_groups(heads: list[HeadEffect], model: torch.nn.Module, batches: Sequence, config: AblationConfig,
                        sites: Sequence[AttentionSite], baseline: dict[str, float], band: dict,
-                       distributed: bool | None = None, draws: int | None = None, seed: int = 0) -> list[dict]:
+                       distributed: bool | None = None) -> list[dict]:
     """The contrast flags, with look-alike heads closed together (one forward per batch and group)
     where that can change the story: a striking-but-inert member may be a backup, and heads that each
-    barely matter alone may carry the answer together. distributed, draws, seed: as for ablate_together."""
+    barely matter alone may carry the answer together. config, distributed: as for ablate_together."""
     by_head = {(h.layer, h.head): h for h in heads}
     flags_ = flags(heads, baseline["loss"], band)
     inert = {(f["layer"], f["head"]) for f in flags_ if f["kind"] == "striking_but_inert"}
@@ -141,8 +156,7 @@ def flags_with_groups(heads: list[HeadEffect], model: torch.nn.Module, batches: 
 
     def closed_together(members: tuple) -> dict:
         if members not in effects:
-            effects[members] = ablate_together(model, batches, list(members), task=task, method=method, sites=sites,
-                                               draws=draws, seed=seed,
+            effects[members] = ablate_together(model, batches, list(members), config=config, sites=sites,
                                                baseline=(baseline["accuracy"], baseline["loss"]),
                                                distributed=distributed).to_json()
         return effects[members]

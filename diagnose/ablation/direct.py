@@ -21,6 +21,11 @@ an MLM head). That needs no ablated forward at all: one clean pass per batch giv
 and each norm's clean input; then each head costs the output layers only, K heads per forward with all
 blocks replaying their clean outputs (prefix.py).
 
+A model whose adapter declares no path (the generic adapter's: nanoGPT, minGPT, timm, x-transformers, ...), or
+whose declared path does not apply, gets one from a traced forward (adapters/_stream.py), measured by clamping
+every other sublayer at its clean output instead (direct_clamp.py); `readiness` says which, or why neither.
+Each norm is frozen by the form its adapter declares (adapters/norms.py), never by its class name here.
+
 Freezing the norms' scales (NORM) is how Rushing & Nanda 2024 measure direct effects: a norm's rescaling
 after a head is removed is itself a mechanism of self-repair, and freezing it puts that share in
 `self_repair` instead of hiding it in the direct effect (Heimersheim & Nanda 2024 name the choice as one
@@ -37,86 +42,96 @@ import torch
 import torch.nn as nn
 
 from .._distributed import Ranks
-from ..adapters._hooks import hooks
+from ..adapters import StreamPlan, hooks, stream_plan
 from ..adapters.base import AttentionSite
+from ..adapters.layout import stored_in_out
+from ..adapters.norms import NormForm, declared
 from ..adapters.readout import ResidualPath, hidden_of, moved, residual_path
 from ..errors import ConfigError
 from ..objectives import call_model, logits_of, score
 from .accumulate import Accumulator
+from .direct_clamp import Clamped
 from .prefix import repeat_batch, replay
 from .shards import merge
 from .steps import indexed
 from .sweep import Ablated, Clean, Sweep, _kl_sums, _same
 
 NORM = ("frozen: every norm on a head's path to the output (pre-norm: the final norm; post-norm BERT or torch "
-        "encoder: its layer's norms and every later layer's, then a final norm if any) has its scale (1 / sigma of "
-        "its clean input) held at its clean value, as Rushing & Nanda 2024 measure direct effects, so the norms' "
-        "own rescaling when a head is removed counts as self-repair")
+        "encoder: its layer's norms and every later layer's, then a final norm if any; a traced path: every norm of "
+        "the layers and the final norms) has its scale (1 / sigma of its clean input) held at its clean value, as "
+        "Rushing & Nanda 2024 measure direct effects, so the norms' own rescaling when a head is removed counts as "
+        "self-repair")
 
 
-def readiness(sites: Sequence[AttentionSite], model: nn.Module) -> tuple[list[ResidualPath] | None, str | None]:
-    """(each site's path to the output, None) when direct effects can be measured, else (None, one line why)."""
+def readiness(sites: Sequence[AttentionSite], model: nn.Module, example: Any = None
+              ) -> tuple[list[ResidualPath] | StreamPlan | None, str | None]:
+    """(each site's declared path to the output, or the plan a traced forward on `example` found, None)
+    when direct effects can be measured, else (None, one line why)."""
     if not sites:
         return None, "no attention sites"
     try:
         paths = [residual_path(site.adapter, model, site) for site in sites]
-        for path in paths:
+        for site, path in zip(sites, paths):
             for norm in path.norms:
-                frozen_change(norm)  # a norm we cannot freeze: say so now rather than at the first batch
-        for site in sites:
+                norm_form(site.adapter, norm)  # a norm we cannot freeze: say so now rather than at the first batch
             head_weights(site)
+        return paths, None
     except ConfigError as e:
-        return None, str(e)
-    return paths, None
+        why = str(e)
+    declares = any(hasattr(site.adapter, "residual_path") or hasattr(site.adapter, "final_norm") for site in sites)
+    try:
+        return stream_plan(getattr(model, "_orig_mod", model), sites, example), None
+    except ConfigError as e:
+        return None, (f"{why}; nor could a traced forward find one: {e}" if declares else str(e))
+
+
+def passes(sweep: Sweep, paths: list[ResidualPath] | StreamPlan) -> "Direct | Clamped":
+    """The direct-effect passes for what readiness found: the declared paths' or the traced plan's."""
+    return Clamped(sweep, paths) if isinstance(paths, StreamPlan) else Direct(sweep, paths)
+
+
+def path_of(paths: list[ResidualPath] | StreamPlan) -> str:
+    """How the heads' paths were had, in words (result.direct["path"])."""
+    if isinstance(paths, StreamPlan):
+        return paths.describe()
+    return "declared by the adapter (diagnose/adapters/readout.py)"
 
 
 def head_weights(site: AttentionSite) -> torch.Tensor:
-    """Each head's slice of the output projection, without its bias.  # [H, D, d]"""
+    """Each head's slice of the output projection, without its bias, as the adapter declares it stored
+    (layout.stored_in_out: GPT-2's Conv1D keeps [in, out], a Linear [out, in]).  # [H, D, d]"""
     proj, H, D = site.out_proj, site.n_heads, site.head_dim
     w = getattr(proj, "weight", None)
-    if isinstance(proj, nn.Linear) and w.shape[1] == H * D:
-        return w.detach().t().reshape(H, D, -1)
-    if type(proj).__name__ == "Conv1D" and w is not None and w.shape[0] == H * D:  # GPT-2: weight [in, out]
-        return w.detach().reshape(H, D, -1)
+    if isinstance(w, torch.Tensor) and w.dim() == 2:
+        w = w.detach() if stored_in_out(site) else w.detach().t()  # [in, out]
+        if w.shape[0] == H * D:
+            return w.reshape(H, D, -1)
     raise ConfigError(f"{site.name}: its output projection is not a linear map of the heads side by side, so "
                       "direct effects are not measured")
 
 
-def frozen_change(norm: nn.Module):
-    """change(x, delta): what `norm` adds to its output when its input x moves by delta, its scale frozen
-    at x's (LayerNorm: centred delta / sigma(x) * weight; RMSNorm: delta / rms(x) * weight)."""
-    name = type(norm).__name__
-    if isinstance(norm, nn.LayerNorm):
-        def change(x, delta):
-            sigma = torch.sqrt(x.float().var(-1, unbiased=False, keepdim=True) + norm.eps)  # [N, T, 1]
-            out = (delta - delta.mean(-1, keepdim=True)) / sigma
-            return out if norm.weight is None else out * norm.weight.float()
-        return change
-    if isinstance(norm, nn.RMSNorm):  # torch's own: eps None means its input dtype's machine epsilon
-        def change(x, delta):
-            eps = torch.finfo(x.dtype).eps if norm.eps is None else norm.eps
-            rms = torch.sqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)  # [N, T, 1]
-            out = delta / rms
-            return out if norm.weight is None else out * norm.weight.float()
-        return change
-    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-    if name.endswith("RMSNorm") and not name.startswith("Gemma") and eps is not None:
-        def change(x, delta):
-            rms = torch.sqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)  # [N, T, 1]
-            return delta / rms * norm.weight.float()
-        return change
-    raise ConfigError(f"a norm on the path to the output is a {name}, whose scale diagnose cannot freeze "
-                      "(LayerNorm and RMSNorm only), so direct effects are not measured")
+def norm_form(adapter, norm: nn.Module) -> NormForm:
+    """The norm's frozen form as its adapter (or register_norm) declares it (adapters/norms.py)."""
+    form = declared(adapter, norm)
+    if form is None:
+        raise ConfigError(f"a norm on the path to the output is a {type(norm).__name__}, whose frozen form no adapter "
+                          f"declares (diagnose.register_norm({type(norm).__name__}, ...) declares it), so direct "
+                          "effects are not measured")
+    return form
 
 
 class Direct:
     """The direct-effect passes of one sweep (its gates, fills and replay); `run` returns an Accumulator
     whose 'ablated' outcomes are the direct-path ones, so the sweep's tests apply unchanged."""
 
+    def verify(self, inputs: Any, labels: Any) -> str | None:
+        """None: a declared path needs no check on the data (its adapter's tests make it)."""
+        return None
+
     def __init__(self, sweep: Sweep, paths: Sequence[ResidualPath]):
         self.sweep, self.paths = sweep, list(paths)  # per site
         self.norms = list({id(n): n for path in paths for n in path.norms}.values())  # each once
-        self.changes = {id(n): frozen_change(n) for n in self.norms}
+        self.forms = {id(n): norm_form(site.adapter, n) for site, path in zip(sweep.sites, paths) for n in path.norms}
         self.weights = [head_weights(site) for site in sweep.sites]  # per site [H, D, d]
         self.replay_ok: bool | None = None  # checked on the first batch
         self.forwards = 0
@@ -195,7 +210,7 @@ class Direct:
         """delta [K, B, T, d] carried through site s's norms in order, each frozen at its clean input [B, T, d]."""
         for norm in self.paths[s].norms:
             x = normed[id(norm)]  # on the norm's device (a model split over devices)
-            delta = self.changes[id(norm)](x, delta.to(x.device))
+            delta = self.forms[id(norm)].change(norm, x, delta.to(x.device))
         return delta
 
     def _outcome(self, clean: Clean, s: int, change: torch.Tensor) -> tuple[torch.Tensor, ...]:

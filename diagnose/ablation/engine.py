@@ -84,8 +84,7 @@ def _run(model: torch.nn.Module, data: Any, cfgs: list[AblationConfig], sites: S
         batches, data = scored, scored
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
     closing = time.perf_counter()
-    groups = [[ablate_together(model, data, list(members), task=c.task, method=c.method, draws=c.draws,
-                               seed=c.seed, batch_size=c.batch_size, sites=sites, distributed=r.active).to_json()
+    groups = [[ablate_together(model, data, list(members), config=c, sites=sites, distributed=r.active).to_json()
                for members in c.together] for c in cfgs]
     started += time.perf_counter() - closing  # the timing figures are the sweep's own
     with eval_mode(model), gated(sites) as gates:
@@ -192,15 +191,19 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
 def _direct_effects(model: torch.nn.Module, sweep: Sweep, parts: list, first: int, r: Ranks, chosen: list[int],
                     cfg: AblationConfig) -> tuple[Accumulator | None, dict]:
     """The direct effects of the chosen heads (direct.py), or None and the one-line reason they cannot be had."""
-    paths, reason = _direct.readiness(sweep.sites, model)
+    paths, reason = _direct.readiness(sweep.sites, model, parts[0][0] if parts else None)
     if paths is not None and not chosen:
         paths, reason = None, "no head was ablated exactly (--top 0), so there is no total effect to set beside one"
     if paths is None:
         return None, {"measured": False, "reason": reason}
-    passes = _direct.Direct(sweep, paths)
+    passes = _direct.passes(sweep, paths)
+    reason = passes.verify(*parts[0][:2])
+    if reason is not None:
+        return None, {"measured": False, "reason": reason}
     acc = passes.run(parts, first, r, chosen)
     forwards = r.gather(passes.forwards)
     return acc, {"measured": True, "n_heads": len(chosen), "norm": _direct.NORM, "method": cfg.method,
+                 "path": _direct.path_of(paths),
                  "seconds": passes.seconds, "forward_passes": sum(forwards),
                  "blocks_replayed": bool(passes.replay_ok) and sweep.recorder is not None}
 
@@ -235,8 +238,7 @@ def _assemble(model: torch.nn.Module, sites: list[AttentionSite], batches: Batch
     if cfg.fast:
         fast_info = {"top": cfg.n_top(len(heads)), "ranked_by": cfg.rank_by,
                      "seconds_ranking": m.ranking_seconds, "spearman_vs_exact": dict(correlations[cfg.rank_by])}
-    flags = contrast.flags_with_groups(heads, model, batches, cfg.task, cfg.method, sites, baseline,
-                                       band, distributed=r.active, draws=cfg.draws, seed=cfg.seed)
+    flags = contrast.flags_with_groups(heads, model, batches, cfg, sites, baseline, band, distributed=r.active)
     return HeadsResult(
         model=_model_info(model, sites), task=cfg.task, method=cfg.method, n_examples=acc.n_examples,
         n_units=int(acc.units()), baseline=baseline, heads=heads, correlations=correlations, flags=flags,

@@ -14,7 +14,7 @@ A method is one `AblationMethod` entry:
 - `foldable`: the fill is one constant [H, D] per site (the state itself, or None for 0), so a closed head
   can be folded into the output projection's bias; prune cuts only with such methods.
 
-Adding a method is one `register_method(AblationMethod(...))` plus its test; the CLI, the JSON's `method`
+Adding a method is one `register_method(AblationMethod(...))` (a `Registry`, diagnose/registry.py) plus its test; the CLI, the JSON's `method`
 and prune pick it up from here. Torch is imported inside the entries' functions only: the CLI reads the
 names without it (`diagnose --help` stays instant).
 """
@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ..errors import ConfigError
+from ..registry import Registry
 from .resample import DRAWS, resample_fill, resample_outputs
 
 if TYPE_CHECKING:
@@ -71,27 +72,23 @@ class AblationMethod:
             raise ConfigError(f"method {self.name!r}: draws must be at least 1, and 1 for a foldable (constant) fill")
 
 
-_REGISTRY: dict[str, AblationMethod] = {}
+# every method, in registration order; the built-ins are _BUILTINS at the end of this file
+REGISTRY: Registry[AblationMethod] = Registry("ablation method", builtins=lambda: _BUILTINS)
 
 
 def register_method(method: AblationMethod, *, replace: bool = False) -> AblationMethod:
     """Add `method` to the registry (replace=True overwrites an entry of the same name)."""
-    if not replace and method.name in _REGISTRY:
-        raise ConfigError(f"an ablation method named {method.name!r} is already registered")
-    _REGISTRY[method.name] = method
-    return method
+    return REGISTRY.register(method, replace=replace)
 
 
 def unregister_method(name: str) -> None:
     """Remove a registered method (a test's toy entry, say)."""
-    _REGISTRY.pop(name, None)
+    REGISTRY.unregister(name, missing_ok=True)
 
 
 def get_method(name: str) -> AblationMethod:
     """The entry called `name`; ConfigError naming the choices when there is none."""
-    if name not in _REGISTRY:
-        raise ConfigError(f"method {name!r} is not one of {', '.join(_REGISTRY)}")
-    return _REGISTRY[name]
+    return REGISTRY.get(name)
 
 
 class _Names(Sequence[str]):
@@ -101,7 +98,7 @@ class _Names(Sequence[str]):
         self._keep = keep
 
     def _names(self) -> tuple[str, ...]:
-        return tuple(name for name, m in _REGISTRY.items() if self._keep(m))
+        return tuple(m.name for m in REGISTRY if self._keep(m))
 
     def __getitem__(self, i):
         return self._names()[i]
@@ -224,13 +221,14 @@ def _mean_outputs(data_pass: DataPass) -> list:
     return [total / max(n, 1.0) for total, n in zip(sums, counts)]
 
 
-register_method(AblationMethod("zero", "head output set to 0", _zero_fill, foldable=True))
-register_method(AblationMethod("mean", "replaced by its mean over the data", _mean_fill, prepare=_mean_outputs,
-                               foldable=True))
-register_method(AblationMethod("resample", "replaced by its output on another example of the data, averaged over "
-                               "--draws donors", resample_fill, prepare=resample_outputs, draws=DRAWS))
+_BUILTINS = (
+    AblationMethod("zero", "head output set to 0", _zero_fill, foldable=True),
+    AblationMethod("mean", "replaced by its mean over the data", _mean_fill, prepare=_mean_outputs, foldable=True),
+    AblationMethod("resample", "replaced by its output on another example of the data, averaged over --draws donors",
+                   resample_fill, prepare=resample_outputs, draws=DRAWS),
+)
 
 
 def method_help(names: Sequence[str]) -> str:
     """'zero: head output set to 0; mean: ...' for `--help`."""
-    return "; ".join(f"{name}: {_REGISTRY[name].help}" for name in names) + "."
+    return "; ".join(f"{name}: {REGISTRY.get(name).help}" for name in names) + "."

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 
-from ..adapters._hooks import hooks
+from ..adapters import hooks
 from ..adapters.base import AttentionSite
 from .._numbers import number
 from ..errors import ConfigError

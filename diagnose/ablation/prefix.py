@@ -21,7 +21,7 @@ from typing import Any, Iterator, Sequence
 import torch
 import torch.nn as nn
 
-from ..adapters._hooks import hooks
+from ..adapters import hooks
 from ..adapters.base import AttentionSite
 
 _MISSING = object()

@@ -16,9 +16,9 @@ from .._distributed import pick, ranks
 from ..adapters.base import AttentionSite
 from ..errors import ConfigError
 from ..modes import eval_mode
-from ..objectives import TASKS
 from ..sites import find_heads
 from .batches import as_batches, for_last_position
+from .config import TOGETHER, AblationConfig
 from .gate import gated
 from .methods import DataPass, get_method, prepare
 from .steps import first_example, indexed
@@ -52,22 +52,19 @@ class GroupEffect:
 
 
 def ablate_together(model: torch.nn.Module, data: Any, heads: Iterable[tuple[int, int]], *,
-                    task: str = "classification", method: str = "zero", batch_size: int | None = None,
-                    draws: int | None = None, seed: int = 0,
-                    sites: Sequence[AttentionSite] | None = None,
-                    baseline: tuple[float, float] | None = None, distributed: bool | None = None) -> GroupEffect:
+                    config: AblationConfig | None = None, sites: Sequence[AttentionSite] | None = None,
+                    baseline: tuple[float, float] | None = None, **options: Any) -> GroupEffect:
     """Close every (layer, head) in `heads` at once and score the model on `data`.
 
-    data, task, method, batch_size and distributed as for ablate_heads; method "mean" replaces each
-    closed head's output by its mean over the data set's real tokens. baseline: the clean (accuracy,
-    loss) when already known (the sweep's), which saves the clean passes. draws, seed: a random fill's
-    donors per example and their seed (resample), as for ablate_heads.
+    config: an AblationConfig, of which this reads task, method, batch_size, draws, seed and
+    distributed (as for ablate_heads); those six are also keywords (task="lm"), laid over `config`.
+    Method "mean" replaces each closed head's output by its mean over the data set's real tokens.
+    baseline: the clean (accuracy, loss) when already known (the sweep's), which saves the clean passes.
     """
-    if task not in TASKS:
-        raise ConfigError(f"task {task!r} is not one of {', '.join(TASKS)}")
-    how = get_method(method)
+    cfg = AblationConfig.of(config, options, caller="ablate_together", options=TOGETHER)
+    how, draws, seed = get_method(cfg.method), cfg.draws, cfg.seed
     device = next((p.device for p in model.parameters()), None)
-    batches = for_last_position(model, as_batches(data, batch_size, device), task)
+    batches = for_last_position(model, as_batches(data, cfg.batch_size, device), cfg.task)
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
     closed = sorted({(int(layer), int(head)) for layer, head in heads})
     by_layer = {site.layer: site for site in sites}
@@ -77,12 +74,12 @@ def ablate_together(model: torch.nn.Module, data: Any, heads: Iterable[tuple[int
             raise ConfigError(f"there is no head {head} in layer {layer} ({shape})")
     base = [(s, head) for s, site in enumerate(sites) for layer, head in closed if site.layer == layer]
 
-    r = ranks(distributed)
+    r = ranks(cfg.distributed)
     mine = pick(batches, r)
 
     def work() -> list[float]:
         with eval_mode(model), gated(sites) as gates:
-            shut = Sweep(model, sites, gates, task, reuse=False, closed=base)
+            shut = Sweep(model, sites, gates, cfg.task, reuse=False, closed=base)
             reduce = (lambda sums, counts: r.add_up(sums, counts, device)) if r.active else None
             first = first_example(batches, r)
             prepare(how, DataPass(shut, mine, reduce, first=first, draws=draws, seed=seed))
@@ -92,7 +89,7 @@ def ablate_together(model: torch.nn.Module, data: Any, heads: Iterable[tuple[int
     _, (clean_loss_sum, clean_correct, loss_sum, correct, units) = r.add_up([], r.run_local("closing heads", work))
     n = max(units, 1.0)
     clean_acc, clean_loss = baseline if baseline else (clean_correct / n, clean_loss_sum / n)
-    return GroupEffect(closed, method, correct / n, loss_sum / n, clean_acc, clean_loss)
+    return GroupEffect(closed, cfg.method, correct / n, loss_sum / n, clean_acc, clean_loss)
 
 
 def _sums(shut: Sweep, batches: Sequence, first: int, *, clean: bool) -> list[float]:

@@ -1,8 +1,11 @@
 """The fallback for hand-written attention: a site is any module inside which a softmax over
-[B, H, Tq, Tk] or an F.scaled_dot_product_attention call happens during a small tracing
-forward; its output projection is the last nn.Linear called inside it whose in_features is
-H * D. Probabilities come from the intercept (see _intercept.py), the gate is a pre-hook on
-that projection.
+[B, H, Tq, Tk] or an F.scaled_dot_product_attention call happens during a traced forward of a
+real example (_trace.py, which also finds the output projection, inside the module or applied
+by its parent after it returns). Probabilities come from the intercept (see _intercept.py), the
+gate is a pre-hook on that projection.
+
+InterceptAdapter is the public base for an adapter of one's own (diagnose.adapters): subclass
+it, write `find(model)` returning AttentionSites with their `out_proj`, and register it.
 """
 
 from __future__ import annotations
@@ -15,13 +18,13 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError, NoAttentionFoundError
-from ..objectives import call_model
-from ._hooks import blocks_around, gate_projection, hooks
+from ._hooks import blocks_around, gate_projection
 from ._intercept import AttentionMode, watch_probs, watch_probs_traced
 from .base import AttentionSite, HeadOutputFn, PatternCallback
+from ._trace import Trace, first_example, sample_input, trace  # noqa: F401  (the last two: for their old importers)
 from .layout import BLOCKED, Projection, ProjectionLayout
 
-_HEAD_DIM_ATTRS = ("head_dim", "head_size", "d_head", "attention_head_size", "hs")
+_HEAD_DIM_ATTRS = ("head_dim", "head_size", "d_head", "dim_head", "attention_head_size", "hs")
 _HEADS_ATTRS = ("n_heads", "num_heads", "n_head", "num_attention_heads", "nh", "heads")
 # what prune's cut sets to the heads kept, and the q/k/v Linear names it recognises
 _COUNT_NAMES = ("n_head", "n_heads", "num_heads", "num_attention_heads")
@@ -29,8 +32,13 @@ _QKV_NAMES = (("q", "query", "q_proj", "q_lin"), ("k", "key", "k_proj", "k_lin")
 
 
 class InterceptAdapter(ABC):
-    """Shared mechanics for families whose probabilities come from the softmax/SDPA intercept
-    and whose heads meet at an output projection (site.out_proj)."""
+    """The base of an adapter for attention diagnose does not find by itself: write `find(model)`,
+    returning one AttentionSite per attention module (in forward order) whose `module` computes the
+    softmax or calls F.scaled_dot_product_attention and whose `out_proj` is the module whose input is
+    the heads side by side [B, T, H * D]; this class gives the rest: the probabilities from the
+    intercept (eager and compiled), the head gate as a pre-hook on out_proj, and the residual blocks.
+    Register an instance with diagnose.register_adapter. Override `blocks(model)` where the blocks
+    are not the ModuleList/Sequential items around the sites. docs/families.md has an example."""
 
     family = "intercept"
 
@@ -59,92 +67,6 @@ class InterceptAdapter(ABC):
         return blocks_around(model, self.find(model) or [])
 
 
-def sample_input(model: nn.Module) -> torch.Tensor | None:
-    """A tiny input a model is likely to take: token ids for its first Embedding, or
-    features for its first Linear.  # [2, 8] or [2, 8, C]"""
-    for m in model.modules():
-        if isinstance(m, nn.Embedding):
-            return torch.randint(0, m.num_embeddings, (2, 8), device=m.weight.device)
-        if isinstance(m, nn.Linear):
-            return torch.randn(2, 8, m.in_features, device=m.weight.device, dtype=m.weight.dtype)
-    return None
-
-
-def first_example(inputs: Any) -> Any:
-    """The first example of a batch (tracing needs no more).  # Tensor [1, ...] or Mapping of them"""
-    if isinstance(inputs, torch.Tensor):
-        return inputs[:1]
-    if isinstance(inputs, Mapping):
-        return {k: (v[:1] if isinstance(v, torch.Tensor) and v.dim() > 0 else v) for k, v in inputs.items()}
-    return inputs
-
-
-def _attr(module: nn.Module, names: tuple[str, ...]) -> int | None:
-    for n in names:
-        v = getattr(module, n, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
-
-
-def trace_attention(model: nn.Module, example: Any = None) -> list[dict]:
-    """Run one forward and record, per module that computes attention (innermost running
-    module at the softmax/SDPA call), in first-call order: name, module, n_heads, head_dim,
-    and the output projection. Training flags and the RNG are restored after."""
-    example = sample_input(model) if example is None else first_example(example)
-    if example is None:
-        return []
-    names = {m: n for n, m in model.named_modules()}
-    stack: list[str] = []
-    calls: dict[str, int] = {}
-    found: dict[str, dict] = {}
-    linears: list[tuple[tuple[str, ...], nn.Linear]] = []  # (running modules, linear) in call order
-
-    def pre(m, _args):
-        stack.append(names[m])
-        calls[names[m]] = calls.get(names[m], 0) + 1
-
-    def post(m, _args, _out):
-        stack.pop()
-        if isinstance(m, nn.Linear):
-            linears.append((tuple(stack), m))
-
-    def on_call(kind: str, probs: torch.Tensor, q: torch.Tensor | None) -> None:
-        if not stack:
-            return
-        rec = found.setdefault(stack[-1], {"name": stack[-1], "n_heads": probs.shape[1], "after": len(linears)})
-        if q is not None:
-            rec["head_dim"] = q.shape[-1]
-
-    flags = {m: m.training for m in model.modules()}
-    regs = [lambda m=m: m.register_forward_pre_hook(pre) for m in names] + \
-           [lambda m=m: m.register_forward_hook(post, always_call=True) for m in names]
-    try:
-        model.eval()
-        with torch.random.fork_rng(devices=[]), torch.no_grad(), hooks(*regs), AttentionMode(on_call):
-            call_model(model, example)
-    except Exception:  # a model that does not take the sample input: nothing found
-        return []
-    finally:
-        for m, t in flags.items():
-            m.training = t
-    modules = dict(model.named_modules())
-    out = []
-    for rec in found.values():
-        mod, H = modules[rec["name"]], rec["n_heads"]
-        inside = [lin for running, lin in linears[rec["after"]:] if rec["name"] in running or rec["name"] == ""]
-        D = rec.get("head_dim") or _attr(mod, _HEAD_DIM_ATTRS)
-        if D is None:
-            dims = [lin.in_features // H for lin in inside if lin.in_features % H == 0]
-            D = dims[-1] if dims else None
-        if D is None:
-            continue
-        proj = [lin for lin in inside if lin.in_features == H * D]
-        out.append(dict(name=rec["name"], module=mod, n_heads=H, head_dim=D, out_proj=proj[-1] if proj else None,
-                        calls=calls.get(rec["name"], 1)))
-    return out
-
-
 class GenericAdapter(InterceptAdapter):
     """Any module that calls softmax over [B, H, Tq, Tk] or F.scaled_dot_product_attention."""
 
@@ -152,22 +74,25 @@ class GenericAdapter(InterceptAdapter):
 
     def __init__(self, example: Any = None):
         self.example = example
-        self._found: tuple[int, list[AttentionSite]] | None = None  # (id(model), sites): blocks() needs no new trace
+        # (id(model), sites, the trace's finishing order): blocks() needs no new trace
+        self._found: tuple[int, list[AttentionSite], dict[str, int]] | None = None
         self.applied_more_than_once = False  # a site module ran twice in the traced forward (shared.py splits it)
+        self.failure: str | None = None  # why the traced forward did not run, for find_heads' error
 
     def find(self, model: nn.Module) -> list[AttentionSite] | None:
-        recs = trace_attention(model, self.example)
-        if not recs:
+        t = trace(model, self.example)
+        self.failure = t.failure
+        if not t.sites:
             return None
         sites = [AttentionSite(i, r["name"], r["n_heads"], r["head_dim"], r["module"], self, out_proj=r["out_proj"])
-                 for i, r in enumerate(recs)]
-        self.applied_more_than_once = any(r["calls"] > 1 for r in recs)
-        self._found = (id(model), sites)
+                 for i, r in enumerate(t.sites)]
+        self.applied_more_than_once = any(r["calls"] > 1 for r in t.sites)
+        self._found = (id(model), sites, t.finished)
         return sites
 
     def blocks(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         if self._found is not None and self._found[0] == id(model):
-            return blocks_around(model, self._found[1])
+            return blocks_around(model, self._found[1], self._found[2])
         return super().blocks(model)
 
     def layout(self, site: AttentionSite) -> ProjectionLayout:
@@ -203,38 +128,70 @@ def glob_match(pattern: str, name: str) -> bool:
     return re.fullmatch(".*".join(parts), name) is not None
 
 
+def matching_modules(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
+    """The modules `pattern` names, outermost only (a match inside another is part of it): `re:REGEX`
+    over qualified names (re.fullmatch); a class name (`Attention`, or `pkg.module.Attention`) when a
+    module's class is called that; else a glob over qualified names (glob_match)."""
+    if pattern.startswith("re:"):
+        try:
+            rx = re.compile(pattern[3:])
+        except re.error as exc:
+            raise ConfigError(f"--attention-module {pattern!r}: not a regular expression ({exc})") from None
+        hit = [(n, m) for n, m in model.named_modules() if rx.fullmatch(n)]
+    else:
+        by_class = [(n, m) for n, m in model.named_modules()
+                    if pattern in (type(m).__name__, f"{type(m).__module__}.{type(m).__qualname__}")]
+        hit = by_class or [(n, m) for n, m in model.named_modules() if glob_match(pattern, n)]
+    return [(n, m) for n, m in hit if not any(n != o and (o == "" or n.startswith(o + ".")) for o, _ in hit)]
+
+
+def _traced_inside(traced: Trace, name: str) -> list[dict]:
+    return [r for r in traced.sites if r["name"] == name or name == "" or r["name"].startswith(name + ".")]
+
+
+def _refuse_silent(pattern: str, silent: list[tuple[str, nn.Module]], traced: Trace) -> None:
+    listed = ", ".join(f"{n} ({type(m).__name__})" for n, m in silent[:4]) + (", ..." if len(silent) > 4 else "")
+    why = (f"; {traced.failure}" if traced.failure else
+           " in a traced forward, so they are not attention (a feed-forward, a norm)")
+    raise NoAttentionFoundError(f"--attention-module {pattern!r} matches modules that compute no softmax or "
+                                f"scaled_dot_product_attention: {listed}{why}; name only the attention modules, by "
+                                "their class (--attention-module Attention) or a regex over qualified names "
+                                "(--attention-module 're:.*\\.attn')")
+
+
 def named_sites(model: nn.Module, pattern: str, n_heads: int | None, example: Any = None) -> list[AttentionSite]:
-    """Sites the user named: modules whose qualified name matches the glob `pattern`."""
+    """Sites the user named (matching_modules); a named module inside which no softmax/SDPA ran in a
+    traced forward is refused, not swept as heads."""
     from ._torch_mha import MHAAdapter
 
-    matched = [(n, m) for n, m in model.named_modules() if glob_match(pattern, n)]
+    matched = matching_modules(model, pattern)
     if not matched:
-        raise NoAttentionFoundError(f"no module name matches --attention-module {pattern!r}; "
-                                    "names look like 'encoder.layers.0.self_attn' (see model.named_modules())")
-    traced = {r["name"]: r for r in trace_attention(model, example)}
+        raise NoAttentionFoundError(f"no module name or class matches --attention-module {pattern!r}; names look like "
+                                    "'encoder.layers.0.self_attn' (see model.named_modules()), classes like 'Attention'")
+    traced = trace(model, example)
+    silent = [(n, m) for n, m in matched if not isinstance(m, nn.MultiheadAttention) and not _traced_inside(traced, n)]
+    if silent:
+        _refuse_silent(pattern, silent, traced)
     generic, mha = GenericAdapter(example), MHAAdapter()
     sites = []
     for i, (name, mod) in enumerate(matched):
         if isinstance(mod, nn.MultiheadAttention):
             sites.append(mha.site(i, name, mod))
             continue
-        H = n_heads or traced.get(name, {}).get("n_heads") or _attr(mod, _HEADS_ATTRS)
-        if H is None:
-            raise NoAttentionFoundError(f"cannot tell how many heads {name!r} has; pass --heads N (n_heads=N)")
-        rec = traced.get(name, {})
-        D = rec.get("head_dim") if rec.get("n_heads") == H else None
-        D = D or _attr(mod, _HEAD_DIM_ATTRS)
-        lins = [m for m in mod.modules() if isinstance(m, nn.Linear)]
-        proj = rec.get("out_proj") if rec.get("n_heads") == H else None
+        inner = _traced_inside(traced, name)
+        rec = next((r for r in inner if n_heads is None or r["n_heads"] == n_heads), {})
+        H = n_heads or rec.get("n_heads") or _attr(mod, _HEADS_ATTRS)
+        D = rec.get("head_dim") or _attr(mod, _HEAD_DIM_ATTRS)
         if D is None:
-            dims = [lin.in_features // H for lin in lins if lin.in_features % H == 0]
+            dims = [lin.in_features // H for lin in mod.modules() if isinstance(lin, nn.Linear) and lin.in_features % H == 0]
             D = dims[-1] if dims else None
         if D is None:
             raise NoAttentionFoundError(f"cannot tell the head dim of {name!r}; register an adapter for it "
-                                        "(diagnose.register_adapter)")
+                                        "(diagnose.adapters.InterceptAdapter, docs/families.md)")
+        proj = rec.get("out_proj")
         if proj is None:
-            cands = [lin for lin in lins if lin.in_features == H * D]
+            cands = [lin for lin in mod.modules() if isinstance(lin, nn.Linear) and lin.in_features == H * D]
             proj = cands[-1] if cands else None
         sites.append(AttentionSite(i, name, H, D, mod, generic, out_proj=proj))
-    generic._found = (id(model), [s for s in sites if s.adapter is generic])
+    generic._found = (id(model), [s for s in sites if s.adapter is generic], traced.finished)
     return sites

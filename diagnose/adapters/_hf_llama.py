@@ -9,13 +9,17 @@ import sys
 import torch
 import torch.nn as nn
 
-from ._hf import HFAdapter
+from ._hf import HFAdapter, is_hf
 from ._hooks import watch_q_k
 from ._probs import LazyProbs
 from .base import AttentionSite, PatternCallback
 from ..errors import ConfigError
 from .layout import HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
+from .norms import NormForm
 from .readout import named
+
+HF_RMS_NORM = NormForm("RMSNorm (transformers)", centred=False, weight="weight", eps="variance_epsilon")
+GEMMA_RMS_NORM = NormForm("Gemma RMSNorm, gain 1 + weight", centred=False, gain_offset=1.0, weight="weight", eps="eps")
 
 
 class LlamaAdapter(HFAdapter):
@@ -76,6 +80,14 @@ class LlamaAdapter(HFAdapter):
 
         return watch_q_k(m, q_src, k_src, site.head_dim, {"position_embeddings": 1, "attention_mask": 2}, probs_of,
                          m.config._attn_implementation == "eager", callback)
+
+    def norm_form(self, norm: nn.Module) -> NormForm | None:
+        """Its families' own RMSNorms (norms.py): LlamaRMSNorm and its copies (weight * x / rms, eps as
+        variance_epsilon); Gemma's multiplies by (1 + weight), eps as eps."""
+        name = type(norm).__name__
+        if not (is_hf(norm) and name.endswith("RMSNorm")):
+            return None
+        return GEMMA_RMS_NORM if name.startswith("Gemma") else HF_RMS_NORM
 
     def final_norm(self, model: nn.Module) -> nn.Module:
         """model.norm: pre-norm, each o_proj output added to the stream (readout.py). Families that norm the

@@ -53,26 +53,75 @@ def first_tensor(output) -> torch.Tensor | None:
     return None
 
 
-def blocks_around(model: nn.Module, sites: list[AttentionSite]) -> list[tuple[str, nn.Module]]:
-    """The residual blocks: the ModuleList/Sequential items that contain the attention sites.
+_LISTS = (nn.ModuleList, nn.Sequential)
 
-    A site's block is its closest ancestor that is a direct child of a ModuleList or
-    Sequential; without one (a lone attention module) the site module itself stands in.
+
+def _items_holding(modules: dict[str, nn.Module], name: str) -> list[tuple[str, str]]:
+    """(container, item) for each ancestor of `name` (itself included) that is an item of a
+    ModuleList/Sequential, whatever the item is called ('3', 'encoder_layer_3'), innermost first."""
+    parts = name.split(".") if name else []
+    out = []
+    for i in range(len(parts), 0, -1):
+        container = ".".join(parts[:i - 1])
+        if isinstance(modules.get(container), _LISTS):
+            out.append((container, ".".join(parts[:i])))
+    return out
+
+
+def _stand_in(modules: dict[str, nn.Module], item: str, finished: dict[str, int] | None) -> nn.Module:
+    """The module whose output is the stream after block `item`: the item itself, or, for an item the
+    forward never calls (x-transformers' ModuleList([norms, block, residual]) that the parent's loop
+    unpacks), the module inside it that finished last in the traced forward (the residual add, or
+    a post-norm after it)."""
+    mod = modules[item]
+    called = not isinstance(mod, (nn.ModuleList, nn.ModuleDict)) and (finished is None or item in finished)
+    if called or not finished:
+        return mod
+    inside = [(i, n) for n, i in finished.items() if n.startswith(item + ".")]
+    return modules[max(inside)[1]] if inside else mod
+
+
+def blocks_around(model: nn.Module, sites: list[AttentionSite],
+                  finished: dict[str, int] | None = None) -> list[tuple[str, nn.Module]]:
+    """The residual blocks: the items of the ModuleList/Sequential that holds the attention sites one
+    per item, as (item name, the module whose output is the residual stream after it).
+
+    Of a site's ancestors that are list items, the one whose list holds the most site-holding items
+    is its block (ties: the outer one), so that nested lists (x-transformers' `layers[i]` =
+    ModuleList([norms, attention, residual])) and a stack wrapped in a Sequential both give the
+    per-layer items. The list's other items of the same class (x-transformers' feed-forward layers)
+    are blocks too. `finished` (module name -> the order its forward ended in a traced forward)
+    picks the module standing in for an item that is never called (_stand_in). Without a list
+    around it, a site's own module stands in (a lone attention module).
     """
-    parents = {name: m for name, m in model.named_modules()}
+    modules = dict(model.named_modules())
+    per_site = [_items_holding(modules, s.name.split("#")[0]) for s in sites]
+    holding: dict[str, set[str]] = {}
+    for cands in per_site:
+        for container, item in cands:
+            holding.setdefault(container, set()).add(item)
+    chosen: dict[str, set[str]] = {}  # container -> its site-holding items, in first-site order of containers
+    lone: list[str] = []
+    for s, cands in zip(sites, per_site):
+        best = None
+        for container, item in cands:  # innermost first: >= lets the outer one win a tie
+            if best is None or len(holding[container]) >= len(holding[best[0]]):
+                best = (container, item)
+        if best is None:
+            lone.append(s.name.split("#")[0])
+        else:
+            chosen.setdefault(best[0], set()).add(best[1])
     out: list[tuple[str, nn.Module]] = []
-    seen: set[str] = set()
-    for site in sites:
-        parts = site.name.split(".")
-        chosen = site.name
-        for i in range(len(parts), 0, -1):
-            container = parents.get(".".join(parts[: i - 1]) if i > 1 else "")
-            if isinstance(container, (nn.ModuleList, nn.Sequential)) and parts[i - 1].isdigit():
-                chosen = ".".join(parts[:i])
-                break
-        if chosen not in seen:
-            seen.add(chosen)
-            out.append((chosen, parents[chosen]))
+    for container, items in chosen.items():
+        kinds = {type(modules[i]) for i in items}
+        prefix = f"{container}." if container else ""
+        for key, mod in modules[container].named_children():
+            name = prefix + key
+            if name in items or type(mod) in kinds:
+                out.append((name, _stand_in(modules, name, finished)))
+    for name in lone:
+        if all(name != n for n, _ in out):
+            out.append((name, modules[name]))
     return out
 
 

@@ -1,5 +1,6 @@
 """The built-in reference Transformer (diagnose.zoo.model): `blocks.{i}.attn.pattern` is an
-identity applied to the probabilities, `blocks.{i}.attn.proj` the output projection."""
+identity applied to the probabilities, `blocks.{i}.attn.scores` one applied to the masked
+pre-softmax logits, `blocks.{i}.attn.proj` the output projection."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch.nn as nn
 from ..errors import ConfigError
 from ..zoo.model import SelfAttention, Transformer
 from ._hooks import blocks_around, gate_projection, hooks
-from .base import AttentionSite, HeadOutputFn, PatternCallback
+from .base import AttentionSite, HeadOutputFn, PatternCallback, send_scores
 from .layout import BLOCKED, Projection, ProjectionLayout
 
 
@@ -25,13 +26,19 @@ class ReferenceAdapter:
             return None
         return [AttentionSite(i, n, m.n_heads, m.head_dim, m, self, out_proj=m.proj) for i, (n, m) in enumerate(found)]
 
-    compile_safe = True  # watch_pattern is a forward hook on an identity module: no graph break
+    compile_safe = True  # watch_pattern is forward hooks on identity modules: no graph break
 
     def watch_pattern(self, site: AttentionSite, callback: PatternCallback):
         def hook(_module: nn.Module, _args: tuple, probs: torch.Tensor) -> None:
             callback(probs.detach().float())  # [B, H, Tq, Tk]
 
-        return hooks(lambda: site.module.pattern.register_forward_hook(hook))
+        def on_scores(_module: nn.Module, _args: tuple, scores: torch.Tensor) -> None:
+            # the softmax's input, masked (finfo.min or -inf; 0 under the mask_fill="zero" bug), before the
+            # probabilities as base.PatternCallback says: the max logit, which the probabilities cannot give
+            send_scores(callback, scores.detach())  # [B, H, Tq, Tk]
+
+        return hooks(lambda: site.module.scores.register_forward_hook(on_scores),
+                     lambda: site.module.pattern.register_forward_hook(hook))
 
     def intervene(self, site: AttentionSite, fn: HeadOutputFn):
         return gate_projection(site.module.proj, site.n_heads, site.head_dim, fn)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ._hooks import blocks_around, hooks
 from ._probs import LazyProbs
-from .base import AttentionSite, HeadOutputFn, PatternCallback
+from .base import AttentionSite, HeadOutputFn, PatternCallback, hand_over
 from .layout import ProjectionLayout
 from .readout import ResidualPath
 
@@ -112,6 +112,7 @@ def project(m: nn.MultiheadAttention, heads: torch.Tensor, like: torch.Tensor) -
 
 class MHAAdapter:
     family = "torch-mha"
+    compile_safe = True  # watch_pattern_traced: a plain forward hook, which dynamo traces (base.TRACED_HOOKS)
 
     def site(self, layer: int, name: str, m: nn.MultiheadAttention) -> AttentionSite:
         return AttentionSite(layer, name, m.num_heads, m.head_dim, m, self, out_proj=m.out_proj)
@@ -135,6 +136,19 @@ class MHAAdapter:
 
         with no_fastpath(), hooks(lambda: site.module.register_forward_hook(hook, with_kwargs=True)):
             yield
+
+    def watch_pattern_traced(self, site: AttentionSite, callback: PatternCallback):
+        """watch_pattern in the form dynamo traces into a compiled graph: the same forward hook, without
+        the global fast-path switch (a forward with grad, the training step the monitor reads, never
+        takes the fast path); forwards without grad are not read, as watch_q_k does for the HF families."""
+        def hook(m, args, kwargs, _out):
+            if not torch.is_grad_enabled():
+                return
+            with torch.no_grad():
+                probs = lazy_probs(m, *args, **kwargs)
+            hand_over(callback, probs, eager=False)  # [B, H, Tq, Tk], rows made on demand
+
+        return hooks(lambda: site.module.register_forward_hook(hook, with_kwargs=True))
 
     @contextmanager
     def intervene(self, site: AttentionSite, fn: HeadOutputFn) -> Iterator[None]:

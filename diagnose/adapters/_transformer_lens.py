@@ -1,6 +1,7 @@
 """TransformerLens 4 TransformerBridge: `blocks.{i}.attn` is an AttentionBridge with a
-`hook_pattern` HookPoint (the probabilities) and an `o` LinearBridge (the output projection,
-input [B, T, H * D]). Recognised by class, without importing transformer_lens."""
+`hook_pattern` HookPoint (the probabilities), a `hook_attn_scores` one (their masked pre-softmax
+logits: softmax of it is the pattern) and an `o` LinearBridge (the output projection, input
+[B, T, H * D]). Recognised by class, without importing transformer_lens."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from ._hooks import gate_projection, hooks
-from .base import AttentionSite, HeadOutputFn, PatternCallback
+from .base import AttentionSite, HeadOutputFn, PatternCallback, send_scores
 
 
 def _is_tl(obj: object, class_name: str) -> bool:
@@ -40,7 +41,14 @@ class TransformerLensAdapter:
         def hook(_m, _args, probs: torch.Tensor) -> None:
             callback(probs.detach().float())  # [B, H, Tq, Tk]
 
-        return hooks(lambda: site.module.hook_pattern.register_forward_hook(hook))
+        def on_scores(_m, _args, scores: torch.Tensor) -> None:
+            send_scores(callback, scores.detach())  # [B, H, Tq, Tk], masked with the dtype's minimum
+
+        register = [lambda: site.module.hook_pattern.register_forward_hook(hook)]
+        scores = getattr(site.module, "hook_attn_scores", None)
+        if isinstance(scores, nn.Module):  # a bridge without it gives entropy, and `diagnose stats` says what not
+            register.insert(0, lambda: scores.register_forward_hook(on_scores))
+        return hooks(*register)
 
     def intervene(self, site: AttentionSite, fn: HeadOutputFn):
         return gate_projection(site.out_proj, site.n_heads, site.head_dim, fn)

@@ -53,7 +53,10 @@ class Adapter(Protocol):
     without a break (the monitor then keeps it under torch.compile), or when the adapter has
     `watch_pattern_traced(site, callback)`, the same contract with such hooks, which the monitor
     uses instead while its hooks are held for a compiled model; absent means False. It may also be
-    a method `compile_safe(site) -> bool`, for a family whose modules differ (compile_safe() below)."""
+    a method `compile_safe(site) -> bool`, for a family whose modules differ (compile_safe() below).
+    For direct effects: `final_norm(model)` or `residual_path(model, site)`, the path from a head to the
+    output (readout.py; without either the path is traced, _stream.py), and `norm_form(module)`, the
+    frozen form of the family's own norm classes (norms.py)."""
 
     family: str
 

@@ -89,3 +89,13 @@ def layout_of(site: "AttentionSite") -> ProjectionLayout:
     raise ConfigError(f"heads of the {site.adapter.family!r} family cannot be cut: its adapter declares no "
                       "projection layout (diagnose/adapters/layout.py); the heads command still measures them")
 
+
+
+def stored_in_out(site: "AttentionSite") -> bool:
+    """Whether the site's projections keep their weight [in, out] (the layout's `conv1d`, GPT-2's Conv1D)
+    rather than [out, in] (nn.Linear); an adapter whose layout cannot be had (its heads cannot be cut)
+    stores them as nn.Linear does."""
+    try:
+        return layout_of(site).conv1d
+    except ConfigError:
+        return False

@@ -11,7 +11,8 @@ and moves the output of one module, after which only the output layers run. An a
 - `residual_path(model, site)`: any other path, e.g. post-norm BERT, where the write passes its own
   layer's LayerNorms and both of every later layer's before the encoder's output moves.
 
-Either raises ConfigError with one line saying why its model has no such path.
+Either raises ConfigError with one line saying why its model has no such path; the path is then traced
+from one forward (_stream.py). Each norm on it is frozen by the form the adapter declares (norms.py).
 """
 
 from __future__ import annotations

@@ -11,14 +11,15 @@ replays a block called more than once, so it stays correct.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from ..objectives import call_model
 from ._hooks import hooks
+from ._trace import call_example
 from .base import AttentionSite, HeadOutputFn, PatternCallback
 
 
@@ -69,8 +70,11 @@ def _call_order(model: nn.Module, sites: list[AttentionSite], example: Any) -> l
     try:
         model.eval()
         with torch.random.fork_rng(devices=[]), torch.no_grad(), hooks(*regs):
-            call_model(model, example)
-    except Exception:  # a model that does not take the example: leave the sites as they are
+            call_example(model, example)
+    except Exception as exc:  # noqa: BLE001 - said once below; the sites stay as they are
+        warnings.warn(f"whether an attention module runs more than once per forward was not checked (the "
+                      f"counting forward raised {type(exc).__name__}: {exc}); pass the model's real inputs as "
+                      "example=", RuntimeWarning, stacklevel=4)
         return None
     finally:
         for m, t in flags.items():
@@ -94,7 +98,7 @@ def _may_share(model: nn.Module, sites: list[AttentionSite]) -> bool:
 
 def split_shared(model: nn.Module, sites: list[AttentionSite], example: Any = None) -> list[AttentionSite]:
     """The sites with every module applied n > 1 times per forward split into n sites, in call order."""
-    from ._generic import first_example, sample_input
+    from ._trace import first_example, sample_input
 
     if not sites or not _may_share(model, sites):
         return sites

@@ -14,8 +14,13 @@ when the model is declared bidirectional (causal=False skips the test; is_causal
 model or its cfg; a Hugging Face model that declares no causality is an encoder by its library's
 own design). When nothing declares intent and the outputs are shaped like a language model's
 (one score per vocabulary entry at every position) it is a warning: most hand-written LMs are
-meant to be causal, and a missing mask is the classic bug that lets them cheat. Models with
-pooled outputs [B, C] have no per-position output: skipped.
+meant to be causal, and a missing mask is the classic bug that lets them cheat.
+
+A model that returns the last position only (nanoGPT's GPT without targets) is read at every
+position by diagnose.calling.per_position. One whose output has no position axis at all (a
+classifier [B, C]) has nothing per position to compare: when causal=True asks for the test, it reads
+the residual stream instead, the last residual block's output [B, T, C] at every position (the
+blocks the adapters find), and says so in the evidence (`compared`); otherwise it is skipped.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ..adapters._hooks import first_tensor, hooks
 from ..modes import eval_mode
-from ._subject import SAME, Subject, forward, relative_change, token_level
+from ._subject import SAME, Subject, forward, inputs_for, relative_change, token_level
 from ._finding import Finding, SkipCheck
 
 NAME = "causal"
@@ -87,8 +93,12 @@ def check_causal(subject: Subject, causal: bool | None = None) -> list[Finding]:
             kinds.append("later")
     with eval_mode(subject.model), torch.no_grad():
         out = forward(subject.model, subject.info, torch.cat(variants))  # [(1 + V) * B, ...]
+    read = "outputs"
     if not token_level(out[:B], ids):
-        raise SkipCheck(f"outputs are pooled {tuple(out.shape[1:])}: there is no output per position to test")
+        if causal is not True:
+            raise SkipCheck(f"outputs are pooled {tuple(out.shape[1:])}: there is no output per position to test")
+        block, out = _stream(subject, torch.cat(variants), ids)  # [(1 + V) * B, T, C]
+        read = f"the residual stream after {block} (the outputs are pooled)"
     clean = out[:B]  # [B, T, V]
     leak = {"next": 0.0, "later": 0.0}
     leaking = torch.zeros(T, dtype=torch.bool)
@@ -102,8 +112,8 @@ def check_causal(subject: Subject, causal: bool | None = None) -> list[Finding]:
     evidence = {"max_relative_change_next_token": leak["next"], "max_relative_change_later_tokens": leak["later"],
                 "positions_tested": T, "positions_leaking": int(leaking.sum()),
                 "first_leaking_position": int(leaking.nonzero()[0, 0]), "threshold": SAME,
-                "declared_causal": declared}
-    lm_shaped = out.shape[-1] == subject.info.vocab_size
+                "declared_causal": declared, "compared": read}
+    lm_shaped = out.shape[-1] == subject.info.vocab_size or read != "outputs"
     evidence["lm_shaped_outputs"] = lm_shaped
     if not meant and declared is None and lm_shaped:
         return [Finding(NAME, "warning", "Outputs at position t depend on later tokens, and the outputs are a "
@@ -119,3 +129,38 @@ def check_causal(subject: Subject, causal: bool | None = None) -> list[Finding]:
     else:
         title = "Causal leak: outputs at earlier positions change when later tokens change"
     return [Finding(NAME, "error", title, evidence, _FIX)]
+
+
+def _stream(subject: Subject, ids: torch.Tensor, example: torch.Tensor) -> tuple[str, torch.Tensor]:
+    """(the last residual block's name, its output for each row of ids [N, T])  # [N, T, C]
+
+    For a model whose output has no position axis; SkipCheck, naming the fix, when no block is found."""
+    from ..errors import DiagnoseError
+    from ..sites import find_heads
+
+    model, info = subject.model, subject.info
+    try:
+        sites = find_heads(model, example=inputs_for(info, example[:1], None))
+        blocks = sites[0].adapter.blocks(model)
+    except DiagnoseError as exc:
+        raise SkipCheck(f"the model returns no output per position and its residual blocks are not found ({exc}); "
+                        "fix: return an output for every position, or name the attention layers "
+                        "(--attention-module)") from None
+    if not blocks:
+        raise SkipCheck("the model returns no output per position and no residual block was found to read instead; "
+                        "fix: return an output for every position")
+    name, module = blocks[-1]
+    seen: list[torch.Tensor] = []
+
+    def keep(_m, _args, out):
+        y = first_tensor(out)
+        if y is not None:
+            seen.append(y.detach().float().cpu())
+
+    with hooks(lambda: module.register_forward_hook(keep)), eval_mode(model), torch.no_grad():
+        forward(model, info, ids)
+    stream = torch.cat(seen) if seen else None
+    if stream is None or stream.dim() != 3 or stream.shape[:2] != ids.shape:
+        raise SkipCheck(f"the model returns no output per position and its last block {name} gave "
+                        f"{None if stream is None else tuple(stream.shape)}, not [N, T, C]")
+    return name, stream

@@ -22,7 +22,7 @@ import torch.nn as nn
 from ..errors import DataError, DiagnoseError
 from ..objectives import call_model, require_finite
 from ..modes import eval_mode
-from ._subject import SAME, device_of, float64_copy
+from ._subject import SAME, device_of, in_float64, own_precision_note
 from ._finding import Finding, Findings, SkipCheck
 from ._parts import part_output
 from ._positions import _FIX as _POSITIONS_FIX
@@ -33,9 +33,51 @@ _WHAT = {"pixel_values": "an image", "input_features": "audio features"}
 
 
 def input_kind(model: nn.Module) -> str:
-    """The name of the model's main input: Hugging Face's main_input_name, else input_ids."""
+    """The name of the model's main input: Hugging Face's main_input_name; else pixel_values for a model
+    whose first layer (Conv, Linear or Embedding, in registration order) is a Conv2d (timm's and torchvision's ViTs: a patch embedding) and
+    that has no nn.Embedding; else input_ids."""
     name = getattr(model, "main_input_name", None)
-    return name if isinstance(name, str) else "input_ids"
+    if isinstance(name, str):
+        return name
+    first = next((m for m in model.modules() if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Linear, nn.Embedding))), None)
+    if isinstance(first, nn.Conv2d) and not any(isinstance(m, nn.Embedding) for m in model.modules()):
+        return "pixel_values"
+    return "input_ids"
+
+
+def _first_conv(model: nn.Module) -> nn.Conv2d | None:
+    return next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
+
+
+def _pair(v: Any) -> int | None:
+    """An int from an int or a square (h, w) pair (timm keeps sizes as pairs)."""
+    if isinstance(v, int):
+        return v
+    if isinstance(v, (tuple, list)) and len(v) == 2 and v[0] == v[1] and isinstance(v[0], int):
+        return int(v[0])
+    return None
+
+
+def image_size_of(model: nn.Module) -> int | None:
+    """The square image side a model takes: its config's image_size, else the model's own `image_size`
+    (torchvision) or its patch embedding's `img_size` (timm)."""
+    for owner in (getattr(model, "config", None), model, getattr(model, "patch_embed", None)):
+        for name in ("image_size", "img_size"):
+            size = _pair(getattr(owner, name, None))
+            if size is not None:
+                return size
+    return None
+
+
+def patch_size_of(model: nn.Module) -> int | None:
+    """The patch side: the config's patch_size, else the first Conv2d whose kernel equals its stride."""
+    size = _pair(getattr(getattr(model, "config", None), "patch_size", None))
+    if size is not None:
+        return size
+    conv = _first_conv(model)
+    if conv is not None and conv.kernel_size == conv.stride:
+        return _pair(tuple(conv.kernel_size))
+    return None
 
 
 def probe_inputs(model: nn.Module, data: Any, kind: str, n: int, seed: int) -> torch.Tensor:
@@ -48,9 +90,11 @@ def probe_inputs(model: nn.Module, data: Any, kind: str, n: int, seed: int) -> t
         return x[:n]
     cfg = getattr(model, "config", None)
     g = torch.Generator().manual_seed(seed)
-    if kind == "pixel_values" and isinstance(getattr(cfg, "image_size", None), int):
-        c = getattr(cfg, "num_channels", 3)
-        return torch.randn(n, c, cfg.image_size, cfg.image_size, generator=g)  # [n, C, S, S]
+    side = image_size_of(model) if kind == "pixel_values" else None
+    if side is not None:
+        conv = _first_conv(model)
+        c = getattr(cfg, "num_channels", None) or (conv.in_channels if conv is not None else 3)
+        return torch.randn(n, c, side, side, generator=g)  # [n, C, S, S]
     if kind == "input_features" and isinstance(getattr(cfg, "num_mel_bins", None), int):
         frames = 2 * getattr(cfg, "max_source_positions", 1500)  # Whisper's fixed input length
         return torch.randn(n, cfg.num_mel_bins, frames, generator=g)  # [n, mels, frames]
@@ -59,7 +103,7 @@ def probe_inputs(model: nn.Module, data: Any, kind: str, n: int, seed: int) -> t
 
 
 def _call(model: nn.Module, kind: str, x: torch.Tensor) -> torch.Tensor:
-    out = part_output(call_model(model, {kind: x.to(device_of(model))})).detach().cpu()
+    out = part_output(call_model(model, {kind: x.to(device_of(model))})).detach().cpu()  # diagnose.calling
     return out if out.dtype == torch.float64 else out.float()  # float64 kept: the positions test needs it
 
 
@@ -99,12 +143,12 @@ def check_continuous(model: nn.Module, data: Any, names: list[str], kind: str, o
                "n_parameters": sum(p.numel() for p in model.parameters()),
                "probe": {"examples": int(x.shape[0]), "shape": list(x.shape[1:]),
                          "data": "random" if data is None else "given"}}
-    return run_checks(names, runs, Findings(model=summary), skip)
+    return run_checks(names, runs, Findings(model=summary), skip, asked=opts.get("asked", ()))
 
 
 def _patch_positions(model: nn.Module, x: torch.Tensor, seed: int) -> list[Finding]:
     """Permute whole patches (patch 0 fixed): do outputs merely permute, or not change when pooled?"""
-    p = getattr(getattr(model, "config", None), "patch_size", None)
+    p = patch_size_of(model)
     n, c, h, w = x.shape
     if not isinstance(p, int) or h % p or w % p:
         raise SkipCheck("the patch size is unknown, so patches cannot be permuted")
@@ -115,14 +159,17 @@ def _patch_positions(model: nn.Module, x: torch.Tensor, seed: int) -> list[Findi
     perms = [torch.cat([torch.zeros(1, dtype=torch.long), torch.randperm(N - 1, generator=g) + 1])
              for _ in range(N_PERMUTATIONS)]
     shuffled = [patches[:, q].reshape(n, gh, gw, c, p, p).permute(0, 3, 1, 4, 2, 5).reshape(n, c, h, w) for q in perms]
-    copy = float64_copy(model)
     # SAME, not SAME_FLOAT64, even in float64: Hugging Face attention takes its softmax in float32
     # (measured: 6e-8 .. 1e-7 on a ViT without positions, against >= 1e-4 for a real position signal)
     threshold = SAME
-    net = model if copy is None else copy
-    dtype = torch.float64 if copy is not None else x.dtype
-    with eval_mode(net), torch.no_grad():
-        out = _call(net, "pixel_values", torch.cat([x] + shuffled).to(dtype)).double()
+
+    def run(net: nn.Module, float64: bool) -> torch.Tensor:
+        with eval_mode(net), torch.no_grad():
+            return _call(net, "pixel_values", torch.cat([x] + shuffled).to(torch.float64 if float64 else x.dtype))
+
+    out, own = in_float64(model, run)
+    out = out.double()
+    note = [own_precision_note("positions", own)] if own else []
     clean = out[:n]
     per_token = clean.dim() == 3 and clean.shape[1] in (N, N + 1)
     scale = clean.std().clamp_min(1e-12)
@@ -132,9 +179,9 @@ def _patch_positions(model: nn.Module, x: torch.Tensor, seed: int) -> list[Findi
         expected = clean[:, tok] if per_token else clean
         diffs.append(float((out[(i + 1) * n:(i + 2) * n] - expected).abs().max() / scale))
     if max(diffs) > threshold:
-        return []
+        return note
     kind = "merely permute with the patches" if per_token else "do not change"
-    return [Finding("positions", "warning", f"No positional information: outputs {kind} when the patches are "
+    return note + [Finding("positions", "warning", f"No positional information: outputs {kind} when the patches are "
                     "permuted", {"max_relative_difference": max(diffs), "permutations": N_PERMUTATIONS,
                                  "patches_permuted": N - 1, "threshold": threshold, "per_position_outputs": per_token},
                     _POSITIONS_FIX.replace("token embeddings", "patch embeddings"))]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..modes import eval_mode
-from ._subject import SAME, Subject, float64_copy, forward, token_level
+from ._subject import SAME, Subject, forward, in_float64, own_precision_note, token_level
 from ._finding import Finding
 
 NAME = "positions"
@@ -41,11 +41,13 @@ def check_positions(subject: Subject) -> list[Finding]:
         while T > 2 and bool((rest == torch.arange(1, T)).all()):
             rest = torch.randperm(T - 1, generator=g) + 1
         perms.append(torch.cat([torch.zeros(1, dtype=torch.long), rest]))  # [T], position 0 fixed
-    model = float64_copy(subject.model)
-    threshold = SAME if model is None else SAME_FLOAT64
-    model = subject.model if model is None else model
-    with eval_mode(model), torch.no_grad():
-        out = forward(model, subject.info, torch.cat([ids] + [ids[:, p] for p in perms]))
+    def run(model, _float64: bool) -> torch.Tensor:
+        with eval_mode(model), torch.no_grad():
+            return forward(model, subject.info, torch.cat([ids] + [ids[:, p] for p in perms]))
+
+    out, own = in_float64(subject.model, run)
+    threshold = SAME if own else SAME_FLOAT64
+    note = [own_precision_note(NAME, own)] if own else []
     clean = out[:B]
     per_token = token_level(clean, ids)
     scale = clean.std().clamp_min(1e-12)
@@ -56,8 +58,8 @@ def check_positions(subject: Subject) -> list[Finding]:
         diffs.append(float((changed - expected).abs().max() / scale))
     diff = max(diffs)
     if diff > threshold:
-        return []
+        return note
     kind = "merely permute with the input" if per_token else "do not change"
-    return [Finding(NAME, "warning", f"No positional information: outputs {kind} when the tokens are permuted",
+    return note + [Finding(NAME, "warning", f"No positional information: outputs {kind} when the tokens are permuted",
                     {"max_relative_difference": diff, "permutations": N_PERMUTATIONS, "positions_permuted": T - 1,
                      "threshold": threshold, "per_position_outputs": per_token}, _FIX)]

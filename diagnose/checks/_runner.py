@@ -12,7 +12,7 @@ from ..objectives import require_finite
 from ..modes import eval_mode
 from ._subject import Subject, forward, model_info, real_rows
 from ._causal import check_causal
-from ._finding import Findings, SkipCheck
+from ._finding import Finding, Findings, SkipCheck
 from ._inputs import check_continuous, input_kind
 from ._parts import is_encoder_decoder
 from ._padding import check_padding
@@ -46,7 +46,8 @@ def check_model(model: nn.Module, data: Any = None, *, causal: bool | None = Non
     unknown = [n for n in names if n not in CHECKS]
     if unknown:
         raise ConfigError(f"unknown check(s) {', '.join(unknown)}; choose from {', '.join(CHECKS)}")
-    opts = dict(n_examples=n_examples, length=length, seed=seed, attention_module=attention_module, n_heads=n_heads)
+    opts = dict(n_examples=n_examples, length=length, seed=seed, attention_module=attention_module, n_heads=n_heads,
+                asked=("causal",) if causal is True else ())
     if is_encoder_decoder(model):
         from ._seq2seq import check_encoder_decoder
 
@@ -82,25 +83,39 @@ def check_tokens(model: nn.Module, data: Any, names: list[str], causal: bool | N
                "probe": {"examples": int(subject.rows.shape[0]), "length": int(subject.rows.shape[1]),
                          "data": "random tokens" if data is None else "given"},
                "causal_requested": causal}
-    return run_checks(names, runs, Findings(model=summary), skip)
+    return run_checks(names, runs, Findings(model=summary), skip, asked=opts.get("asked", ()))
 
 
-def run_checks(names: list[str], runs: dict[str, Any], result: Findings, skip: dict[str, str] | None = None
-               ) -> Findings:
-    """Run each named check, collecting findings, passes and skips (with why) into `result`."""
+_ASKED = {"causal": "--causal (causal=True)"}
+
+
+def run_checks(names: list[str], runs: dict[str, Any], result: Findings, skip: dict[str, str] | None = None,
+               asked: Sequence[str] = ()) -> Findings:
+    """Run each named check, collecting findings, passes and skips (with why) into `result`. A check in
+    `asked` (one the caller requested by name: causal=True) that cannot run is also a warning, so that
+    --strict fails instead of passing a test that never ran."""
     for name in names:
         if name in (skip or {}):
             result.skipped.append({"check": name, "why": skip[name]})
-            continue
-        try:
-            found = runs[name]()
-        except SkipCheck as why:
-            result.skipped.append({"check": name, "why": str(why)})
-            continue
-        except DiagnoseError:
-            raise
-        except Exception as exc:  # a model that cannot take one probe's inputs (e.g. longer padding)
-            result.skipped.append({"check": name, "why": f"the model raised {type(exc).__name__}: {exc}"})
+            why = skip[name]
+        else:
+            try:
+                found = runs[name]()
+                why = None
+            except SkipCheck as exc:
+                why = str(exc)
+            except DiagnoseError:
+                raise
+            except Exception as exc:  # a model that cannot take one probe's inputs (e.g. longer padding)
+                why = f"the model raised {type(exc).__name__}: {exc}"
+            if why is not None:
+                result.skipped.append({"check": name, "why": why})
+        if why is not None:
+            if name in asked:
+                result.append(Finding(name, "warning", f"The {name} check asked for with {_ASKED.get(name, name)} "
+                                      "could not run", {"why": why},
+                                      "Make the check possible (see why), or drop the request; --strict fails "
+                                      "while a requested check does not run."))
             continue
         result.extend(found)
         if not any(f.is_problem for f in found):

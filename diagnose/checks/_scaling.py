@@ -13,6 +13,11 @@ For F.scaled_dot_product_attention c is its `scale` argument (default 1/sqrt(D))
 nn.MultiheadAttention always applies 1/sqrt(D) (its logit std and saturation are not shown). A correct
 layer has c * sqrt(d_k) = 1; a missing 1/sqrt(d_k) gives sqrt(d_k). Flagged when c * sqrt(d_k) > 2.
 
+Cosine attention (qk-norm as in x-transformers' qk_norm: q and k l2-normalised, then a fixed or
+learned temperature such as 10) scales on purpose: when every q and k row entering the product has
+norm 1 (the operands are read at the q @ k^T call or SDPA), q.k is a cosine in [-1, 1] and the scale
+is a temperature, reported as information with the logit spread it gives, not as a missing 1/sqrt(d_k).
+
 Reported beside it per layer: the std of the pre-softmax logits over unmasked keys (within a
 row log p = score - logsumexp, so it is the std of log p) and the share of saturated rows
 (max weight > 0.99), against the sqrt(d_k) a unit-variance q and k would give unscaled.
@@ -101,7 +106,8 @@ class _ScoreMode(TorchFunctionMode):
             f = 1.0
             for o in ops:
                 f *= self._f(o)
-            self.qk = (out.detach().clone(), f)  # a copy: `scores /= c` would change an alias too
+            unit = _unit_operands(func, args, ops, self._f)
+            self.qk = (out.detach().clone(), f, unit)  # a copy: `scores /= c` would change an alias too
         elif func is F.scaled_dot_product_attention:
             self._sdpa(*args, **kwargs)
         elif func is F.multi_head_attention_forward:
@@ -115,10 +121,11 @@ class _ScoreMode(TorchFunctionMode):
         return out
 
     def _sdpa(self, q, k, v=None, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        from ..adapters._intercept import sdpa_probs
+        from ..adapters import sdpa_probs
 
         c = (1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)) * self._f(q) * self._f(k)
         self.out["scale"].append(torch.tensor([c]))
+        self.out["unit"].append(_is_unit(q, -1, self._f(q)) and _is_unit(k, -1, self._f(k)))
         self.out["probs"].append(sdpa_probs(q, k, attn_mask, is_causal, scale).cpu())
 
     def _softmax(self, scores: torch.Tensor, probs: torch.Tensor) -> None:
@@ -126,12 +133,42 @@ class _ScoreMode(TorchFunctionMode):
         if self.qk is None or self.qk[0].shape != scores.shape:
             return
         qk, f = self.qk[0].float(), self.qk[1]
+        self.out["unit"].append(self.qk[2])
         s = scores.detach().float()
         ok = torch.isfinite(s) & (s > -1e20) & (s != 0) & (qk.abs() > 1e-3 * qk.abs().amax().clamp_min(1e-30))
         common = _common_ratio(s[ok] / qk[ok])
         if common is not None:
             self.out["scale"].append((common * f).cpu())
         self.qk = None
+
+
+UNIT = 1e-3  # |norm - 1| below this on every q and k row: unit vectors (cosine attention, qk-norm)
+
+
+def _is_unit(t: Any, dim: int, factor: float) -> bool:
+    """Whether every vector of `t` along `dim`, the factor folded into it taken out, has norm 1."""
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() < 2:
+        return False
+    norms = t.detach().float().norm(dim=dim) / abs(factor)
+    return bool(((norms - 1).abs() < UNIT).all())
+
+
+def _unit_operands(func: Any, args: tuple, ops: tuple, factor: Any) -> bool:
+    """Whether both operands of the q @ k^T product are unit vectors along the summed axis: q's last
+    and k^T's second-to-last for matmul; for einsum the letter both inputs share and the output lacks."""
+    if len(ops) != 2:
+        return False
+    if func is not torch.einsum:
+        return _is_unit(ops[0], -1, factor(ops[0])) and _is_unit(ops[1], -2, factor(ops[1]))
+    eq = args[0] if isinstance(args[0], str) else None
+    if eq is None or "->" not in eq or "..." in eq:
+        return False
+    ins, out = eq.replace(" ", "").split("->")
+    a, b = ins.split(",") if ins.count(",") == 1 else ("", "")
+    summed = [c for c in a if c in b and c not in out]
+    if len(summed) != 1 or len(a) != ops[0].dim() or len(b) != ops[1].dim():
+        return False
+    return _is_unit(ops[0], a.index(summed[0]), factor(ops[0])) and _is_unit(ops[1], b.index(summed[0]), factor(ops[1]))
 
 
 def _common_ratio(r: torch.Tensor, tol: float = 1e-3, share: float = 0.2) -> torch.Tensor | None:
@@ -158,7 +195,7 @@ def _common_ratio(r: torch.Tensor, tol: float = 1e-3, share: float = 0.2) -> tor
 
 def _watch(module: torch.nn.Module, site: Any, out: dict[str, list]):
     """While active, every forward of `module` runs inside a _ScoreMode; undone in `finally`."""
-    from ..adapters._intercept import mode_inside
+    from ..adapters import mode_inside
 
     return mode_inside(module, lambda: _ScoreMode(site, out))
 
@@ -195,8 +232,8 @@ def measure_scaling(model: torch.nn.Module, inputs: Any, *, attention_module: st
         sites = find_heads(model, attention_module=attention_module, n_heads=n_heads, example=inputs)
     except DiagnoseError as exc:
         raise SkipCheck(f"no attention layer found ({exc})") from None
-    seen = [{"scale": [], "probs": []} for _ in sites]
-    from ..adapters._torch_mha import no_fastpath
+    seen = [{"scale": [], "probs": [], "unit": []} for _ in sites]
+    from ..adapters import no_fastpath
 
     # the fused MHA / TransformerEncoder fast path runs no Python inside attention: switch it off
     with eval_mode(model), torch.no_grad(), no_fastpath(), ExitStack() as stack:
@@ -222,7 +259,16 @@ def measure_scaling(model: torch.nn.Module, inputs: Any, *, attention_module: st
                 "logit_std_per_layer": stds, "sqrt_dk_per_layer": [math.sqrt(s.head_dim) for s in sites],
                 "saturated_share_per_layer": sats, "threshold": TOO_LARGE}
     found = []
-    bad = [i for i, r in enumerate(ratios) if r > TOO_LARGE]
+    cosine = [bool(out["unit"]) and all(out["unit"]) for out in seen]  # unit-norm q and k: c is a temperature
+    warm = [i for i, r in enumerate(ratios) if r > TOO_LARGE and cosine[i]]
+    if warm:
+        temps = [ratios[i] / math.sqrt(sites[i].head_dim) for i in warm]
+        found.append(Finding(NAME, "info", f"Cosine (qk-normed) attention in {len(warm)} of {len(sites)} layers: q and k "
+                             "are unit vectors, so the scale is a temperature, not a missing 1/sqrt(d_k)",
+                             {**evidence, "layers": warm, "temperature_per_layer": temps, "unit_tolerance": UNIT},
+                             f"Nothing to fix if intended: q.k lies in [-1, 1], so logits lie in [-c, c] (c = "
+                             f"{max(temps):.3g} here); a c too small keeps attention near uniform (logit std above)."))
+    bad = [i for i, r in enumerate(ratios) if r > TOO_LARGE and not cosine[i]]
     if bad:
         r, d = ratios[bad[0]], sites[bad[0]].head_dim
         what = ("are not divided by sqrt(d_k)" if abs(r / math.sqrt(d) - 1) < 0.25

@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..errors import DataError
 from ..calling import convention, per_position
-from ..io._model import vocab_size_of
+from ..io import vocab_size_of
 from ._parts import part_output
 
 # Relative output change (max |delta| / std of the clean outputs) below which two outputs are
@@ -192,11 +192,39 @@ class Subject:
 
 def float64_copy(model: nn.Module, max_params: int = 50_000_000) -> nn.Module | None:
     """A float64 copy of a small model (tests of exact symmetry need ~1e-15 noise), else None."""
-    if sum(p.numel() for p in model.parameters()) > max_params:
-        return None
+    return _float64_copy(model, max_params)[0]
+
+
+def _float64_copy(model: nn.Module, max_params: int = 50_000_000) -> tuple[nn.Module | None, str | None]:
+    n = sum(p.numel() for p in model.parameters())
+    if n > max_params:
+        return None, f"the model has {n:,} parameters, too many to copy"
     try:
         import copy
 
-        return copy.deepcopy(model).double()
-    except Exception:  # a model that cannot be copied is probed in its own precision
-        return None
+        return copy.deepcopy(model).double(), None
+    except Exception as exc:  # noqa: BLE001 - the caller says the check ran in the model's own precision
+        return None, f"the model could not be copied ({type(exc).__name__}: {exc})"
+
+
+def in_float64(model: nn.Module, run: Any) -> tuple[Any, str | None]:
+    """run(net, float64) on a float64 copy of the model, else on the model itself in its own precision:
+    (the result, None) or (the result, why the copy was not used). A copy whose forward fails (minGPT's
+    `mlpf` lambda still calls the original float32 modules) counts as no copy."""
+    copy, why = _float64_copy(model)
+    if copy is not None:
+        try:
+            return run(copy, True), None
+        except Exception as exc:  # noqa: BLE001 - said by the caller, which runs in the model's own precision
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            why = f"its float64 copy failed to run ({type(exc).__name__}: {first})"
+    return run(model, False), why
+
+
+def own_precision_note(check: str, why: str) -> "Any":
+    """The info finding that says a check ran in the model's own precision, and why."""
+    from ._finding import Finding
+
+    return Finding(check, "info", "Ran in the model's own precision, not float64", {"why": why},
+                   "Nothing to fix for the result; a model whose forward runs on a float64 copy "
+                   "(copy.deepcopy(model).double()) is tested with ~1e-15 noise instead of ~1e-6.")

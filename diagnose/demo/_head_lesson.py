@@ -24,20 +24,24 @@ from ..ablation.verdict import MATTERS
 TITLE = "Attention map vs ablation"
 
 
+# a striking map whose removal is negligible: inert, or compensated (its direct effect matters)
+STRIKING_NEGLIGIBLE = ("striking_but_inert", "striking_but_compensated")
+
+
 def name(h: HeadEffect) -> str:
     return head_label(h.layer, h.head)
 
 
 def pick(result: HeadsResult) -> tuple[HeadEffect | None, HeadEffect | None]:
     """(a) among the heads whose verdict is "matters", and (b) among the negligible
-    ones (those flagged striking_but_inert first), the head with the most weight on the first token
+    ones (those flagged striking_but_inert or striking_but_compensated first), the head with the most weight on the first token
     (ties: the larger delta loss); None where no head qualifies."""
     known = [h for h in result.heads if h.verified and h.attention.get("first_token") is not None]
 
     def most_first(heads: list[HeadEffect]) -> HeadEffect | None:
         return max(heads, key=lambda h: (h.attention["first_token"], h.delta_loss), default=None)
 
-    flagged = {(f["layer"], f["head"]) for f in result.flags if f["kind"] == "striking_but_inert"}
+    flagged = {(f["layer"], f["head"]) for f in result.flags if f["kind"] in STRIKING_NEGLIGIBLE}
     inert = [h for h in known if h.negligible]
     return (most_first([h for h in known if h.verdict == MATTERS]),
             most_first([h for h in inert if (h.layer, h.head) in flagged]) or most_first(inert))
@@ -70,7 +74,7 @@ def measure(model: torch.nn.Module, data: dict[str, torch.Tensor], task: str) ->
     top = max(result.heads, key=lambda h: h.delta_loss if h.verified else float("-inf"))
     return {"a": f"{name(a)}, matters", "b": f"{name(b)}, does nothing alone", "rows": rows,
             "claim": claim(a, b, top, after_other["b"], result.baseline["accuracy"]),
-            "shows": flags.get((b.layer, b.head)) == "striking_but_inert"}
+            "shows": flags.get((b.layer, b.head)) in STRIKING_NEGLIGIBLE}
 
 
 def claim(a: HeadEffect, b: HeadEffect, top: HeadEffect, b_after_a: float, baseline_accuracy: float) -> str:

@@ -20,8 +20,7 @@ from .. import _json
 from .._write import atomic_write
 from ..ablation import ablate_heads
 from ..checks import check_model
-from ..io._checkpoint import save_checkpoint
-from ..io._data import save_tensors
+from ..io import save_checkpoint, save_tensors
 from ..zoo import ModelConfig, TaskData, TrainConfig
 from . import _shipped
 from ._lessons import Trained, Variant, markdown_table, run_lessons, shipped_variant, variants

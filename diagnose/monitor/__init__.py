@@ -7,17 +7,25 @@ live trackers: TensorBoardSink, WandbSink, MLflowSink, a plain function).
 """
 
 from ._alerts import Thresholds
+from ._config import MonitorConfig
 from ._detect import Context, Detector, register_detector, unregister_detector
+from ._lacking import lacking_lines, lacking_signals
 from ._measure import Measurement, StepInputs, record_field, register_measurement, unregister_measurement
 from ._fields import MONITOR_FIELDS, field_of, record_fields, record_keys
 from ._monitor import TrainingMonitor
 from ._runfolder import Run, read_run
+from ._follow import follow
+from ._stepview import render_step, step_view
+from ._summary import alert_line, render as render_summary, summarize
+from ._tensorboard import export_tensorboard
 from ._live import CallableSink, LiveSink
 from ._live_trackers import LightningLoggersSink, MLflowSink, TensorBoardSink, WandbSink
 from ._sinks import RunFolderSink, Sink
 
-__all__ = ["TrainingMonitor", "Thresholds", "Run", "read_run", "Sink", "RunFolderSink", "LiveSink",
+__all__ = ["TrainingMonitor", "MonitorConfig", "Thresholds", "Run", "read_run", "Sink", "RunFolderSink", "LiveSink",
            "CallableSink", "TensorBoardSink", "WandbSink", "MLflowSink", "LightningLoggersSink", "Measurement",
            "StepInputs", "register_measurement", "unregister_measurement", "Detector", "Context",
            "register_detector", "unregister_detector", "record_field", "record_fields", "field_of", "record_keys",
-           "MONITOR_FIELDS"]
+           "MONITOR_FIELDS", "lacking_lines", "lacking_signals",
+           # the read side `diagnose stats` prints with: a run's summary, one step, live following, TensorBoard
+           "summarize", "render_summary", "alert_line", "step_view", "render_step", "follow", "export_tensorboard"]

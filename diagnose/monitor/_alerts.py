@@ -13,7 +13,6 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import _builtins  # noqa: F401  (registers the built-in detectors and measurements)
 from ._detect import DETECTORS, Context, Detector, hints, kinds
 from ._divergence import evidence_first
 
@@ -24,7 +23,9 @@ __all__ = ["AlertEngine", "Thresholds", "format_alert", "print_alert", "kinds", 
 class Thresholds:
     """When each alert fires. Ratios are relative to the run's own recent history.
 
-    window / min_history: steps of history kept per signal, and needed before spike checks.
+    window / min_history: steps of history kept per signal, and needed before spike checks;
+        until a history holds `window` values, spikes and growth are judged against the run's
+        early trajectory (_detect.Context.spike, _detect_layers.ActivationGrowth).
     mad_floor: the spread is at least this fraction of |median| (flat histories).
     grad_spike_ratio / grad_spike_mads: global grad norm above ratio x median AND above
         median + mads x MAD.  loss_spike_ratio / loss_spike_mads: the same for the loss.
@@ -49,13 +50,17 @@ class Thresholds:
         their count, causal and padding masks included) is a collapse from initialisation, which
         the comparison with the first sample cannot see. Fresh heads sit near uniform (ratio ~0.9
         and above); a 128-wide head without 1/sqrt(d_k) measured 0.79 nats against 2.2 (0.36).
-        Monitoring that starts from trained weights, whose heads are rightly sharp, may set it to 0.
+        The heads must also be alike (within `init_head_spread`, 2x, of each other: Thresholds(extra=)):
+        fresh heads are exchangeable, trained ones sharp beside broad, so a pretrained start is judged
+        against its first sample only; one whose heads are all alike and sharp may set this to 0.
     rank_cos / rank_patience: a block's mean cosine similarity between positions at least
         rank_cos for `patience` consecutive logged steps, in any block but the last. Measured: true
         collapse (a stack without residuals, lr 0.1) reaches 0.99-1.00 and stays; healthy runs stay
         below: a Post-LN run with warmup at lr 1e-2 peaked at 0.93, and the first block of the
         demo's 2-layer order and padding classifiers, which broadcast one token to every position,
-        held 0.975 and 0.953 while reaching 100 % accuracy.
+        held 0.975 and 0.953 while reaching 100 % accuracy. A block that rose to rank_cos during
+        training (the unigram phase, see _detect_layers.RankCollapse) must hold it `rank_grace`
+        (50, Thresholds(extra=)) logged steps instead of rank_patience.
     warmup_check: no_warmup fires when the lr of the second logged step (within this many
         steps of the first) is not above the first; False disables it.
     cooldown: steps before the same kind may fire again (after its condition cleared).

@@ -1,4 +1,5 @@
-"""The built-in entries of the monitor's registries, registered in order when the monitor is imported.
+"""The built-in entries of the monitor's registries, in order: each registry (_measure.py, _detect.py)
+registers these the first time it is read (diagnose/registry.py).
 
 The order of MEASUREMENTS is the order of the parts of a step's vector; the order of DETECTORS is
 the order in which the kinds are checked, and so of a step's alerts. A new built-in measurement or
@@ -8,11 +9,9 @@ alert kind is a new file plus its line here; a user's own is passed to `register
 
 from __future__ import annotations
 
-from ._detect import register_detector
 from ._detect_attention import EntropyCollapse
 from ._detect_layers import ActivationGrowth, NoWarmup, RankCollapse, VanishingGrad
 from ._detect_loss import Divergence, GradSpike, LossSpike, Nonfinite
-from ._measure import register_measurement
 from ._detect_signals import AdamEps, AttentionLogitGrowth, LogitDivergence, UpdateSize
 from ._probes import ACTIVATIONS, ATTENTION, GRAD_NORMS, LOSS
 from ._probes_logits import ATTENTION_LOGIT, LOGIT_Z
@@ -22,8 +21,3 @@ BUILTIN_MEASUREMENTS = (LOSS, ACTIVATIONS, ATTENTION, ATTENTION_LOGIT, LOGIT_Z, 
 BUILTIN_DETECTORS = (Nonfinite, GradSpike, LossSpike, Divergence, VanishingGrad, ActivationGrowth,
                      EntropyCollapse, AttentionLogitGrowth, LogitDivergence, RankCollapse, NoWarmup,
                      UpdateSize, AdamEps)
-
-for _m in BUILTIN_MEASUREMENTS:
-    register_measurement(_m)
-for _d in BUILTIN_DETECTORS:
-    register_detector(_d)

@@ -11,7 +11,8 @@ everything downstream of a NaN is NaN.
 Robust statistics throughout: a signal's baseline is the median of its last `window` finite
 values and its spread the MAD (scaled by 1.4826 to match a standard deviation on normal data,
 floored at `mad_floor` x |median| so that a flat history does not turn noise into alerts).
-Adding an alert kind is one new Detector subclass passed to `register_detector`; the engine,
+Adding an alert kind is one new Detector subclass passed to `register_detector` (a `Registry`,
+diagnose/registry.py); the engine,
 the run folder, `diagnose stats` and the report pick its alerts up by their `kind`.
 """
 
@@ -24,6 +25,7 @@ from collections import deque
 from typing import Any, Callable, ClassVar, Mapping
 
 from ..errors import ConfigError
+from ..registry import Registry
 from ._divergence import LossTrend
 
 Emit = Callable[..., None]  # emit(condition, where, message, hint=None)
@@ -54,6 +56,7 @@ class Context:
         self.blocks = blocks
         self.hist: dict[str, deque] = {}
         self.streak: dict[str, int] = {}
+        self.calm_max: dict[str, float] = {}  # per signal, the largest value that was not a spike (spike())
         self.trend = LossTrend(thresholds.diverge_window, thresholds.diverge_ratio, thresholds.diverge_floor)
         self.own: dict[str, float] = {}  # the detectors' own thresholds: their defaults, then Thresholds.extra
         for d in DETECTORS:
@@ -79,8 +82,23 @@ class Context:
             self.h(key).append(float(value))
 
     def spike(self, key: str, value: Any, ratio: float, mads: float) -> float | None:
-        """value / median when value is a spike against the history of `key`, else None."""
+        """value / median when value is a spike against the history of `key`, else None.
+
+        Until the history holds `window` values it is the run's early trajectory, not a settled
+        level: from init the loss and the gradient norm fall several-fold within tens of steps (the
+        unigram phase fits the token frequencies; qk-normed byte proxy at lr 3e-3: grad norm 1.9 ->
+        0.4 by step 22, then 9.9 at step 27 as it leaves that phase, the loss unmoved), so a median
+        over it is no baseline. There a spike must also clear `ratio` x the largest value so far
+        that was not itself a spike (the proxy's: 4.0, at step 12)."""
         h = self.h(key)
+        r = self._spike(h, value, ratio, mads)
+        if r is not None and len(h) < self.t.window and value <= ratio * self.calm_max.get(key, 0.0):
+            r = None
+        if r is None and finite(value):
+            self.calm_max[key] = max(self.calm_max.get(key, value), float(value))
+        return r
+
+    def _spike(self, h: deque, value: Any, ratio: float, mads: float) -> float | None:
         if not finite(value) or len(h) < self.t.min_history or value <= ratio * min(h):
             return None  # (the median is >= the minimum: no spike possible, no sort needed)
         med, mad = robust_center(h)
@@ -111,30 +129,38 @@ class Detector(ABC):
         """Call emit(condition, where, message, hint=None) once; a gate returns True when it holds."""
 
 
-DETECTORS: list[type[Detector]] = []
-
-
-def register_detector(cls: type[Detector]) -> type[Detector]:
-    """Add a detector class (usable as a decorator); its kind must be new."""
+def _check(cls: type[Detector]) -> None:
     for attr in ("kind", "severity", "hint"):
         if not isinstance(getattr(cls, attr, None), str):
             raise ConfigError(f"detector {cls.__name__} must set `{attr}` (a string)")
     if cls.severity not in ("warning", "error"):
         raise ConfigError(f"detector {cls.__name__}: severity must be warning or error, got {cls.severity!r}")
-    if any(d.kind == cls.kind for d in DETECTORS):
-        raise ConfigError(f"an alert kind {cls.kind!r} is already registered")
-    DETECTORS.append(cls)
-    return cls
+
+
+def _builtins() -> tuple[type[Detector], ...]:
+    from ._builtins import BUILTIN_DETECTORS
+
+    return BUILTIN_DETECTORS
+
+
+# every detector class by its kind, in the order they are checked (the built-ins first: _builtins.py)
+REGISTRY: Registry[type[Detector]] = Registry("alert kind", key=lambda d: d.kind, check=_check, builtins=_builtins)
+DETECTORS = REGISTRY  # the older name: iterating it gives the classes
+
+
+def register_detector(cls: type[Detector]) -> type[Detector]:
+    """Add a detector class (usable as a decorator); its kind must be new."""
+    return REGISTRY.register(cls)
 
 
 def unregister_detector(kind: str) -> None:
     """Remove a registered detector (tests, and users who turn a kind off)."""
-    DETECTORS[:] = [d for d in DETECTORS if d.kind != kind]
+    REGISTRY.unregister(kind, missing_ok=True)
 
 
 def kinds() -> tuple[str, ...]:
     """The alert kinds registered now, in the order they are checked."""
-    return tuple(d.kind for d in DETECTORS)
+    return REGISTRY.names()
 
 
 def hints() -> dict[str, str]:

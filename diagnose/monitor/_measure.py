@@ -10,9 +10,9 @@ given). Its `probe` builds, from the monitor, the object that measures it on
 the device (the `Probe` protocol below).
 
 Adding a signal is one entry: a Measurement and its Probe in a new file, passed to
-`register_measurement`. `StepLayout` packs it with the others into the step's one vector, and
-the monitor arms, collects, reduces and records it without knowing what it is. The readers
-(read_run, `diagnose stats` and its --json and --tensorboard, the report, the live sinks) walk
+`register_measurement` (a `Registry`, diagnose/registry.py). `StepLayout` packs it with the others into the
+step's one vector, and the monitor arms, collects, reduces and records it without knowing what it is. The
+readers (read_run, `diagnose stats` and its --json and --tensorboard, the report, the live sinks) walk
 the declared fields (_fields.record_fields) and show, besides, any number a record carries that
 nothing declares (an older run folder, a measurement registered only in the training process).
 """
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from ..errors import ConfigError
+from ..registry import Registry
 from ..schema import Field
 
 if TYPE_CHECKING:
@@ -122,17 +123,22 @@ class Probe(Protocol):
         """Remove every hook."""
 
 
-MEASUREMENTS: list[Measurement] = []
+def _builtins() -> tuple[Measurement, ...]:
+    from ._builtins import BUILTIN_MEASUREMENTS
+
+    return BUILTIN_MEASUREMENTS
+
+
+# every measurement, in the order of the parts of a step's vector (the built-ins first: _builtins.py)
+REGISTRY: Registry[Measurement] = Registry("measurement", builtins=_builtins)
+MEASUREMENTS = REGISTRY  # the older name: iterating it gives the entries
 
 
 def register_measurement(m: Measurement) -> Measurement:
     """Add a measurement to every monitor created after this; its name must be new."""
-    if any(old.name == m.name for old in MEASUREMENTS):
-        raise ConfigError(f"a measurement named {m.name!r} is already registered")
-    MEASUREMENTS.append(m)
-    return m
+    return REGISTRY.register(m)
 
 
 def unregister_measurement(name: str) -> None:
     """Remove a registered measurement (tests, and users who turn one off)."""
-    MEASUREMENTS[:] = [m for m in MEASUREMENTS if m.name != name]
+    REGISTRY.unregister(name, missing_ok=True)

@@ -15,20 +15,21 @@ import math
 import os
 import time
 import warnings
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from ..errors import ConfigError, OutputError, StateError, TrainingAlertError
-from . import _builtins  # noqa: F401  (registers the built-in measurements and detectors)
 from ._alerts import AlertEngine, Thresholds, print_alert
+from ._config import MonitorConfig
 from ._evals import eval_record
 from ._layout import StepLayout
 from ._measure import MEASUREMENTS, Probe, StepInputs
-from ._sinks import RunFolderSink, check_sinks, close_all
+from ._sinks import RunFolderSink, close_all
 from ._spikes import SPIKE_KINDS
+from ._first_forward import structural_sites, wait_for_first_forward
 from ._signals import find_blocks, find_sites, is_compiled, scaler_divisor, unwrap
 
 # a record's keys in this order (the measurements write them in theirs), then any other
@@ -68,51 +69,58 @@ class TrainingMonitor:
         of tensors per step and spike_limit steps per run.
     sinks: more places each record, alert and evaluation goes (diagnose.monitor.Sink objects, e.g. a
         live tracker), after the run folder; run_dir=None keeps no run folder, only these sinks.
-    What is measured comes from the registered measurements (_measure.py), which alerts fire from
-    the registered detectors (_detect.py).
+    example: the model's inputs (a Tensor, or a Mapping of keyword arguments) for finding its
+        attention and residual blocks. Without it a family adapter finds them from the modules, and
+        a model only the generic tracer knows is traced on the first forward's own arguments
+        (the first step's batch), just before that forward runs, which is then measured too.
+    The settings (all but example) are the fields of one MonitorConfig (_config.py): pass them as
+    keywords, or one whole as config=MonitorConfig(...) (keywords then lay over it). What is measured
+    comes from the registered measurements (_measure.py), which alerts fire from the registered
+    detectors (_detect.py).
 
     Errors: a bad setting raises ConfigError (a ValueError), a sink without a sink's methods
     UsageError (a TypeError), step() or log_eval() after close() StateError (a RuntimeError).
     """
 
-    def __init__(self, model: nn.Module, run_dir: str | os.PathLike | None, *, every: int = 1,
-                 attention_every: int = 50, thresholds: Thresholds | None = None,
-                 clip: float | None = None, echo: bool = True, settings: dict[str, Any] | None = None,
-                 raise_on: Iterable[str] = (), on_alert: Callable[[dict[str, Any]], Any] | None = None,
-                 save_spikes: bool = False, spike_bytes: int = 16 << 20, spike_limit: int = 20,
-                 sinks: Iterable[Any] | None = None):
-        if every < 1:
-            raise ConfigError(f"every must be >= 1, got {every}")
-        if isinstance(raise_on, str):
-            raise_on = (raise_on,)
-        if spike_bytes < 0 or spike_limit < 0:
-            raise ConfigError("spike_bytes and spike_limit must be >= 0")
+    def __init__(self, model: nn.Module, run_dir: str | os.PathLike | None, *, config: MonitorConfig | None = None,
+                 example: Any = None, **options: Any):
+        cfg = self.config = MonitorConfig.of(config, options)  # every setting checked there, once
         self.model = unwrap(model)  # names are the eager model's under DDP and torch.compile
         self.compiled = is_compiled(model)  # the attention hooks then stay (_probes.AttentionProbe)
-        self.every, self.attention_every, self.clip, self.echo = every, attention_every, clip, echo
-        self.raise_on, self.on_alert = frozenset(raise_on), on_alert
-        self.save_spikes, self.spike_bytes, self.spike_limit = save_spikes, int(spike_bytes), int(spike_limit)
+        self.every, self.attention_every, self.clip, self.echo = cfg.every, cfg.attention_every, cfg.clip, cfg.echo
+        self.raise_on, self.on_alert = cfg.raise_on, cfg.on_alert
+        self.save_spikes, self.spike_bytes, self.spike_limit = cfg.save_spikes, cfg.spike_bytes, cfg.spike_limit
         self._spikes_saved = 0
         self.last_alerts: list[dict[str, Any]] = []  # the alerts of the last logged step
         self._grad_snapshot: tuple | None = None  # gradient norms read early (_capture_grads)
         self._last_logged: tuple[int, float] | None = None  # (step, perf_counter) of the last logged step
-        self.thresholds = thresholds or Thresholds()
-        self._extra_settings = dict(settings or {})
+        self.thresholds = cfg.thresholds or Thresholds()
+        self._extra_settings = dict(cfg.settings)
         self.rank, self.world = _dist_world()
         self._step = 0
         self._closed = False
-        self.sites = find_sites(self.model)
-        self.blocks = find_blocks(self.model, self.sites)
-        self.block_names = [n for n, _ in self.blocks]
-        self.site_names = [s.name for s in self.sites]
-        self._alerts = AlertEngine(self.thresholds, self.block_names)
-        user_sinks = check_sinks(sinks)
+        user_sinks = list(cfg.sinks)
         if run_dir is None and not user_sinks:
             raise ConfigError("TrainingMonitor needs a run folder (run_dir) or at least one sink")
         self._folder = RunFolderSink(run_dir) if run_dir is not None else None
         # records go to rank 0's sinks only, the run folder first (the source of truth)
         self.sinks: list[Any] = ([self._folder] if self._folder else []) + user_sinks if self.rank == 0 else []
         self._probes: list[Probe] = []
+        self.sites, self.blocks, self.block_names, self.site_names = [], [], [], []
+        self._waiting = None  # the pre-hook waiting for the first forward's arguments (first_forward.py)
+        if example is None and not structural_sites(self.model):
+            self._waiting = wait_for_first_forward(model, self._setup)
+            return
+        self._setup(example)
+
+    def _setup(self, example: Any, args: tuple = (), kwargs: dict | None = None) -> None:
+        """Find the sites and blocks on `example`, make the probes (their hooks) and start the sinks."""
+        self._waiting = None
+        self.sites = find_sites(self.model, example)
+        self.blocks = find_blocks(self.model, self.sites)
+        self.block_names = [n for n, _ in self.blocks]
+        self.site_names = [s.name for s in self.sites]
+        self._alerts = AlertEngine(self.thresholds, self.block_names)
         try:
             for m in list(MEASUREMENTS):
                 probe = m.probe(self)
@@ -120,13 +128,26 @@ class TrainingMonitor:
                 self._probes.append(probe)
             self._acts = self.probe("activations").watch  # forwards and positions counted by its hooks
             self._grads = self.probe("grad_norms").watch  # read early by _capture_grads
+            self._acts._catch_mask(self.model, args, kwargs or {})  # the forward under way, when it is the first
             info = self._info()
             for sink in self.sinks:
                 sink.start(info)
-            self._arm(0)
+            self._arm(self._step)
         except BaseException:
             self._remove_hooks()
             raise
+
+    def _ready(self, where: str) -> None:
+        """Set up now if no forward came first (step() or close() before any forward): nothing to trace."""
+        if self._waiting is not None:
+            self._waiting.remove()
+            if where == "step":
+                warnings.warn("diagnose: TrainingMonitor.step() came before any forward of the model it was given "
+                              "(a trainer that calls a submodule, not the model), so its attention and blocks "
+                              "are looked for without its input: on guessed token ids, and not at all for a model "
+                              "without an nn.Embedding; fix: pass example=inputs to TrainingMonitor",
+                              RuntimeWarning, stacklevel=3)
+            self._setup(None)
 
     def _info(self) -> dict[str, Any]:
         n_params = sum(p.numel() for p in self.model.parameters())
@@ -176,6 +197,7 @@ class TrainingMonitor:
         """
         if self._closed:
             raise StateError("TrainingMonitor.step() after close()")
+        self._ready("step")
         if step is not None:
             self._step = int(step)
         s = self._step
@@ -326,6 +348,7 @@ class TrainingMonitor:
         """Remove every hook and mark the run closed; safe to call twice."""
         if self._closed:
             return
+        self._ready("close")
         self._closed = True
         try:
             self._remove_hooks()

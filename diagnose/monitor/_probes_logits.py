@@ -6,8 +6,9 @@
   q and k the adapters already keep to recompute SDPA's probabilities (`LazyProbs.scores`), so it
   is taken where the model calls scaled_dot_product_attention; where the model writes its own
   softmax, from the softmax's input, which the intercept and the traced hooks hand over
-  (base.send_scores). Adapters that see only the probabilities (the reference model's, TransformerLens's,
-  nn.MultiheadAttention's need_weights) give no `max_logit`.
+  (base.send_scores), and where a family's own hook holds the masked scores (the reference model's
+  `attn.scores`, TransformerLens's `hook_attn_scores`), from there. An adapter that sees only the
+  probabilities gives no `max_logit`, and `diagnose stats` says so (_lacking.py).
 - logit_z: per logged step, the log-partition z = logsumexp(logits) of the model's output
   logits over the vocabulary, per position: its mean, the largest |z| and the mean of z^2 (what
   the z-loss of PaLM and Wortsman et al. 2023 penalises). Output-logit divergence shows as z
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..adapters._probs import LazyProbs
+from ..adapters import LazyProbs
 from ._measure import Measurement, StepInputs, record_field as _f
 from ._probes import _Quiet
 

@@ -37,7 +37,7 @@ import pandas as pd
 from .. import _json
 from .._write import atomic_write
 from ..errors import InputFileError, RunFolderError
-from ..io._read import iter_lines, read_json, require_file
+from ..io import iter_lines, read_json, require_file
 from ._evals import EVALS, check_eval, evals_frame
 from ._fields import attention_rows, record_keys, steps_row
 from ._records import FIX as _FIX, check_alert, check_info, check_record

@@ -8,6 +8,7 @@ Three watchers, each owning its hooks and removing them in `remove()`:
 
 from __future__ import annotations
 
+import warnings
 from contextlib import ExitStack
 from typing import Any, Callable
 
@@ -47,17 +48,17 @@ def at_end_of_backward(fn) -> None:
     engine.queue_callback(lambda: engine.queue_callback(fn))
 
 
-def find_sites(model: nn.Module) -> list:
-    """Attention sites through the capture machinery; [] when none (or no adapter knows the model)."""
-    try:
-        from ..sites import find_heads
-    except ImportError:
-        return []
+def find_sites(model: nn.Module, example: Any = None) -> list:
+    """Attention sites through the capture machinery, traced on `example` where the generic tracer is
+    needed; [] when none, after one warning that says why and what is lost."""
     from ..errors import NoAttentionFoundError
+    from ..sites import find_heads
 
     try:
-        return list(find_heads(model))
-    except NoAttentionFoundError:
+        return list(find_heads(model, example=example))
+    except NoAttentionFoundError as exc:
+        warnings.warn(f"diagnose: TrainingMonitor records no attention statistics (per-head entropy, max weight, "
+                      f"max logit) for {type(model).__name__}: {exc}", RuntimeWarning, stacklevel=4)
         return []
 
 
@@ -74,6 +75,11 @@ def find_blocks(model: nn.Module, sites: list) -> list[tuple[str, nn.Module]]:
             kids = list(mod.named_children())
             if len(kids) > len(best) and len({type(m) for _, m in kids}) == 1:
                 best = [(f"{name}.{k}" if name else k, m) for k, m in kids]
+    if not best:
+        warnings.warn(f"diagnose: TrainingMonitor records no activation statistics (act_*, token_cos, rank_collapse, "
+                      f"activation_growth) for {type(model).__name__}: no attention was found to place the residual "
+                      "blocks around and no ModuleList/Sequential of identical blocks exists; fix: pass example=inputs, "
+                      "or register an adapter whose blocks(model) names them", RuntimeWarning, stacklevel=4)
     return best
 
 

@@ -24,7 +24,7 @@ from .. import _json
 from .._numbers import kind
 from .._write import atomic_write
 from ..errors import InputFileError, RunFolderError
-from ..io._read import read_json, require_file
+from ..io import read_json, require_file
 
 SPIKES = "spikes"
 SPIKE_KINDS = ("grad_spike", "loss_spike", "nonfinite")

@@ -27,6 +27,7 @@ from typing import Any, Iterable
 import torch
 import torch.nn.functional as F
 
+from ._config import MonitorConfig
 from ._monitor import TrainingMonitor
 from ._signals import at_end_of_backward
 from ._evals import log_trainer_eval
@@ -86,11 +87,13 @@ def _tracker_sinks(args: Any) -> list:
 class DiagnoseHFCallback(_base()):
     """Runs a TrainingMonitor inside the Hugging Face Trainer loop. trackers=True also streams
     diagnose's scalars, under `diagnose/`, into the trackers of args.report_to (wandb, MLflow,
-    TensorBoard); other keyword arguments (sinks= among them) go to TrainingMonitor."""
+    TensorBoard); config= (a MonitorConfig) and other keyword arguments (sinks= among them) are
+    TrainingMonitor's settings."""
 
     def __init__(self, run_dir: str | os.PathLike, *, stop_on: Iterable[str] = (), trackers: bool = False,
-                 **monitor_kwargs: Any):
-        self.run_dir, self.kwargs, self.trackers = run_dir, monitor_kwargs, trackers
+                 config: MonitorConfig | None = None, **monitor_kwargs: Any):
+        self.run_dir, self.trackers = run_dir, trackers
+        self.config = MonitorConfig.of(config, monitor_kwargs, caller="DiagnoseHFCallback")  # checked before training
         self.stop_on = frozenset((stop_on,) if isinstance(stop_on, str) else stop_on)
         self.monitor: TrainingMonitor | None = None
         self._hooks: list = []
@@ -107,12 +110,11 @@ class DiagnoseHFCallback(_base()):
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         # every rank runs a monitor (its step joins the cross-rank reduction); rank 0 writes
-        kwargs_ = dict(self.kwargs)
-        kwargs_.setdefault("clip", args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None)
-        if self.trackers:
-            kwargs_["sinks"] = [*(kwargs_.get("sinks") or []), *_tracker_sinks(args)]
-        self.monitor = TrainingMonitor(model, self.run_dir, settings={"grad_norm_post_clip": False,
-                                                                      "integration": "hf"}, **kwargs_)
+        config = self.config.with_trainer(
+            clip=args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None,
+            settings={"grad_norm_post_clip": False, "integration": "hf"},
+            sinks=_tracker_sinks(args) if self.trackers else [])
+        self.monitor = TrainingMonitor(model, self.run_dir, config=config)
         self._scaler = getattr(optimizer, "scaler", None)  # accelerate's GradScaler (fp16), else None
         # the model's own declared loss: next-token (shifted) or masked-token cross-entropy
         loss_fn = getattr(getattr(model, "loss_function", None), "__name__", None)

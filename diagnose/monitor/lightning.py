@@ -7,6 +7,7 @@ from typing import Any, Iterable
 
 import torch
 
+from ._config import MonitorConfig
 from ._live_trackers import LightningLoggersSink
 from ._monitor import TrainingMonitor
 from ._evals import log_trainer_eval
@@ -35,14 +36,15 @@ class DiagnoseCallback(_base()):
     self.log during validation go to evals.jsonl (a metric named like `val_loss` / `val/loss`
     / `loss` is the eval loss). stop_on=("nonfinite",) sets trainer.should_stop when such an
     alert fires; loggers=True also streams diagnose's scalars, under `diagnose/`, into the trainer's
-    own loggers (trainer.loggers: TensorBoard, wandb, MLflow, CSV); other keyword arguments
-    (sinks= among them) go to TrainingMonitor.
+    own loggers (trainer.loggers: TensorBoard, wandb, MLflow, CSV); config= (a MonitorConfig) and
+    other keyword arguments (sinks= among them) are TrainingMonitor's settings.
     """
 
     def __init__(self, run_dir: str | os.PathLike, *, stop_on: Iterable[str] = (), loggers: bool = False,
-                 **monitor_kwargs: Any):
+                 config: MonitorConfig | None = None, **monitor_kwargs: Any):
         super().__init__()
-        self.run_dir, self.kwargs, self.loggers = run_dir, monitor_kwargs, loggers
+        self.run_dir, self.loggers = run_dir, loggers
+        self.config = MonitorConfig.of(config, monitor_kwargs, caller="DiagnoseCallback")  # checked before fit
         self.stop_on = frozenset((stop_on,) if isinstance(stop_on, str) else stop_on)
         self.monitor: TrainingMonitor | None = None
         self._losses: list[torch.Tensor] = []
@@ -50,11 +52,9 @@ class DiagnoseCallback(_base()):
         self._before_val: dict[str, Any] = {}
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        kwargs = dict(self.kwargs)
-        kwargs.setdefault("clip", trainer.gradient_clip_val or None)
-        if self.loggers:
-            kwargs["sinks"] = [*(kwargs.get("sinks") or []), LightningLoggersSink(trainer)]
-        self.monitor = TrainingMonitor(pl_module, self.run_dir, settings={"integration": "lightning"}, **kwargs)
+        config = self.config.with_trainer(clip=trainer.gradient_clip_val or None, settings={"integration": "lightning"},
+                                          sinks=[LightningLoggersSink(trainer)] if self.loggers else [])
+        self.monitor = TrainingMonitor(pl_module, self.run_dir, config=config)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.monitor is not None and self.monitor.save_spikes:

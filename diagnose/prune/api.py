@@ -7,12 +7,15 @@ The steps: choose (choose.py, all through the head gate), cut (cut.py, on a copy
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch.nn as nn
 
 from .._tolerance import model_size
+from ..ablation import AblationConfig
 from ..ablation.batches import as_batches, for_last_position
+from ..ablation.config import PRUNE
 from ..ablation.gate import gated
 from ..ablation.methods import FOLDABLE, DataPass, get_method, install, prepare
 from ..adapters.base import AttentionSite
@@ -33,13 +36,17 @@ DEFAULT_MAX_LOSS = 0.05  # nats per scored token, language models
 CANDIDATES = 4
 
 
-def prune_heads(model: nn.Module, data: Any, *, max_drop: float | None = None, max_loss: float | None = None,
-                task: str | None = None, method: str = "zero", eval_data: Any = None, candidates: int = CANDIDATES,
-                limit: int | None = None, batch_size: int | None = None, sites: Sequence[AttentionSite] | None = None,
-                on_step: Callable[[Step, Choice], None] | None = None, time_repeats: int = 7) -> PruneResult:
+def prune_heads(model: nn.Module, data: Any, *, config: AblationConfig | None = None, max_drop: float | None = None,
+                max_loss: float | None = None, eval_data: Any = None, candidates: int = CANDIDATES,
+                limit: int | None = None, sites: Sequence[AttentionSite] | None = None,
+                on_step: Callable[[Step, Choice], None] | None = None, time_repeats: int = 7,
+                **options: Any) -> PruneResult:
     """Remove heads one at a time while the model stays within budget on `data`; return the pruned copy.
 
-    max_drop: accuracy points (of 100) the model may lose on `data` (classification default 1.0);
+    config: the AblationConfig of ablate_heads, of which this reads task, method (a foldable one) and
+    batch_size; those three are also keywords, laid over `config` (without either, the task is the
+    model's and the data's: objectives.default_task). max_drop: accuracy points (of 100) the model may
+    lose on `data` (classification default 1.0);
     max_loss: mean loss it may gain (language models default 0.05 nats per token). Each round
     verifies `candidates` heads exactly (see choose.py). eval_data: held-out data for the before/after
     figures (choosing on `data` flatters it). limit: at most this many removals. The input model is
@@ -47,7 +54,8 @@ def prune_heads(model: nn.Module, data: Any, *, max_drop: float | None = None, m
     `result.save(path)` the JSON.
     """
     started = time.perf_counter()
-    task = task or default_task(model, data)
+    cfg = _config(model, data, config, options)
+    task, method, batch_size = cfg.task, cfg.method, cfg.batch_size
     budget = _budget(task, max_drop, max_loss)
     how = get_method(method)
     if not how.foldable:
@@ -88,8 +96,37 @@ def prune_heads(model: nn.Module, data: Any, *, max_drop: float | None = None, m
                             f"{checked['max_abs_diff']:.3g} (tolerance {checked['tolerance']:.3g}); nothing was "
                             "saved: please report this with the model's family")
     settings = Settings(budget.max_drop, budget.max_loss, int(candidates), limit)
-    return _result(model, pruned, sites, task, method, settings, choice, checked, before, after, held_out,
-                   batches, started, forwards, time_repeats)
+    return _result(_Pruned(model=model, pruned=pruned, sites=sites, config=cfg, settings=settings, choice=choice,
+                           checked=checked, before=before, after=after, held_out=held_out, batches=batches,
+                           started=started, forwards=forwards, time_repeats=time_repeats))
+
+
+def _config(model: nn.Module, data: Any, config: AblationConfig | None, options: dict[str, Any]) -> AblationConfig:
+    """The one place prune_heads' keywords become its AblationConfig (a keyword left at None keeps the config's
+    or the default; no task anywhere: the model's and the data's)."""
+    given = {k: v for k, v in options.items() if not (k in PRUNE and v is None)}
+    defaults = {} if config is not None or "task" in given else {"task": default_task(model, data)}
+    return AblationConfig.of(config, given, caller="prune_heads", options=PRUNE, **defaults)
+
+
+@dataclass(frozen=True)
+class _Pruned:
+    """What prune_heads measured, for _result: the models, the config, the choice and the checks on them."""
+
+    model: nn.Module
+    pruned: Any  # the cut.Cut
+    sites: Sequence[AttentionSite]
+    config: AblationConfig
+    settings: Settings
+    choice: Any  # choose.Choice
+    checked: dict[str, Any]  # verify.compare
+    before: Any  # per-example outcomes on `data`, gated model
+    after: Any  # the same with the chosen heads closed
+    held_out: Any  # the eval batches, or None
+    batches: Any
+    started: float
+    forwards: int
+    time_repeats: int
 
 
 def _budget(task: str, max_drop: float | None, max_loss: float | None) -> Budget:
@@ -103,15 +140,16 @@ def _budget(task: str, max_drop: float | None, max_loss: float | None) -> Budget
     return Budget(None if max_drop is None else float(max_drop), None if max_loss is None else float(max_loss))
 
 
-def _result(model, pruned, sites, task, method, settings, choice, checked, before, after, held_out, batches,
-            started, forwards, time_repeats) -> PruneResult:
+def _result(run: _Pruned) -> PruneResult:
+    model, pruned, sites, choice, held_out, task = run.model, run.pruned, run.sites, run.choice, run.held_out, \
+        run.config.task
     total = sum(s.n_heads for s in sites)
     base = Figures(choice.baseline.accuracy, choice.baseline.loss)
     curve = [CurvePoint(0, 0.0, base.accuracy, base.loss)]
     curve += [CurvePoint(s.n_removed, s.n_removed / total, s.accuracy, s.loss, s.layer, s.head) for s in choice.steps]
     order = [Removal(s.layer, s.head, s.estimate, s.accuracy, s.loss) for s in choice.steps[:choice.kept]]
     last = choice.steps[choice.kept - 1] if choice.kept else base
-    data_fig = Change(base, Figures(last.accuracy, last.loss), **verify.paired_noise(before, after),
+    data_fig = Change(base, Figures(last.accuracy, last.loss), **verify.paired_noise(run.before, run.after),
                       note="the heads were chosen on this data, so its figures flatter the pruned model")
     eval_fig = None
     if held_out is not None:
@@ -121,7 +159,7 @@ def _result(model, pruned, sites, task, method, settings, choice, checked, befor
                           **verify.paired_noise(b["per_example"], a["per_example"]),
                           n_examples=int(len(b["per_example"])))
     with eval_mode(model):
-        speed = verify.forward_time(model, pruned.model, batches[0][0], time_repeats)
+        speed = verify.forward_time(model, pruned.model, run.batches[0][0], run.time_repeats)
     size = Size(verify.n_parameters(model), verify.n_parameters(pruned.model), **speed)
     notes = list(dict.fromkeys(lay.min_heads_note for lay in map(layout_of, sites) if lay.min_heads_note))
     if any(n == 0 for n in pruned.heads_left):
@@ -134,7 +172,8 @@ def _result(model, pruned, sites, task, method, settings, choice, checked, befor
     info = ModelInfo(family_of(sites), type(model).__name__, len(sites), [s.n_heads for s in sites],
                      getattr(model, "diagnose_format", None))
     return PruneResult(
-        model=pruned.model, info=info, task=task, method=method, settings=settings, n_examples=int(len(before)),
+        model=pruned.model, info=info, task=task, method=run.config.method, settings=run.settings,
+        n_examples=int(len(run.before)),
         baseline=base, curve=curve, order=order, heads_left=pruned.heads_left, stop=Stop.from_choice(choice.stop),
-        verify=Verification(**checked), data=data_fig, eval=eval_fig, size=size,
-        timing=Timing(time.perf_counter() - started, choice.rounds, forwards), notes=notes, cut=pruned)
+        verify=Verification(**run.checked), data=data_fig, eval=eval_fig, size=size,
+        timing=Timing(time.perf_counter() - run.started, choice.rounds, run.forwards), notes=notes, cut=pruned)

@@ -1,15 +1,15 @@
 """What `prune_heads` returns: the pruned model and the figures, in typed parts (`diagnose.prune/1` JSON).
 
-Each part is a dataclass whose `to_json()` writes the object the schema has always had, in the
-same key order, so the JSON (and the report that reads it, reports/view_prune.py) is unchanged.
+Each part is a dataclass whose one `to_json()` (`_Part`'s) writes the object the schema has always had,
+in the same key order, so the JSON (and the report that reads it, reports/view_prune.py) is unchanged.
 `.save(path)` writes that JSON, as on every result; `.save_pretrained(folder)` writes the model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Mapping
 
 import torch.nn as nn
 
@@ -19,24 +19,31 @@ from .._json import dumps
 SCHEMA = "diagnose.prune/1"
 
 
-def _plain(obj: Any) -> dict[str, Any]:
-    """The dataclass's fields as a dict in declaration order, parts written by their own to_json."""
-    return {k: (v.to_json() if hasattr(v, "to_json") else v) for k, v in vars(obj).items()}
+class _Part:
+    """A part of the prune JSON: its fields in declaration order (`first` ones before), a nested part
+    written by its own to_json; `keys` renames a field in the JSON, `optional` fields are left out when None."""
+
+    first: ClassVar[tuple[str, ...]] = ()
+    keys: ClassVar[Mapping[str, str]] = {}
+    optional: ClassVar[tuple[str, ...]] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        names = [*self.first, *(f.name for f in fields(self) if f.name not in self.first)]  # type: ignore[arg-type]
+        values = {name: getattr(self, name) for name in names}
+        return {self.keys.get(k, k): (v.to_json() if isinstance(v, _Part) else v)
+                for k, v in values.items() if not (v is None and k in self.optional)}
 
 
 @dataclass(frozen=True)
-class Figures:
+class Figures(_Part):
     """Accuracy (a fraction) and mean loss per scored unit on some data."""
 
     accuracy: float
     loss: float
 
-    def to_json(self) -> dict[str, Any]:
-        return _plain(self)
-
 
 @dataclass(frozen=True)
-class ModelInfo:
+class ModelInfo(_Part):
     """The model pruned (JSON "model"): heads per layer before pruning, and the format it was read in."""
 
     family: str
@@ -44,14 +51,11 @@ class ModelInfo:
     n_layers: int
     n_heads: list[int]
     format: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"family": self.family, "class": self.class_name, "n_layers": self.n_layers,
-                "n_heads": self.n_heads, "format": self.format}
+    keys: ClassVar[Mapping[str, str]] = {"class_name": "class"}
 
 
 @dataclass(frozen=True)
-class Settings:
+class Settings(_Part):
     """What the call asked for (JSON "budget"): the budget, candidates per round, removal limit."""
 
     max_drop: float | None
@@ -59,12 +63,9 @@ class Settings:
     candidates: int
     limit: int | None
 
-    def to_json(self) -> dict[str, Any]:
-        return _plain(self)
-
 
 @dataclass(frozen=True)
-class CurvePoint:
+class CurvePoint(_Part):
     """The model after n_removed removals on the choice data; layer/head: the head the step removed
     (None on the first point, the unpruned model, which the JSON writes without them)."""
 
@@ -74,14 +75,11 @@ class CurvePoint:
     loss: float
     layer: int | None = None
     head: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out = _plain(self)
-        return out if self.layer is not None else {k: v for k, v in out.items() if k not in ("layer", "head")}
+    optional: ClassVar[tuple[str, ...]] = ("layer", "head")
 
 
 @dataclass(frozen=True)
-class Removal:
+class Removal(_Part):
     """One removed head, in the order removed: its estimated cost and the exact figures after it."""
 
     layer: int
@@ -90,12 +88,9 @@ class Removal:
     accuracy: float
     loss: float
 
-    def to_json(self) -> dict[str, Any]:
-        return _plain(self)
-
 
 @dataclass(frozen=True)
-class Candidate:
+class Candidate(_Part):
     """The head the budget refused: the figures removing it would have given."""
 
     layer: int
@@ -103,12 +98,9 @@ class Candidate:
     accuracy: float
     loss: float
 
-    def to_json(self) -> dict[str, Any]:
-        return _plain(self)
-
 
 @dataclass(frozen=True)
-class Stop:
+class Stop(_Part):
     """Why the removals stopped; next: the refused head, when the budget stopped them."""
 
     reason: str
@@ -118,12 +110,11 @@ class Stop:
     def from_choice(cls, stop: dict[str, Any]) -> "Stop":
         return cls(stop["reason"], Candidate(**stop["next"]) if stop.get("next") is not None else None)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"reason": self.reason, **({"next": self.next.to_json()} if self.next is not None else {})}
+    optional: ClassVar[tuple[str, ...]] = ("next",)
 
 
 @dataclass(frozen=True)
-class Verification:
+class Verification(_Part):
     """The pruned model's outputs against the gated original's, judged by the tolerance policy."""
 
     max_abs_diff: float
@@ -131,12 +122,9 @@ class Verification:
     tolerance: float
     passed: bool
 
-    def to_json(self) -> dict[str, Any]:
-        return _plain(self)
-
 
 @dataclass(frozen=True)
-class Change:
+class Change(_Part):
     """Before/after figures on some data, with the paired accuracy change and its 95 % interval.
 
     n_examples: written first (held-out data, JSON "eval"); note: written last (the choice data,
@@ -149,18 +137,12 @@ class Change:
     noise: float
     n_examples: int | None = None
     note: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out = {"n_examples": self.n_examples} if self.n_examples is not None else {}
-        out.update(before=self.before.to_json(), after=self.after.to_json(), delta_accuracy=self.delta_accuracy,
-                   delta_accuracy_ci95=self.delta_accuracy_ci95, noise=self.noise)
-        if self.note is not None:
-            out["note"] = self.note
-        return out
+    first: ClassVar[tuple[str, ...]] = ("n_examples",)
+    optional: ClassVar[tuple[str, ...]] = ("n_examples", "note")
 
 
 @dataclass(frozen=True)
-class Size:
+class Size(_Part):
     """Parameters, and the median forward time of one batch, before and after."""
 
     parameters_before: int
@@ -172,32 +154,23 @@ class Size:
     threads: int
     batch: int
 
-    def to_json(self) -> dict[str, Any]:
-        return _plain(self)
-
 
 @dataclass(frozen=True)
-class Timing:
+class Timing(_Part):
     """The whole call: seconds, greedy rounds, forward passes through the gated model."""
 
     seconds: float
     rounds: int
     forward_passes: int
 
-    def to_json(self) -> dict[str, Any]:
-        return _plain(self)
-
 
 @dataclass(frozen=True)
-class Saved:
+class Saved(_Part):
     """Where save_pretrained wrote the model, in which form, and the files it wrote."""
 
     path: str
     form: str
     files: list[str]
-
-    def to_json(self) -> dict[str, Any]:
-        return _plain(self)
 
 
 @dataclass

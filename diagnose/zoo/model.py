@@ -50,7 +50,8 @@ class SelfAttention(nn.Module):
     """Multi-head self-attention with explicit softmax, so every switch is visible.
 
     `pattern` is an identity module applied to the attention probabilities; it exists so
-    that a forward hook can read them (TransformerLens's hook_pattern idea). `proj` is the
+    that a forward hook can read them (TransformerLens's hook_pattern idea); `scores`, likewise,
+    to the masked pre-softmax logits (hook_attn_scores: the monitor's max logit). `proj` is the
     output projection; its input is the heads' outputs side by side, [B, T, H * D].
     """
 
@@ -62,7 +63,7 @@ class SelfAttention(nn.Module):
             warnings.filterwarnings("ignore", message="Initializing zero-element tensors is a no-op")
             self.qkv = nn.Linear(cfg.d_model, 3 * self.n_heads * self.head_dim)
             self.proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model)
-        self.pattern = nn.Identity()
+        self.scores, self.pattern = nn.Identity(), nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(
@@ -92,7 +93,7 @@ class SelfAttention(nn.Module):
         fill = {"large": torch.finfo(scores.dtype).min, "-inf": float("-inf"), "zero": 0.0}[self.cfg.mask_fill]
         scores = scores.masked_fill(masked, fill)
 
-        probs = self.pattern(F.softmax(scores, dim=-1))  # [B, H, T, T]
+        probs = self.pattern(F.softmax(self.scores(scores), dim=-1))  # [B, H, T, T]
         out = self.drop(probs) @ v  # [B, H, T, D]
         out = out.transpose(1, 2).reshape(B, T, width)  # heads side by side: [B, T, H * D]
         return self.drop(self.proj(out))

@@ -11,6 +11,8 @@ from diagnose.ablation.contrast import (backup_test, correlations, default_band,
 from diagnose.ablation.result import ATTENTION_STATS, HeadEffect
 from ..tolerance import F64, approx
 
+pytestmark = pytest.mark.numerics
+
 
 def head(layer, h, *, dacc, dloss, p, att, grad=0.5):
     stats = {k: 0.1 for k in ATTENTION_STATS}

@@ -11,23 +11,34 @@ from diagnose.ablation import ablate_heads
 from diagnose.adapters._hooks import first_tensor
 
 from .helpers import evaluate, loss_tol, with_head_weights_zeroed
+from diagnose.zoo.families import FAMILIES as TABLE, module_at
+
 from .test_families import FAMILIES, N
 from ..tolerance import size_of
 
-SITES = {  # family -> (site module of layer l, final norm)
-    "reference": (lambda m, l: m.blocks[l].attn, lambda m: m.ln_f),
-    "gpt2-eager": (lambda m, l: m.transformer.h[l].attn, lambda m: m.transformer.ln_f),
-    "gpt2-sdpa": (lambda m, l: m.transformer.h[l].attn, lambda m: m.transformer.ln_f),
-    "llama-eager": (lambda m, l: m.model.layers[l].self_attn, lambda m: m.model.norm),
-    "llama-sdpa": (lambda m, l: m.model.layers[l].self_attn, lambda m: m.model.norm),
-}
+pytestmark = pytest.mark.numerics
+
+# family -> its name in the family table (diagnose/zoo/families.py: output projection and final norm paths)
+SITES = {"gpt2-eager": "GPT-2", "gpt2-sdpa": "GPT-2", "llama-eager": "Llama", "llama-sdpa": "Llama",
+         "gemma-eager": "Gemma"}
+
+
+def _site_and_norm(family: str):
+    """(site module of layer l, final norm): the output projection's parent and the table's final norm."""
+    if family == "reference":
+        return lambda m, l: m.blocks[l].attn, lambda m: m.ln_f
+    fam = TABLE[SITES[family]]
+    return (lambda m, l: module_at(m, fam.out_proj.rsplit(".", 1)[0], l)), (lambda m: module_at(m, fam.final_norm))
 
 
 def _frozen(norm, x: torch.Tensor, moved: torch.Tensor) -> torch.Tensor:
-    """norm(moved) with x's scale: LayerNorm by its formula, LLaMA's RMSNorm by its own."""
+    """norm(moved) with x's scale: LayerNorm by its formula, LLaMA's and Gemma's RMSNorms by their own."""
     if isinstance(norm, torch.nn.LayerNorm):
         sigma = torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + norm.eps)
         return (moved - moved.mean(-1, keepdim=True)) / sigma * norm.weight + norm.bias
+    if type(norm).__name__ == "GemmaRMSNorm":  # x / rms(x) * (1 + weight), in float
+        rms = torch.sqrt(x.float().pow(2).mean(-1, keepdim=True) + norm.eps)
+        return (moved.float() / rms * (1.0 + norm.weight.float())).to(moved.dtype)
     rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * (moved / rms)
 
@@ -51,16 +62,16 @@ def _by_hand(model, batches, task, site, norm, weight, dim, head, head_dim) -> f
         moved.remove()
 
 
-@pytest.mark.parametrize("family", list(SITES))
+@pytest.mark.parametrize("family", ["reference", *SITES])
 def test_direct_equals_hand_computation(family, tmp_path_factory):
     build, make_data, task, weight_of, head_dim = FAMILIES[family]
     model, data = build(tmp_path_factory), make_data()
     batches = [({k: v[i:i + 5] for k, v in data.items() if k != "labels"},
                 data["labels"][i:i + 5] if "labels" in data else None) for i in range(0, N, 5)]
     result = ablate_heads(model, data, task=task, batch_size=5, progress=False, attention=False)
-    assert result.direct["measured"], result.direct
+    assert result.direct["measured"] and result.direct["path"].startswith("declared"), result.direct
     _, base = evaluate(model, batches, task)
-    site_of, norm_of = SITES[family]
+    site_of, norm_of = _site_and_norm(family)
     size = size_of(model)
     for h in result.heads:
         weight, dim = weight_of(model, h.layer)

@@ -16,6 +16,8 @@ from diagnose.objectives import call_model, logits_of, score, targets_for
 from .helpers import assert_untouched, snapshot, with_head_weights_zeroed
 from ..tolerance import approx, loss_tol, size_of
 
+pytestmark = pytest.mark.numerics
+
 V, T, N, LAYERS, HEADS, D = 30, 7, 10, 3, 4, 8
 
 

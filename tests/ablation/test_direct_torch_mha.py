@@ -18,6 +18,8 @@ from diagnose.sites import find_heads
 from .helpers import assert_untouched, snapshot, with_head_weights_zeroed
 from ..tolerance import approx, loss_tol, size_of
 
+pytestmark = pytest.mark.numerics
+
 V, T, N, LAYERS, HEADS, D, C = 20, 6, 10, 2, 4, 4, 3
 
 

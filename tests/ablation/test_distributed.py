@@ -22,6 +22,8 @@ from . import ranks as workers
 from ..versions import torch_before
 from ..tolerance import F64, approx, size_of
 
+pytestmark = pytest.mark.numerics
+
 ROOT = Path(__file__).resolve().parents[2]
 SIZE = size_of(workers.model())  # the workers' model: their float32 forwards round like it
 TIMEOUT = 240  # seconds for a whole group (imports included) on a busy machine; a hang fails, not waits

@@ -19,6 +19,8 @@ from diagnose.sites import find_heads
 from .helpers import assert_untouched, evaluate, loss_tol, snapshot, with_head_weights_zeroed
 from ..tolerance import F64, approx, assert_exact, size_of, tol
 
+pytestmark = pytest.mark.numerics
+
 V, T, N, H, D = 20, 7, 10, 4, 8
 
 

@@ -11,11 +11,14 @@ import torch.nn as nn
 
 from diagnose.ablation import ablate_heads
 from diagnose.zoo import ModelConfig, Transformer
+from diagnose.zoo.families import FAMILIES as TABLE, build, module_at
 
 from ..nano import nanogpt  # the nanoGPT-style module (explicit softmax or SDPA is_causal)
 from ..wordlevel import make_tokenizer
 from .helpers import assert_untouched, evaluate, loss_tol, snapshot, with_head_weights_zeroed
 from ..tolerance import F64, approx, differ, size_of
+
+pytestmark = pytest.mark.numerics
 
 transformers = pytest.importorskip("transformers")
 V, T, N = 40, 8, 12
@@ -61,28 +64,32 @@ def _cls_data(n_classes=3):
             "labels": torch.randint(0, n_classes, (N,), generator=torch.Generator().manual_seed(2))}
 
 
-def _hf(cls, cfg, impl):
-    torch.manual_seed(0)
-    cfg._attn_implementation = impl
-    cfg.initializer_range = 0.2  # large enough weights that every head visibly matters
-    return getattr(transformers, cls)(cfg).eval()
+def _hf(name, impl, auto=None, **overrides):
+    """The family table's tiny model (diagnose/zoo/families.py), at this file's sizes."""
+    return build(name, impl, auto=auto, vocab_size=V, max_position_embeddings=16, bos_token_id=0, eos_token_id=0,
+                 initializer_range=0.2, **overrides)  # weights large enough that every head visibly matters
 
 
 def _gpt2(impl):
-    return _hf("GPT2LMHeadModel", transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=V,
-                                                          n_positions=16, bos_token_id=0, eos_token_id=0), impl)
+    return _hf("GPT-2", impl)
 
 
 def _bert(impl):
-    return _hf("BertForSequenceClassification", transformers.BertConfig(
-        num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64, vocab_size=V,
-        max_position_embeddings=16, num_labels=3), impl)
+    return _hf("BERT", impl, auto="BertForSequenceClassification", num_labels=3)
 
 
 def _llama(impl):
-    return _hf("LlamaForCausalLM", transformers.LlamaConfig(
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32, intermediate_size=64,
-        vocab_size=V, max_position_embeddings=16, bos_token_id=0, eos_token_id=0, pad_token_id=0), impl)
+    return _hf("Llama", impl)
+
+
+def _gemma(impl):
+    return _hf("Gemma", impl)
+
+
+def _out_proj(name):
+    """Layer l's output projection weight from the family table, and the dim that holds its inputs."""
+    fam = TABLE[name]
+    return lambda model, l: (module_at(model, fam.out_proj, l).weight, 0 if fam.weight_in_out else 1)
 
 
 def _reference():
@@ -107,17 +114,13 @@ FAMILIES = {
     "reference": (lambda _: _reference(), _lm_data, "lm", _linear(lambda m, l: m.blocks[l].attn.proj), 8),
     "torch-mha": (lambda _: (torch.manual_seed(0), EncoderClassifier().eval())[1], _cls_data, "classification",
                   _linear(lambda m, l: m.encoder.layers[l].self_attn.out_proj), 4),
-    "gpt2-eager": (lambda _: _gpt2("eager"), _lm_data, "lm",
-                   lambda m, l: (m.transformer.h[l].attn.c_proj.weight, 0), 8),  # Conv1D: [in, out]
-    "gpt2-sdpa": (lambda _: _gpt2("sdpa"), _lm_data, "lm", lambda m, l: (m.transformer.h[l].attn.c_proj.weight, 0), 8),
-    "bert-eager": (lambda _: _bert("eager"), _cls_data, "classification",
-                   _linear(lambda m, l: m.bert.encoder.layer[l].attention.output.dense), 8),
-    "bert-sdpa": (lambda _: _bert("sdpa"), _cls_data, "classification",
-                  _linear(lambda m, l: m.bert.encoder.layer[l].attention.output.dense), 8),
-    "llama-eager": (lambda _: _llama("eager"), _lm_data, "lm",
-                    _linear(lambda m, l: m.model.layers[l].self_attn.o_proj), 8),
-    "llama-sdpa": (lambda _: _llama("sdpa"), _lm_data, "lm",
-                   _linear(lambda m, l: m.model.layers[l].self_attn.o_proj), 8),
+    "gpt2-eager": (lambda _: _gpt2("eager"), _lm_data, "lm", _out_proj("GPT-2"), 8),  # Conv1D: [in, out]
+    "gpt2-sdpa": (lambda _: _gpt2("sdpa"), _lm_data, "lm", _out_proj("GPT-2"), 8),
+    "bert-eager": (lambda _: _bert("eager"), _cls_data, "classification", _out_proj("BERT"), 8),
+    "bert-sdpa": (lambda _: _bert("sdpa"), _cls_data, "classification", _out_proj("BERT"), 8),
+    "llama-eager": (lambda _: _llama("eager"), _lm_data, "lm", _out_proj("Llama"), 8),
+    "llama-sdpa": (lambda _: _llama("sdpa"), _lm_data, "lm", _out_proj("Llama"), 8),
+    "gemma-eager": (lambda _: _gemma("eager"), _lm_data, "lm", _out_proj("Gemma"), 8),
     "nanogpt-softmax": (lambda _: (torch.manual_seed(0), nanogpt(False).eval())[1], lambda: _lm_data(False), "lm",
                         _linear(lambda m, l: m.h[l].attn.c_proj), 8),
     "nanogpt-sdpa": (lambda _: (torch.manual_seed(0), nanogpt(True).eval())[1], lambda: _lm_data(False), "lm",

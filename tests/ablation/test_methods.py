@@ -24,6 +24,8 @@ from .helpers import evaluate, loss_tol, with_head_weights_zeroed
 from .test_engine import D, H, N  # noqa: F401  (the reference model and its padded data)
 from ..tolerance import F64, approx, assert_close, size_of
 
+pytestmark = pytest.mark.numerics
+
 STEP = 0.05  # the toy fill: every coordinate of a closed head's output becomes STEP * (the example's index)
 
 

@@ -17,6 +17,8 @@ from diagnose.zoo import ModelConfig, Transformer
 from .helpers import loss_tol
 from ..tolerance import approx, size_of
 
+pytestmark = pytest.mark.numerics
+
 V, T, N, H, D = 20, 7, 12, 4, 8
 
 

@@ -18,6 +18,8 @@ from .helpers import evaluate, loss_tol
 from ..tolerance import size_of
 from .test_engine import D, H, N, T  # the reference model's sizes (its fixtures are in conftest.py)
 
+pytestmark = pytest.mark.numerics
+
 DRAWS, SEED = 3, 11
 
 

@@ -13,6 +13,8 @@ from diagnose.ablation.significance import (adjust, bh, bootstrap_ci, holm, min_
 
 from ..tolerance import F64, approx
 
+pytestmark = pytest.mark.numerics
+
 
 def mcnemar_exact(b: int, c: int) -> float:
     """Exact McNemar by hand: two-sided binomial on the b + c discordant pairs."""

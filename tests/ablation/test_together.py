@@ -8,11 +8,14 @@ import torch
 
 from diagnose import ablate_heads, ablate_together
 from diagnose.ablation.batches import as_batches
-from diagnose.errors import ConfigError
+from diagnose.ablation import AblationConfig
+from diagnose.errors import ConfigError, UsageError
 from diagnose.zoo import ModelConfig, Transformer, order
 
 from .helpers import assert_untouched, evaluate, loss_tol, snapshot, with_head_weights_zeroed
 from ..tolerance import F64, approx, assert_differ, size_of
+
+pytestmark = pytest.mark.numerics
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +75,15 @@ def test_mean_ablation_of_nothing_and_bad_heads(model_and_data):
         ablate_together(model, data, [(7, 0)], task="classification")
     with pytest.raises(ConfigError, match="method"):
         ablate_together(model, data, [(0, 0)], task="classification", method="nonesuch")  # resample is one now
+
+
+def test_a_config_and_keywords_are_the_same_call(model_and_data):
+    """ablate_together takes ablate_heads' AblationConfig; its keywords lay over it; other options are refused."""
+    model, data = model_and_data
+    by_keywords = ablate_together(model, data, [(0, 2)], task="classification", method="mean", batch_size=32)
+    config = AblationConfig(task="classification", method="mean", batch_size=32, alpha=0.01)
+    assert ablate_together(model, data, [(0, 2)], config=config).to_json() == by_keywords.to_json()
+    zero = ablate_together(model, data, [(0, 2)], config=config, method="zero")  # a keyword wins over the config
+    assert zero.method == "zero" and zero.to_json() == ablate_together(model, data, [(0, 2)], batch_size=32).to_json()
+    with pytest.raises(UsageError, match="ablate_together.. got an unexpected keyword argument 'alpha'"):
+        ablate_together(model, data, [(0, 2)], alpha=0.01)

@@ -17,6 +17,8 @@ from ..hooks import hook_snapshot
 from ..tolerance import assert_close, assert_differ, assert_exact, model_size, size_of
 from ..nano import nanogpt
 
+pytestmark = pytest.mark.numerics
+
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_nanogpt(fused, gate_check):
@@ -82,12 +84,37 @@ def test_nothing_found_says_how_to_name_it():
     assert "--attention-module" in msg and "--heads" in msg and "register_adapter" in msg
 
 
-def test_named_modules_and_gate(gate_check):
+def test_naming_a_module_without_softmax_is_refused_not_swept():
     model = Opaque().eval()
     x = torch.randn(2, 5, 16)
-    sites = diagnose.find_heads(model, attention_module="layers.*", n_heads=4)
-    assert [(s.name, s.n_heads, s.head_dim) for s in sites] == [("layers.0", 4, 4), ("layers.1", 4, 4)]
-    assert sites[0].out_proj is model.layers[0].out
+    with pytest.raises(NoAttentionFoundError, match=r"compute no softmax .*layers\.0 \(OpaqueLayer\)"):
+        diagnose.find_heads(model, attention_module="layers.*", n_heads=4, example=x)
+    with pytest.raises(NoAttentionFoundError, match="no module name or class matches"):
+        diagnose.find_heads(model, attention_module="encoder.*", n_heads=4, example=x)
+
+
+class OpaqueAdapter(diagnose.InterceptAdapter):
+    """What docs/families.md shows: a user's adapter on the public base class, declaring the sites."""
+
+    family = "opaque"
+
+    def find(self, model):
+        if not isinstance(model, Opaque):
+            return None
+        return [diagnose.AttentionSite(i, f"layers.{i}", 4, 4, layer, self, out_proj=layer.out)
+                for i, layer in enumerate(model.layers)]
+
+
+def test_an_adapter_on_the_public_base_gates_what_the_finder_cannot_see(gate_check):
+    model = Opaque().eval()
+    x = torch.randn(2, 5, 16)
+    adapter = diagnose.register_adapter(OpaqueAdapter())
+    try:
+        sites = diagnose.find_heads(model)
+    finally:
+        unregister_adapter(adapter)
+    assert [(s.name, s.n_heads, s.head_dim, s.adapter.family) for s in sites] == [
+        ("layers.0", 4, 4, "opaque"), ("layers.1", 4, 4, "opaque")]
     assert [n for n, _ in sites[0].adapter.blocks(model)] == ["layers.0", "layers.1"]
     with torch.no_grad():
         base = model(x)
@@ -106,8 +133,6 @@ def test_named_modules_and_gate(gate_check):
         diagnose.capture(model, x, sites=sites)  # gate works, but nothing shows the probabilities
     assert hook_snapshot(model) == before
     assert diagnose.capture(model, x, sites=sites, attention=False).activations
-    with pytest.raises(NoAttentionFoundError, match="no module name matches"):
-        diagnose.find_heads(model, attention_module="encoder.*", n_heads=4)
 
 
 def test_registered_adapter_goes_first():

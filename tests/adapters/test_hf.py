@@ -13,6 +13,8 @@ from diagnose.adapters._intercept import AttentionMode
 from ..hooks import hook_snapshot
 from ..tolerance import assert_close, assert_exact, size_of
 
+pytestmark = pytest.mark.numerics
+
 transformers = pytest.importorskip("transformers")
 
 FAMILIES = {

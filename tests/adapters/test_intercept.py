@@ -11,6 +11,8 @@ from diagnose.adapters._probs import LazyProbs, materialise, query_chunks
 from ..tolerance import assert_close, magnitude
 from ..versions import torch_before
 
+pytestmark = pytest.mark.numerics
+
 
 def _case(name):
     g = torch.Generator().manual_seed(0)

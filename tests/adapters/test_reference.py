@@ -15,6 +15,8 @@ from diagnose.zoo.model import Transformer, apply_rotary
 from ..hooks import hook_snapshot
 from ..tolerance import assert_close, assert_exact
 
+pytestmark = pytest.mark.numerics
+
 SWITCHES = {
     "lm": {},
     "classifier": dict(kind="classifier"),

@@ -14,6 +14,8 @@ from ..hooks import hook_snapshot
 from ..tolerance import assert_close, assert_differ, assert_exact, size_of
 from .conftest import output_of, zero_head
 
+pytestmark = pytest.mark.numerics
+
 transformers = pytest.importorskip("transformers")
 L, H, D = 3, 4, 8
 

@@ -13,6 +13,8 @@ import diagnose
 from ..hooks import hook_snapshot
 from ..tolerance import assert_close, size_of
 
+pytestmark = pytest.mark.numerics
+
 
 class CrossAttn(nn.Module):
     """One MHA reading a memory; the inputs are a dict so masks can travel along."""

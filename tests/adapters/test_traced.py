@@ -13,6 +13,8 @@ import diagnose
 from diagnose.adapters.base import TRACED_HOOKS, compile_safe
 from ..tolerance import assert_close
 
+pytestmark = pytest.mark.numerics
+
 transformers = pytest.importorskip("transformers")
 D_MODEL, T = 32, 7
 

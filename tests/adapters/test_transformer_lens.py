@@ -10,8 +10,10 @@ import torch
 import diagnose
 
 from ..hooks import hook_snapshot
-from ..tolerance import assert_exact
+from ..tolerance import approx, assert_exact
 from ..wordlevel import make_tokenizer
+
+pytestmark = pytest.mark.numerics
 
 pytest.importorskip("transformer_lens")
 transformers = pytest.importorskip("transformers")
@@ -61,3 +63,22 @@ def test_sites_and_maps_equal_hook_pattern(bridge):
 
 def test_gate(bridge, gate_check):
     gate_check(bridge, torch.randint(0, 50, (2, 7)))
+
+
+def test_the_monitor_records_the_max_logit_of_hook_attn_scores(bridge, tmp_path):
+    """The largest visible logit per head, as the bridge's own hook_attn_scores holds it (masked entries,
+    the dtype's minimum, do not win), and softmax of those scores is the pattern the entropy is read from."""
+    from diagnose.monitor import TrainingMonitor
+
+    ids = torch.randint(0, 50, (2, 7))  # [B, T]
+    with torch.no_grad():
+        _, cache = bridge.run_with_cache(ids)
+    with TrainingMonitor(bridge, tmp_path / "r", attention_every=1, echo=False) as mon:
+        bridge(ids).sum().backward()
+        record = mon.step(1.0)
+    bridge.zero_grad(set_to_none=True)
+    for i in range(2):
+        scores = cache[f"blocks.{i}.attn.hook_attn_scores"]  # [B, H, T, T]
+        assert_exact(torch.softmax(scores, -1), cache[f"blocks.{i}.attn.hook_pattern"])
+        want = scores.amax(dim=(0, 2, 3))  # [H]
+        assert record["attention"][f"blocks.{i}.attn"]["max_logit"] == approx(want.tolist())

@@ -12,6 +12,8 @@ from diagnose.zoo import ModelConfig, Transformer
 from ..nano import NanoGPT
 from ..tolerance import changed, size_of
 
+pytestmark = pytest.mark.numerics
+
 
 def _causal(model, **kw):
     return [f for f in check_model(model, checks=["causal"], **kw)]

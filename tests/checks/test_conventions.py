@@ -16,6 +16,8 @@ from diagnose import check_model
 from ..conventions import EXPLICIT, SCALES, SDPA, conv_lm
 from ..tolerance import approx
 
+pytestmark = pytest.mark.numerics
+
 ALL = ["causal", "padding", "scaling", "positions"]
 # bug -> the checks that must flag it (a 0 fill breaks the causal and the padding mask alike)
 FINDS = {"unscaled": ["scaling"], "no_causal": ["causal"], "off_by_one": ["causal"],

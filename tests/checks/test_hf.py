@@ -7,6 +7,8 @@ import pytest
 from diagnose import check_model
 from diagnose.checks._causal import declared_causal
 
+pytestmark = pytest.mark.numerics
+
 transformers = pytest.importorskip("transformers")
 
 SMALL = dict(vocab_size=100)

@@ -9,6 +9,8 @@ import torch
 
 from diagnose import check_model
 
+pytestmark = pytest.mark.numerics
+
 transformers = pytest.importorskip("transformers")
 
 

@@ -11,6 +11,8 @@ from diagnose.zoo import ModelConfig, Transformer
 from ..nano import NanoGPT, NanoNoMask
 from ..tolerance import assert_differ, size_of
 
+pytestmark = pytest.mark.numerics
+
 
 def _padding(model):
     return check_model(model, checks=["padding"])

@@ -11,6 +11,8 @@ from diagnose.zoo import ModelConfig, Transformer
 from ..nano import NanoGPT
 from ..tolerance import assert_close, size_of
 
+pytestmark = pytest.mark.numerics
+
 
 def _positions(model):
     return check_model(model, checks=["positions"])

@@ -16,6 +16,8 @@ from diagnose.zoo import ModelConfig, Transformer, padded_majority
 from ..hooks import hook_snapshot
 from ..nano import NanoGPT
 
+pytestmark = pytest.mark.numerics
+
 
 @pytest.mark.parametrize("cfg", [dict(kind="lm"), dict(kind="classifier"),
                                  dict(kind="lm", positions="rotary", norm="post"),

@@ -13,6 +13,8 @@ from diagnose.zoo import ModelConfig, Transformer
 from ..nano import NanoGPT
 from ..tolerance import approx
 
+pytestmark = pytest.mark.numerics
+
 
 def _scaling(model, data=None):
     return check_model(model, data, checks=["scaling"])

@@ -12,6 +12,8 @@ from diagnose.zoo import ModelConfig, TrainConfig, Transformer, make_optimizer
 from ..nano import NanoGPT
 from ..tolerance import F64, approx
 
+pytestmark = pytest.mark.numerics
+
 
 def _checks(result):
     return sorted(f.check for f in result if f.is_problem)

@@ -12,6 +12,8 @@ from diagnose import save_checkpoint
 from diagnose.cli.main import cli
 from diagnose.zoo import ModelConfig, Transformer, padded_majority
 
+pytestmark = pytest.mark.numerics
+
 
 def _run(*args):
     return CliRunner().invoke(cli, ["check", *map(str, args)])

@@ -18,6 +18,8 @@ from diagnose.cli.main import cli
 
 from .conftest import classifier_files
 
+pytestmark = pytest.mark.numerics
+
 _COUNTER = itertools.count()
 
 

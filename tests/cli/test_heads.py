@@ -17,6 +17,8 @@ from diagnose.zoo import ModelConfig, Transformer
 from .test_files import FACTORY_SRC  # the same tiny user model, written once
 from ..tolerance import loss_tol
 
+pytestmark = pytest.mark.numerics
+
 
 def _run(*args):
     return CliRunner().invoke(cli, ["heads", *map(str, args)])

@@ -20,6 +20,8 @@ from diagnose.zoo import ModelConfig, Transformer
 
 from ..tolerance import approx
 
+pytestmark = pytest.mark.numerics
+
 TITLE = "Toy: heads per layer <b>& co</b>"  # markup that must reach the page as text
 COLUMNS = (Field("layer", "layer", "d"), Field("n_heads", "heads", "d"),
            Field("sum_delta_loss", "Σ Δ loss", "+.4f", "nats"), Field("who", "most harmful", "s"))

@@ -29,6 +29,8 @@ from .hostile import (  # noqa: E402
     run_folder, special, special_in_run, tree,
 )
 
+pytestmark = pytest.mark.numerics
+
 
 # --- code that must not run --------------------------------------------------------------
 

@@ -131,7 +131,7 @@ def no_work(monkeypatch):
     def work(*args, **kwargs):
         raise AssertionError("work started before the output was refused")
 
-    for name in ("diagnose.io.load_model", "diagnose.monitor._runfolder.read_run", "diagnose.demo.run_demo"):
+    for name in ("diagnose.io.load_model", "diagnose.monitor.read_run", "diagnose.demo.run_demo"):
         monkeypatch.setattr(name, work)
 
 
@@ -311,8 +311,8 @@ INTERRUPTED = [
     ("heads", HEADS, "diagnose.io.load_model"),
     ("check", CHECK, "diagnose.io.load_model"),
     ("info", ("info", "lm.pt"), "diagnose.io.load_model"),
-    ("stats", ("stats", "run"), "diagnose.monitor._runfolder.read_run"),
-    ("stats --follow", ("stats", "run", "--follow"), "diagnose.monitor._follow.follow"),
+    ("stats", ("stats", "run"), "diagnose.monitor.read_run"),
+    ("stats --follow", ("stats", "run", "--follow"), "diagnose.monitor.follow"),
     ("report", ("report", "run"), "diagnose.reports.write_report"),
 ]
 

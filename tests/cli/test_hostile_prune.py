@@ -24,6 +24,8 @@ from diagnose.zoo import ModelConfig, Transformer
 from .hostile import tree
 from .hostile import assert_refused, invoke
 
+pytestmark = pytest.mark.numerics
+
 
 @pytest.fixture
 def files(tmp_path, monkeypatch):

@@ -24,6 +24,8 @@ from .hostile import tree
 from .hostile import assert_refused, invoke
 from .test_stats_extras import _train
 
+pytestmark = pytest.mark.numerics
+
 HUGE = "9" * 400  # JSON allows it; a float does not hold it
 
 

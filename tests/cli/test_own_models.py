@@ -22,6 +22,8 @@ from ..clients import mingpt, nanogpt, timm_vit, torchvision_vit, xtransformers
 from ..clients.files import pixel_values, save_images, save_state_dict
 from ..tolerance import approx
 
+pytestmark = pytest.mark.numerics
+
 CLIENTS = Path(__file__).resolve().parent.parent / "clients"
 SIZE = dict(depth=2, width=32)  # every client model: 2 layers, width 32
 _COUNTER = itertools.count()

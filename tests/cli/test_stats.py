@@ -19,6 +19,8 @@ from diagnose.monitor._runfolder import RunWriter
 from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import F64, approx
 
+pytestmark = pytest.mark.numerics
+
 
 def _train(run_dir, steps=6, nan_at=None, delay=0.0):
     torch.manual_seed(0)

@@ -20,6 +20,8 @@ from diagnose.monitor import TrainingMonitor, read_run
 from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import F64, approx
 
+pytestmark = pytest.mark.numerics
+
 
 def _train(run_dir, steps=6, nan_at=4, **kw):
     torch.manual_seed(0)

@@ -15,6 +15,8 @@ from ..tolerance import approx, assert_close, assert_differ, assert_exact
 from . import mingpt, nanogpt, timm_vit, torchvision_vit, xtransformers
 from .files import pixel_values, save_images, save_state_dict
 
+pytestmark = pytest.mark.numerics
+
 SIZE = dict(depth=2, width=32)  # every client model here: 2 layers, width 32
 
 

@@ -13,6 +13,8 @@ from diagnose.errors import DataError, InputFileError
 from diagnose.io import load_data_for
 from diagnose.io._data import check_labels, check_vocab
 
+pytestmark = pytest.mark.numerics
+
 
 def _example(N: int = 5, T: int = 6, token_labels: bool = False) -> dict[str, torch.Tensor]:
     ids = torch.randint(1, 14, (N, T))  # [N, T]

@@ -13,6 +13,8 @@ import pytest
 from diagnose.errors import ConfigError, InputFileError
 from diagnose.io import FolderKind, load_model, register_folder_kind, unregister_folder_kind
 
+pytestmark = pytest.mark.numerics
+
 transformers = pytest.importorskip("transformers")
 
 

@@ -15,6 +15,8 @@ from diagnose.errors import DataError
 from ..wordlevel import make_tokenizer
 from .conftest import VOCAB
 
+pytestmark = pytest.mark.numerics
+
 ROWS = [{"text": "the cat sat on the mat", "label": "pos"}, {"text": "a dog ran", "label": "neg"},
         {"text": "the big red dog", "label": "neutral"}, {"text": "a cat ran on a mat", "label": "pos"}] * 3
 

@@ -16,6 +16,8 @@ from diagnose.zoo import ModelConfig, Transformer
 
 from ..tolerance import EXACT, assert_close, size_of
 
+pytestmark = pytest.mark.numerics
+
 
 def _ids(vocab: int, B: int = 3, T: int = 7) -> torch.Tensor:
     return torch.randint(4, vocab, (B, T))  # [B, T]

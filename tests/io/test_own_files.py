@@ -15,6 +15,8 @@ from diagnose.io import ImageSet
 from diagnose.io._factory import factory_arguments, strip_wrapper_prefix
 from diagnose.notes import Note
 
+pytestmark = pytest.mark.numerics
+
 
 def test_compile_and_ddp_prefixes_are_stripped_only_when_the_rest_matches():
     expected = {"a.weight": 0, "b.bias": 0}

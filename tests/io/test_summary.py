@@ -10,6 +10,8 @@ from diagnose.errors import DataError
 from diagnose.io import DataSet, describe_data, describe_model, trial_forward
 from diagnose.zoo import ModelConfig, Transformer
 
+pytestmark = pytest.mark.numerics
+
 
 def _data(labels: torch.Tensor | None, T: int = 5) -> DataSet:
     ids = torch.tensor([[1, 2, 3, 4, 5], [5, 4, 3, 0, 0]])[:, :T]  # [N, T]

@@ -16,6 +16,8 @@ from diagnose.monitor import TrainingMonitor, read_run
 from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import F64, approx
 
+pytestmark = pytest.mark.numerics
+
 
 def _model():
     torch.manual_seed(0)

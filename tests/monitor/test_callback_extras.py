@@ -12,6 +12,8 @@ from diagnose.zoo import ModelConfig, Transformer
 
 from ..tolerance import approx
 
+pytestmark = pytest.mark.numerics
+
 
 def _hf(tmp_path, poison=False, accum=1, **cb):
     transformers = pytest.importorskip("transformers")

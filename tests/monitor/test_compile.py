@@ -27,6 +27,8 @@ from diagnose.monitor._signals import is_compiled, unwrap
 from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import approx
 
+pytestmark = pytest.mark.numerics
+
 CFG = ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=32)
 STEPS, ATTENTION_EVERY = 5, 2  # attention on steps 0, 2, 4
 BACKEND = "aot_eager"
@@ -461,8 +463,8 @@ def test_lightning_callback_with_compiled_hf_gpt2_equals_eager(tmp_path):
 
 
 class _TorchEncoder(torch.nn.Module):
-    """PyTorch's own nn.TransformerEncoder over embeddings: its adapter reads the weights nn.MultiheadAttention
-    returns, which no traced hook rebuilds, so under compile attention is not sampled."""
+    """PyTorch's own nn.TransformerEncoder over embeddings: its adapter rebuilds the probabilities in a
+    forward hook on each nn.MultiheadAttention from the module's own weights, which dynamo traces."""
 
     def __init__(self):
         super().__init__()
@@ -476,29 +478,30 @@ class _TorchEncoder(torch.nn.Module):
         return self.head(self.encoder(self.emb(ids)))  # [B, T, V]
 
 
-# torch 2.4 (measured): the block statistics of a compiled nn.TransformerEncoder come out of the graph as
-# bare FunctionalTensors ("Attempting to use FunctionalTensor on its own"), a dynamo bug fixed by 2.13
-@pytest.mark.skipif(not TRACED_HOOKS, reason="torch < 2.13: dynamo leaks FunctionalTensors from nn.TransformerEncoder")
-def test_a_family_without_traced_hooks_warns_once_and_keeps_the_rest(tmp_path):
+def _torch_encoder_run(run_dir, compiled: bool) -> list[dict]:
     torch.manual_seed(0)
     model = _TorchEncoder()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    net = torch.compile(model, backend=BACKEND)
-    with pytest.warns(RuntimeWarning, match="not sampled under torch.compile for torch-mha") as caught:
-        monitor = TrainingMonitor(net, tmp_path, attention_every=ATTENTION_EVERY, echo=False)
-        gen = torch.Generator().manual_seed(1)
-        with monitor:
-            for _ in range(STEPS):
-                ids = torch.randint(0, CFG.vocab_size, (4, CFG.max_len), generator=gen)  # [B, T]
-                loss = F.cross_entropy(net(ids).reshape(-1, CFG.vocab_size), ids.reshape(-1))
-                loss.backward()
-                monitor.step(loss, optimizer=opt)
-                opt.step()
-                opt.zero_grad()
-    assert sum("not sampled under torch.compile" in str(w.message) for w in caught) == 1
-    records = _records(tmp_path)
-    assert len(records) == STEPS and not any("attention" in r for r in records)
-    assert all(len(r["layers"]) == CFG.n_layers and r["grad_norm"] > 0 for r in records)
+    net = torch.compile(model, backend=BACKEND) if compiled else model
+    gen = torch.Generator().manual_seed(1)
+    with TrainingMonitor(net, run_dir, attention_every=ATTENTION_EVERY, echo=False) as monitor:
+        for _ in range(STEPS):
+            ids = torch.randint(0, CFG.vocab_size, (4, CFG.max_len), generator=gen)  # [B, T]
+            loss = F.cross_entropy(net(ids).reshape(-1, CFG.vocab_size), ids.reshape(-1))
+            loss.backward()
+            monitor.step(loss, optimizer=opt)
+            opt.step()
+            opt.zero_grad()
+    return _records(run_dir)
+
+
+# torch 2.4 (measured): the block statistics of a compiled nn.TransformerEncoder come out of the graph as
+# bare FunctionalTensors ("Attempting to use FunctionalTensor on its own"), a dynamo bug fixed by 2.13
+@needs_traced_hooks
+def test_compiled_torch_mha_samples_attention_as_eager(tmp_path):
+    eager = _torch_encoder_run(tmp_path / "eager", False)
+    got, graphs, breaks = _counted(lambda: _torch_encoder_run(tmp_path / "compiled", True))
+    _assert_same_run(got, eager, graphs, breaks, ["encoder.layers.0", "encoder.layers.1"])
 
 
 @pytest.mark.parametrize("torch_traces_the_hooks", [True, False])

@@ -19,6 +19,8 @@ from diagnose.monitor import (Measurement, TrainingMonitor, read_run, record_fie
                               unregister_measurement)
 from ..tolerance import approx
 
+pytestmark = pytest.mark.numerics
+
 STEPS, EVERY = 4, 2  # attention (and the toy per-head signal) sampled on steps 0 and 2
 VOCAB, T = 11, 8
 HEAD = record_field("toy_q_norm", "toy query norm", ".5g", "w", per="head", plot=True)

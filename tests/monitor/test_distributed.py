@@ -18,6 +18,8 @@ from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import approx, magnitude
 from ..versions import torch_before
 
+pytestmark = pytest.mark.numerics
+
 CFG = dict(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=11)
 STEPS = 3
 

@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.numerics
+
 WORKER = textwrap.dedent("""
     import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
     from diagnose.monitor._signals import at_end_of_backward

@@ -18,6 +18,8 @@ import torch
 from diagnose.monitor import TrainingMonitor, read_run
 from diagnose.zoo import ModelConfig, TrainConfig, Transformer, induction, train
 
+pytestmark = pytest.mark.numerics
+
 BASE = dict(n_layers=2, n_heads=4, d_model=64, max_len=32)
 
 

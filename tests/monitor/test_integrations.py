@@ -10,6 +10,8 @@ from diagnose.monitor import read_run
 from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import approx
 
+pytestmark = pytest.mark.numerics
+
 
 def _no_hooks(model) -> bool:
     return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())

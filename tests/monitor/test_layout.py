@@ -14,6 +14,8 @@ from diagnose.monitor._probes import ATTENTION, GRAD_NORMS, LOSS, ActivationProb
 
 from ..tolerance import F64, approx
 
+pytestmark = pytest.mark.numerics
+
 EXTENDED = ("skew", *STAT_NAMES[:2], "kurtosis", *STAT_NAMES[2:])  # a new statistic, in front and inside
 
 

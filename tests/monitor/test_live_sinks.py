@@ -17,6 +17,8 @@ from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import approx
 from ..versions import required
 
+pytestmark = pytest.mark.numerics
+
 CFG = ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=11)
 NAN_STEP = 3  # the loss given at this step is NaN: a `nonfinite` alert
 # in the `test` extra, so CI has them on every row: missing, these tests fail there and skip elsewhere

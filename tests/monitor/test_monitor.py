@@ -16,6 +16,8 @@ from diagnose.zoo import ModelConfig, Transformer
 
 from ..tolerance import approx, output_scale, size_of
 
+pytestmark = pytest.mark.numerics
+
 
 def _model(**kw):
     torch.manual_seed(0)

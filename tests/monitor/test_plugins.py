@@ -19,6 +19,8 @@ from diagnose.monitor import (Detector, Measurement, Sink, Thresholds, TrainingM
 from diagnose.monitor._layout import StepLayout
 from diagnose.zoo import ModelConfig, Transformer
 
+pytestmark = pytest.mark.numerics
+
 
 def _model():
     torch.manual_seed(0)

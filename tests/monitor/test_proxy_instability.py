@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.numerics
+
 _spec = importlib.util.spec_from_file_location("_proxy", Path(__file__).parents[2] / "bench" / "_proxy.py")
 proxy = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(proxy)

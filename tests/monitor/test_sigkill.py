@@ -17,6 +17,8 @@ from click.testing import CliRunner
 from diagnose.cli.main import cli
 from diagnose.monitor import read_run
 
+pytestmark = pytest.mark.numerics
+
 TRAIN = textwrap.dedent("""
     import sys, torch
     torch.set_num_threads(1)

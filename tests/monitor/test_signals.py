@@ -10,12 +10,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diagnose.monitor import TrainingMonitor
+from diagnose.adapters import register_adapter, unregister_adapter
+from diagnose.adapters._hooks import hooks
+from diagnose.adapters._reference import ReferenceAdapter
+from diagnose.monitor import TrainingMonitor, read_run
+from diagnose.monitor import lacking_signals
 from diagnose.monitor._alerts import AlertEngine, Thresholds
 from diagnose.zoo import ModelConfig, Transformer
 from ..nano import NanoGPT
 from ..tolerance import approx
 from .test_alerts import feed, rec
+
+pytestmark = pytest.mark.numerics
 
 
 def _model(scale: str = "sdpa_causal") -> NanoGPT:
@@ -50,14 +56,55 @@ def test_max_attention_logit_is_the_largest_visible_scaled_dot_product(tmp_path,
         assert g == approx(w, depth=2, width=16)
 
 
-def test_an_adapter_that_hands_over_probabilities_only_has_no_max_logit_and_still_its_entropy(tmp_path):
+def test_the_reference_model_records_its_max_logit_from_its_scores_hook(tmp_path):
+    """The zoo's Transformer (the demo's) hands its masked scores over from `attn.scores`: the max logit
+    is the largest visible q.k / sqrt(d) of each head, computed here from the qkv projection by hand."""
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=20))  # its pattern hook
-    with TrainingMonitor(model, tmp_path / "r", attention_every=1, echo=False) as mon:
-        model(_ids()).sum().backward()
-        record = mon.step(1.0)
+    model, ids = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=20)), _ids()
+    inputs = []
+    handles = [b.attn.register_forward_pre_hook(lambda m, a: inputs.append(a[0].detach())) for b in model.blocks]
+    try:
+        with TrainingMonitor(model, tmp_path / "r", attention_every=1, echo=False) as mon:
+            model(ids).sum().backward()
+            record = mon.step(1.0)
+    finally:
+        for h in handles:
+            h.remove()
+    for block, x, site in zip(model.blocks, inputs, mon.site_names):
+        with torch.no_grad():
+            q, k, _ = block.attn.qkv(x).split(16, dim=2)  # [B, T, C] each
+        q, k = q.view(3, 8, 2, 8).double(), k.view(3, 8, 2, 8).double()  # [B, T, H, D]
+        want = [max(float(q[b, i, hd] @ k[b, j, hd]) / math.sqrt(8) for b in range(3) for i in range(8)
+                    for j in range(i + 1)) for hd in range(2)]
+        assert record["attention"][site]["max_logit"] == approx(want, depth=2, width=16)
+        assert "entropy" in record["attention"][site]
+
+
+class _ProbabilitiesOnly(ReferenceAdapter):
+    """A user's adapter that hooks the probabilities alone (as TransformerLens's hook_pattern does)."""
+
+    family = "probabilities-only"
+
+    def watch_pattern(self, site, callback):
+        return hooks(lambda: site.module.pattern.register_forward_hook(lambda m, a, p: callback(p.detach())))
+
+
+def test_an_adapter_that_hands_over_probabilities_only_has_no_max_logit_and_stats_says_why(tmp_path):
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=20))
+    adapter = register_adapter(_ProbabilitiesOnly())
+    try:
+        with TrainingMonitor(model, tmp_path / "r", attention_every=1, echo=False) as mon:
+            model(_ids()).sum().backward()
+            record = mon.step(1.0)
+    finally:
+        unregister_adapter(adapter)
     for st in record["attention"].values():
         assert "entropy" in st and "max_logit" not in st
+    lacking = {x["measurement"]: x for x in lacking_signals(read_run(tmp_path / "r"))}
+    assert lacking["attention_logit"]["keys"] == ["attention.*.max_logit"]
+    assert "probabilities only" in lacking["attention_logit"]["reason"]
+    assert "optimizer" in lacking and "logit_z" not in lacking  # step() had no optimizer; the output is [B, T, V]
 
 
 def test_log_partition_statistics_match_a_float64_logsumexp(tmp_path):

@@ -13,6 +13,8 @@ from diagnose.monitor import read_run
 from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import tol
 
+pytestmark = pytest.mark.numerics
+
 
 def _close(a, b) -> bool:
     """The same step's number computed by the trainer and by the monitor: float32 sums over the

@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 import torch
 from click.testing import CliRunner
 
@@ -17,6 +18,8 @@ from diagnose.zoo import ModelConfig, Transformer
 
 from .helpers import assert_close, digest, outputs
 from .nano_heads import NanoHeads, build
+
+pytestmark = pytest.mark.numerics
 
 FACTORY = f"{Path(__file__).with_name('nano_heads.py')}:build"
 

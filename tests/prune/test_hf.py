@@ -13,9 +13,12 @@ import torch
 
 import diagnose
 from diagnose.sites import find_heads
+from diagnose.zoo.families import build
 
 from ..tolerance import assert_close as assert_close_t, assert_exact, output_scale, tol
 from .helpers import assert_close, outputs, size, zeroed
+
+pytestmark = pytest.mark.numerics
 
 transformers = pytest.importorskip("transformers")
 V = 40
@@ -25,28 +28,21 @@ def _ids(n=16, t=8):
     return torch.randint(1, V, (n, t), generator=torch.Generator().manual_seed(1))
 
 
-def _hf(cls, cfg, impl="sdpa"):
-    torch.manual_seed(0)
-    cfg._attn_implementation = impl
-    cfg.initializer_range = 0.2
-    return getattr(transformers, cls)(cfg).eval()
+def _hf(name, impl="sdpa", auto=None, **overrides):
+    """The family table's tiny model (diagnose/zoo/families.py), at this file's sizes."""
+    return build(name, impl, auto=auto, vocab_size=V, max_position_embeddings=16, initializer_range=0.2, **overrides)
 
 
 def gpt2():
-    return _hf("GPT2LMHeadModel", transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=V,
-                                                          n_positions=16, bos_token_id=0, eos_token_id=0))
+    return _hf("GPT-2", bos_token_id=0, eos_token_id=0)
 
 
 def bert():
-    return _hf("BertForSequenceClassification", transformers.BertConfig(
-        num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64, vocab_size=V,
-        max_position_embeddings=16, num_labels=3))
+    return _hf("BERT", auto="BertForSequenceClassification", num_labels=3)
 
 
 def llama(impl="sdpa"):
-    return _hf("LlamaForCausalLM", transformers.LlamaConfig(
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32, intermediate_size=64,
-        vocab_size=V, max_position_embeddings=16), impl)
+    return _hf("Llama", impl)
 
 
 def _data(model, classify):

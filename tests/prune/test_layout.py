@@ -19,6 +19,8 @@ from diagnose.sites import find_heads
 
 from .helpers import assert_close, outputs, zeroed
 
+pytestmark = pytest.mark.numerics
+
 
 @pytest.mark.parametrize("kind, rows", [
     ("separate", [2, 3]),  # head 1 of 2, D = 2: features 2..3

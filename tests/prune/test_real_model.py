@@ -21,7 +21,7 @@ from diagnose.zoo.pretrained import build_classifier, minilm_path, sentences
 from ..tolerance import F64, output_scale, tol
 from .helpers import digest, outputs, size, zeroed
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.numerics, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import F64, approx, assert_exact, loss_tol, tol
 from .helpers import assert_close, evaluate, outputs, size, state_hash, zeroed
 
+pytestmark = pytest.mark.numerics
+
 
 def _model_and_data(kind="classifier"):
     torch.manual_seed(0)
@@ -80,3 +82,20 @@ def test_every_point_of_the_curve_is_measured_with_the_earlier_removals_in_place
         acc, loss = evaluate(zeroed(model, sites, removed[:k]), batches, "classification")
         assert point.accuracy == approx(acc, scale=1.0, dtype=F64)  # exact counts over float64
         assert point.loss == pytest.approx(loss, abs=loss_tol(loss, **size(sites)))
+
+
+def test_a_config_and_keywords_are_the_same_call():
+    """prune_heads reads task, method and batch_size from ablate_heads' AblationConfig or its keywords."""
+    from diagnose.ablation import AblationConfig
+    from diagnose.errors import ConfigError, UsageError
+
+    model, data = _model_and_data()
+    by_keywords = diagnose.prune_heads(model, data, max_drop=10.0, task="classification", method="mean", batch_size=8)
+    by_config = diagnose.prune_heads(model, data, max_drop=10.0,
+                                     config=AblationConfig(task="classification", method="mean", batch_size=8))
+    assert by_config.method == by_keywords.method == "mean" and by_config.removed == by_keywords.removed
+    assert by_config.to_json()["curve"] == by_keywords.to_json()["curve"]
+    with pytest.raises(ConfigError, match="cannot be folded"):
+        diagnose.prune_heads(model, data, config=AblationConfig(method="resample"))
+    with pytest.raises(UsageError, match="prune_heads.. got an unexpected keyword argument 'fast'"):
+        diagnose.prune_heads(model, data, fast=True)

@@ -14,6 +14,8 @@ import pytest
 import report_fixtures as rf
 from ..versions import missing
 
+pytestmark = pytest.mark.numerics
+
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]

@@ -1,9 +1,12 @@
 """Decimation keeps what a reader looks for (extremes, spikes, NaN stretches) within its budget."""
 
+import pytest
 import numpy as np
 
 from diagnose.reports._decimate import bin_mean, minmax
 from ..tolerance import F64, approx
+
+pytestmark = pytest.mark.numerics
 
 
 def test_short_series_untouched():

@@ -13,6 +13,8 @@ from diagnose.reports._sources import load_sources
 from diagnose.reports._view import build_report
 from ..tolerance import approx, magnitude, tol
 
+pytestmark = pytest.mark.numerics
+
 
 def test_report_from_objects_matches_the_results(real, real_report):
     d, result, findings = real

@@ -21,6 +21,8 @@ from diagnose.reports._view import build_report
 from diagnose.reports._view_training import column_edges, loss_summary, training_view
 from ..tolerance import approx
 
+pytestmark = pytest.mark.numerics
+
 
 @pytest.fixture
 def quick_plots(monkeypatch):

@@ -15,6 +15,8 @@ from diagnose.reports.view_heads import MAX_TOKENS, MIN_TOKENS, heads_view
 from diagnose.reports._view_training import group_alerts, training_view
 from ..tolerance import F64, approx
 
+pytestmark = pytest.mark.numerics
+
 # A map value p is sent as the byte round(255 sqrt(p)): sqrt(p) is off by at most half a step d = 0.5/255,
 # so p by at most 2 d sqrt(p) + d^2 <= 2 d + d^2 (a bound from the quantisation, not a float tolerance).
 BYTE_SQUARED = 2 * (0.5 / 255) + (0.5 / 255) ** 2

@@ -11,6 +11,8 @@ from diagnose.errors import ConfigError
 from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import assert_close, assert_differ, changed, size_of
 
+pytestmark = pytest.mark.numerics
+
 
 def _scores_std(cfg: ModelConfig, x: torch.Tensor) -> float:
     """Std of pre-softmax scores of layer 0, computed from the model's own q and k."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from diagnose.zoo import ModelConfig, TrainConfig, Transformer, induction, order, padded_majority, train
 from diagnose.zoo.train import lr_factor
 from ..tolerance import F64, approx
+
+pytestmark = pytest.mark.numerics
 
 
 def test_tasks_are_deterministic_from_seed():

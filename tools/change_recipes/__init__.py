@@ -28,7 +28,7 @@ class Recipe:
 
     name: str  # a short id for --only
     change: str  # the row's words in the change-cost table
-    point: str  # the plug-in point it exercises (a row of docs/development.md's plug-in table)
+    points: tuple[str, ...]  # the plug-in points it exercises (rows of docs/development.md's plug-in tables)
     edits: tuple[Edit, ...]
     test: str  # the path of its new test
     guards: tuple[str, ...] = ()
@@ -72,6 +72,22 @@ def insert(path: str, text: str, *, after: str | None = None, before: str | None
                 raise RecipeRot(f"{path}: no line holds {anchor!r}")
             at = found[0] + (1 if after is not None else 0)
         lines.insert(at, add)
+        (root / path).write_text("".join(lines))
+    return edit
+
+
+def append_entry(path: str, opener: str, text: str) -> Edit:
+    """`text` (an entry, indented as the others) as the last item of the built-in tuple or list that opens on
+    the line starting with `opener` (`_BUILTINS = (`) and closes on the first line after it that is `)` or `]`."""
+    def edit(root: Path) -> None:
+        lines = _read(root, path).splitlines(keepends=True)
+        starts = [i for i, line in enumerate(lines) if line.startswith(opener)]
+        if not starts:
+            raise RecipeRot(f"{path}: no line starts with {opener!r}")
+        ends = [i for i in range(starts[0] + 1, len(lines)) if lines[i].rstrip() in (")", "]")]
+        if not ends:
+            raise RecipeRot(f"{path}: {opener!r} never closes on a line of its own")
+        lines.insert(ends[0], text.strip("\n") + "\n")
         (root / path).write_text("".join(lines))
     return edit
 

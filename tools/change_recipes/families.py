@@ -16,7 +16,7 @@ BUILTIN_LIST = "    return [ReferenceAdapter(), "
 
 def registered(module: str, name: str) -> tuple:
     """Its import in builtin_adapters() and its place, first, in the list tried."""
-    return (insert(REGISTRY, f"    from .{module} import {name}", after="def builtin_adapters()"),
+    return (insert(REGISTRY, f"    from .{module} import {name}", after="    from ._hf_bert import BertAdapter"),
             replace(REGISTRY, BUILTIN_LIST, f"    return [{name}(), ReferenceAdapter(), "))
 
 
@@ -141,7 +141,7 @@ def test_its_direct_effects_are_measured_by_declaration_and_equal_the_hand_compu
 '''
 
 POST_NORM = Recipe(
-    "post-norm", "a post-norm family with a new norm, with direct effects", "norm form",
+    "post-norm", "a post-norm family with a new norm, with direct effects", ("norm form", "model-family adapter"),
     (new("diagnose/adapters/_scaled_rms.py", POST_NORM_ADAPTER), *registered("_scaled_rms", "ScaledRMSAdapter"),
      new("tests/ablation/test_scaled_rms.py", POST_NORM_TEST),
      insert("docs/families.md", "The scaled-rms family (`diagnose/adapters/_scaled_rms.py`): post-norm blocks with "
@@ -241,7 +241,7 @@ def test_it_is_found_and_cut_from_its_declared_layout():
 '''
 
 LAYOUT = Recipe(
-    "layout", "a family with interleaved fused qkv, for prune", "projection layout",
+    "layout", "a family with interleaved fused qkv, for prune", ("projection layout", "model-family adapter"),
     (new("diagnose/adapters/_interleaved_qkv.py", LAYOUT_ADAPTER), *registered("_interleaved_qkv",
                                                                               "InterleavedQKVAdapter"),
      new("tests/prune/test_interleaved_qkv.py", LAYOUT_TEST),

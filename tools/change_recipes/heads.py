@@ -3,11 +3,10 @@ analysis section, each a built-in entry in the file where its kind's built-ins l
 
 from __future__ import annotations
 
-from . import Recipe, insert, new, replace
+from . import Recipe, append_entry, insert, new, replace
 
 STATS = "diagnose/statistics.py"
 REGISTRY_TEST = "tests/test_attention_stats_registry.py"
-END_OF_BUILTINS = "):\n    register(_stat)"
 
 # ---- a per-head attention statistic -------------------------------------------------------------------
 
@@ -68,10 +67,10 @@ def test_it_reaches_the_json_the_cli_and_the_report(tmp_path, monkeypatch):
 
 STATISTIC = Recipe(
     "statistic", "a new per-head attention statistic, in the JSON and the report's tables and plots",
-    "per-head attention statistic",
-    (replace(STATS, END_OF_BUILTINS,
-             '    Statistic("second_token", "mass on second token", "2nd token", lambda c: c.at(c.q_pos * 0 + 1),\n'
-             '              show=frozenset({"table", "grid", "scatter"})),\n' + END_OF_BUILTINS),
+    ("per-head attention statistic",),
+    (append_entry(STATS, "_BUILTINS = (",
+                  '    Statistic("second_token", "mass on second token", "2nd token", lambda c: c.at(c.q_pos * 0 + 1),\n'
+                  '              show=frozenset({"table", "grid", "scatter"})),'),
      new("tests/test_second_token.py", STATISTIC_TEST),
      insert("docs/heads.md", "The built-in `second_token` statistic is the mass on the second position (a second "
             "sink some models keep).\n"),
@@ -148,10 +147,10 @@ def test_the_three_back_role_names_heads_in_the_engine_the_cli_and_the_report():
 
 ROLE = Recipe(
     "role", "a role-like statistic, named as a role by roles.py, contrast, the CLI and the report",
-    "per-head attention statistic",
-    (replace(STATS, END_OF_BUILTINS,
-             '    Statistic("three_back", "mass three tokens back", "three back", lambda c: c.at(c.q_pos - 3),\n'
-             '              role=Role("three back", "3", "three tokens back")),\n' + END_OF_BUILTINS),
+    ("per-head attention statistic",),
+    (append_entry(STATS, "_BUILTINS = (",
+                  '    Statistic("three_back", "mass three tokens back", "three back", lambda c: c.at(c.q_pos - 3),\n'
+                  '              role=Role("three back", "3", "three tokens back")),'),
      new("tests/ablation/test_three_back.py", ROLE_TEST),
      insert("docs/heads.md", "The `three back` role: most of a head's weight three tokens back "
             "(statistic `three_back`).\n"),
@@ -209,9 +208,10 @@ def test_it_equals_halving_the_head_output_by_hand(model, data):
 '''
 
 METHOD = Recipe(
-    "method", "a new ablation method such as resample", "ablation method",
-    (insert("diagnose/ablation/methods.py", 'register_method(AblationMethod("halve", "head output scaled by one '
-            'half", lambda state, site, head_out, rows, draw: head_out * 0.5))', before="def method_help"),
+    "method", "a new ablation method such as resample", ("ablation method",),
+    (append_entry("diagnose/ablation/methods.py", "_BUILTINS = (",
+                  '    AblationMethod("halve", "head output scaled by one half", '
+                  'lambda state, site, head_out, rows, draw: head_out * 0.5),'),
      new("tests/ablation/test_halve.py", METHOD_TEST),
      insert("docs/heads.md", "`--method halve`: each closed head's output scaled by one half (a partial ablation).\n")),
     "tests/ablation/test_halve.py", guards=("tests/ablation/test_methods.py",),
@@ -297,7 +297,7 @@ def test_the_section_reaches_the_json_the_cli_and_the_report(tmp_path, monkeypat
 '''
 
 SECTION = Recipe(
-    "section", "a new analysis section in the CLI, the JSON and the report", "analysis step",
+    "section", "a new analysis section in the CLI, the JSON and the report", ("analysis step",),
     (new("diagnose/ablation/layer_totals.py", SECTION_STEP),
      replace("diagnose/ablation/analyses.py", "BUILTINS: tuple[str, ...] = (",
              'BUILTINS: tuple[str, ...] = ("diagnose.ablation.layer_totals", '),

@@ -95,7 +95,7 @@ from typing import Any
 
 import torch
 
-from ..adapters._probs import query_chunks
+from ..adapters import query_chunks
 from ._measure import Measurement, StepInputs, record_field
 from ._probes import _Quiet
 
@@ -178,7 +178,7 @@ def test_it_reaches_every_reader(run, tmp_path):
 '''
 
 HEAD = Recipe(
-    "monitor-head", "a per-head monitor signal (a new Measurement per head)", "monitor measurement",
+    "monitor-head", "a per-head monitor signal (a new Measurement per head)", ("monitor measurement",),
     (new("diagnose/monitor/_probes_sink.py", HEAD_PROBE), *builtin("SINK_WEIGHT", "_probes_sink"),
      new("tests/monitor/test_sink_weight.py", HEAD_TEST),
      insert("docs/monitor.md", "`sink_weight` (per head, on sampled steps): each head's mean weight on the first "
@@ -236,7 +236,7 @@ def test_it_reaches_every_reader(run, tmp_path):
 '''
 
 SCALAR = Recipe(
-    "monitor-scalar", "a model-level monitor scalar", "monitor measurement",
+    "monitor-scalar", "a model-level monitor scalar", ("monitor measurement",),
     (new("diagnose/monitor/_probes_norm.py", SCALAR_PROBE), *builtin("PARAM_NORM", "_probes_norm"),
      new("tests/monitor/test_param_norm.py", SCALAR_TEST),
      insert("docs/monitor.md", "`param_norm` (per logged step): the L2 norm of all the model's parameters.\n",
@@ -294,7 +294,7 @@ def test_it_reaches_every_reader(run, tmp_path):
 '''
 
 LAYER = Recipe(
-    "monitor-layer", "a per-layer monitor field", "monitor measurement",
+    "monitor-layer", "a per-layer monitor field", ("monitor measurement",),
     (new("diagnose/monitor/_probes_blocks.py", LAYER_PROBE), *builtin("BLOCK_NORM", "_probes_blocks"),
      new("tests/monitor/test_block_norm.py", LAYER_TEST),
      insert("docs/monitor.md", "`layers/<block>/block_norm` (per logged step): each block's parameter norm.\n",

@@ -108,7 +108,7 @@ def test_it_is_quiet_at_its_default(tmp_path):
 '''
 
 ALERT = Recipe(
-    "monitor-alert", "a new monitor alert on a new measurement", "alert detector",
+    "monitor-alert", "a new monitor alert on a new measurement", ("alert detector", "monitor measurement"),
     (new("diagnose/monitor/_probes_maxweight.py", ALERT_PROBE), *builtin("MAX_ABS_WEIGHT", "_probes_maxweight"),
      new("diagnose/monitor/_detect_weights.py", ALERT_DETECTOR),
      insert(BUILTINS, "from ._detect_weights import HugeWeight", before="BUILTIN_MEASUREMENTS = ("),
@@ -184,7 +184,7 @@ def test_it_writes_the_scalars_a_live_sink_gets(tmp_path):
 '''
 
 SINK_RECIPE = Recipe(
-    "sink", "a live sink (a tracker of its own)", "output sink",
+    "sink", "a live sink (a tracker of its own)", ("output sink",),
     (new("diagnose/monitor/_live_jsonl.py", SINK),
      insert("diagnose/monitor/__init__.py", "from ._live_jsonl import JSONLinesSink", after="from ._live import"),
      replace("diagnose/monitor/__init__.py", '"CallableSink", ', '"CallableSink", "JSONLinesSink", '),

@@ -1,0 +1,86 @@
+"""MonitorConfig: every setting of a TrainingMonitor, in one frozen dataclass, checked once when built.
+
+The one place that lists them: `TrainingMonitor(model, run_dir, **keywords)` maps its keywords onto
+these fields, `TrainingMonitor(model, run_dir, config=MonitorConfig(...))` passes one whole, and the
+Lightning and Hugging Face callbacks take the same config (or the same keywords) and add what their
+trainer knows (the clip norm, the integration's settings, its trackers' sinks) through `with_trainer`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Iterable, Mapping
+
+from ..errors import ConfigError, UsageError
+from ._alerts import Thresholds
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    """How a TrainingMonitor measures and alerts (ConfigError at construction for a bad value).
+
+    every: log one step in `every` (hooks return at once on the others).
+    attention_every: sample attention statistics on steps divisible by it (0: never).
+    clip: the max norm the loop clips gradients to, to record the clip coefficient.
+    thresholds: alert thresholds (None: Thresholds()); echo: print alerts to stderr as they fire.
+    settings: extra entries for run.json's "settings" (e.g. how the integration reads norms).
+    raise_on: alert kinds (e.g. ("nonfinite",)) on which step() raises TrainingAlertError after
+        writing the step; on_alert: a function called with each alert dict as it fires.
+    save_spikes: when a grad_spike, loss_spike or nonfinite alert fires, save the batch given to
+        step(batch=..., per_example_loss=...) to spikes/ in the run folder, at most spike_bytes
+        of tensors per step and spike_limit steps per run.
+    sinks: more places each record, alert and evaluation goes (diagnose.monitor.Sink objects, e.g. a
+        live tracker, or a plain function f(scalars, step)), after the run folder.
+    """
+
+    every: int = 1
+    attention_every: int = 50
+    thresholds: Thresholds | None = None
+    clip: float | None = None
+    echo: bool = True
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    raise_on: Iterable[str] = ()
+    on_alert: Callable[[dict[str, Any]], Any] | None = None
+    save_spikes: bool = False
+    spike_bytes: int = 16 << 20
+    spike_limit: int = 20
+    sinks: Iterable[Any] | None = ()
+
+    def __post_init__(self) -> None:
+        from ._sinks import check_sinks
+
+        if self.every < 1:
+            raise ConfigError(f"every must be >= 1, got {self.every}")
+        if self.attention_every < 0:
+            raise ConfigError(f"attention_every must be 0 (never) or more, got {self.attention_every}")
+        if self.spike_bytes < 0 or self.spike_limit < 0:
+            raise ConfigError("spike_bytes and spike_limit must be >= 0")
+        if self.thresholds is not None and not isinstance(self.thresholds, Thresholds):
+            raise UsageError(f"thresholds must be a diagnose.monitor.Thresholds, got {type(self.thresholds).__name__}")
+        raise_on = (self.raise_on,) if isinstance(self.raise_on, str) else self.raise_on
+        object.__setattr__(self, "raise_on", frozenset(raise_on))
+        object.__setattr__(self, "settings", dict(self.settings or {}))
+        object.__setattr__(self, "sinks", tuple(check_sinks(self.sinks)))
+        object.__setattr__(self, "spike_bytes", int(self.spike_bytes))
+        object.__setattr__(self, "spike_limit", int(self.spike_limit))
+
+    @classmethod
+    def of(cls, config: "MonitorConfig | None", keywords: dict[str, Any], *,
+           caller: str = "TrainingMonitor") -> "MonitorConfig":
+        """`config` (default: the defaults) with `keywords` laid over it; UsageError for a keyword that is
+        no setting, as Python raises for an unknown argument."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(keywords) - names)
+        if unknown:
+            raise UsageError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}; the settings are "
+                             f"{', '.join(sorted(names))}")
+        if config is not None and not isinstance(config, cls):
+            raise UsageError(f"config must be a MonitorConfig, got a {type(config).__name__}")
+        return replace(config, **keywords) if config is not None else cls(**keywords)
+
+    def with_trainer(self, *, clip: float | None, settings: Mapping[str, Any],
+                     sinks: Iterable[Any] = ()) -> "MonitorConfig":
+        """This config inside a trainer's loop: its clip norm unless the config sets one, its integration's
+        settings beside the config's, and its trackers' sinks after the config's."""
+        return replace(self, clip=self.clip if self.clip is not None else clip,
+                       settings={**self.settings, **settings}, sinks=(*self.sinks, *sinks))
