@@ -77,6 +77,8 @@ from ..tolerance import loss_tol, size_of
 from .helpers import with_head_weights_zeroed
 from .test_direct_traced import losses
 
+pytestmark = pytest.mark.numerics  # ablates, floats compared: every kernel path
+
 D = 16
 
 
@@ -183,6 +185,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -190,6 +193,8 @@ import diagnose
 from diagnose.sites import find_heads
 
 from .helpers import assert_close, outputs, zeroed
+
+pytestmark = pytest.mark.numerics  # prunes, floats compared: every kernel path
 
 
 class InterleavedAttention(nn.Module):

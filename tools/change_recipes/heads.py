@@ -20,6 +20,7 @@ import json
 import math
 import re
 
+import pytest
 import torch
 from click.testing import CliRunner
 
@@ -32,6 +33,8 @@ from diagnose.statistics import STATISTICS
 from diagnose.zoo import ModelConfig, Transformer
 
 from .tolerance import approx
+
+pytestmark = pytest.mark.numerics  # floats compared: every kernel path
 
 T = 5
 
@@ -178,6 +181,8 @@ from .helpers import evaluate, loss_tol
 from .test_engine import D, H, N  # noqa: F401  (the reference model's sizes)
 from ..tolerance import F64, approx, size_of
 
+pytestmark = pytest.mark.numerics  # ablates, floats compared: every kernel path
+
 
 def test_it_is_offered_by_heads_not_by_prune():
     assert "halve" in METHODS and "halve" not in FOLDABLE
@@ -253,6 +258,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from click.testing import CliRunner
 
@@ -262,6 +268,8 @@ from diagnose.schema import Section
 from diagnose.zoo import ModelConfig, Transformer
 
 from ..tolerance import approx
+
+pytestmark = pytest.mark.numerics  # ablates, floats compared: every kernel path
 
 
 def _saved(tmp_path, monkeypatch):

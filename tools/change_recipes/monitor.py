@@ -36,6 +36,8 @@ from diagnose.zoo import ModelConfig, Transformer
 
 from ..tolerance import approx
 
+pytestmark = pytest.mark.numerics  # trains, floats compared: every kernel path
+
 STEPS, EVERY, VOCAB, T = 4, 2, 11, 8
 
 

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
@@ -72,6 +73,8 @@ from diagnose.monitor import Thresholds, TrainingMonitor, read_run
 from diagnose.zoo import ModelConfig, Transformer
 
 from ..tolerance import approx
+
+pytestmark = pytest.mark.numerics  # trains, floats compared: every kernel path
 
 
 def _train(run_dir, **kw):
@@ -157,11 +160,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from diagnose.monitor import JSONLinesSink, TrainingMonitor
 from diagnose.zoo import ModelConfig, Transformer
+
+pytestmark = pytest.mark.numerics  # trains: every kernel path
 
 
 def test_it_writes_the_scalars_a_live_sink_gets(tmp_path):
