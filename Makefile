@@ -18,7 +18,7 @@ TEST_WORKERS ?= 2
 # more pytest arguments, e.g. make test PYTEST_ARGS='-m numerics' (what make test-numerics runs)
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-numerics conflicts bench families clean demo-paths venv venv-lowest venv-newest versions versions-lowest versions-newest wheel-check gpu
+.PHONY: demo test test-numerics conflicts bench families change-cost clean demo-paths venv venv-lowest venv-newest versions versions-lowest versions-newest wheel-check gpu
 
 $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ bench: $(STAMP)
 # The families table of the README: tiny random Hugging Face models, nothing downloaded (a few minutes).
 families: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python bench/families.py
+
+# What each typical change costs, counted by making it in a throwaway copy of the repository and running
+# its test there (tools/change_cost.py; docs/development.md's change-cost table is its output; ~5 minutes).
+change-cost: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python tools/change_cost.py
 
 # The demo's conclusions under each CPU kernel path, compared: the same lessons and flags on each (CI
 # runs it; per path only what can differ there, in one-thread jobs two at a time: .ci/demo_paths.py).
