@@ -131,12 +131,13 @@ def run_recipe(recipe: Recipe, copy: Path, python: str, verbose: bool, known: li
     return Outcome(recipe, files, "pass" if out.returncode == 0 else "FAIL", summary)
 
 
-def table(outcomes: list[Outcome], limit: int) -> str:
+def table(outcomes: list[Outcome], limit: int, root: Path) -> str:
     rows = ["| change | files | result | the files |", "| --- | --- | --- | --- |"]
     for o in outcomes:
         count = str(len(o.files)) if o.status != "n/a" else "-"
         over = " (over the limit)" if len(o.files) > limit else ""
-        listed = ", ".join(f"`{f}`" for f in o.files) if o.files else o.detail
+        # a file the change creates is marked new (tests/test_readme.py checks that the others exist)
+        listed = ", ".join(f"`{f}`" if (root / f).exists() else f"new `{f}`" for f in o.files) if o.files else o.detail
         rows.append(f"| {o.recipe.change} | {count}{over} | {o.status} | {listed} |")
     return "\n".join(rows)
 
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     print(f"Counted by `make change-cost` on {datetime.date.today().isoformat()}: each change made in a copy of "
           f"the repository, its test run there, the files counted by `git status`.\n")
-    print(table(outcomes, args.limit))
+    print(table(outcomes, args.limit, args.repo.resolve()))
     notes = [f"- {o.recipe.change}: {o.recipe.note}" for o in outcomes if o.recipe.note]
     problems = [o for o in outcomes if o.status in ("FAIL", "ROT") or len(o.files) > args.limit]
     if notes:
