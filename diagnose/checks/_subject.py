@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..errors import DataError
 from ..calling import convention, per_position
-from ..io import vocab_size_of
+from ..io import max_positions_of, vocab_size_of
 from ._parts import part_output
 
 # Relative output change (max |delta| / std of the clean outputs) below which two outputs are
@@ -57,11 +57,10 @@ def model_info(model: nn.Module) -> ModelInfo:
         raise DataError(f"{type(model).__name__} has no nn.Embedding, so its vocabulary is unknown; "
                         "pass data with input_ids to the check")
     cfg = getattr(model, "cfg", None) or getattr(model, "config", None)
-    max_len = None
-    for name in ("max_len", "max_target_positions", "max_position_embeddings", "n_positions"):
-        if isinstance(getattr(cfg, name, None), int):
-            max_len = int(getattr(cfg, name))
-            break
+    # a decoder's own limit first (seq2seq: the positions the checks' decoder inputs take), then the
+    # model's as io reads it (config fields, nanoGPT's block_size, x-transformers' max_seq_len)
+    target = getattr(cfg, "max_target_positions", None)
+    max_len = int(target) if isinstance(target, int) and not isinstance(target, bool) else max_positions_of(model)
     pad = getattr(cfg, "pad_id", None)
     if pad is None:
         pad = getattr(cfg, "pad_token_id", None)

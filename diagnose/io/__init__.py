@@ -46,4 +46,5 @@ __all__ = [
     "FolderKind", "can_checkpoint", "register_folder_kind", "unregister_folder_kind", "weight_shapes",
     # torch-free file readers (the report and the run folder read through them), and what the demo and checks use
     "iter_lines", "parse_json", "read_bytes", "read_json", "require_file", "save_tensors", "vocab_size_of",
+    "max_positions_of",
 ]
