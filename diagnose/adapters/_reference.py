@@ -10,7 +10,7 @@ import torch.nn as nn
 from ..errors import ConfigError
 from ..zoo.model import SelfAttention, Transformer
 from ._hooks import blocks_around, gate_projection, hooks
-from .base import AttentionSite, HeadOutputFn, PatternCallback, send_scores
+from .base import TRACED_HOOKS, AttentionSite, HeadOutputFn, PatternCallback, send_scores
 from .layout import BLOCKED, Projection, ProjectionLayout
 
 
@@ -35,6 +35,8 @@ class ReferenceAdapter:
         def on_scores(_module: nn.Module, _args: tuple, scores: torch.Tensor) -> None:
             # the softmax's input, masked (finfo.min or -inf; 0 under the mask_fill="zero" bug), before the
             # probabilities as base.PatternCallback says: the max logit, which the probabilities cannot give
+            if not TRACED_HOOKS and torch.compiler.is_compiling():
+                return  # torch < 2.13's dynamo breaks the graph on the hand-over: the max logit is eager-only there
             send_scores(callback, scores.detach())  # [B, H, Tq, Tk]
 
         return hooks(lambda: site.module.scores.register_forward_hook(on_scores),

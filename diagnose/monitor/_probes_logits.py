@@ -17,11 +17,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 from typing import Any
 
 import torch
 
 from ..adapters import LazyProbs
+from ..adapters.base import TRACED_HOOKS
 from ._measure import Measurement, StepInputs, record_field as _f
 from ._probes import _Quiet
 
@@ -65,6 +68,12 @@ class AttentionLogitProbe(_Quiet):
         watch.score_readers.append(self._read_scores)
         self._seen: list[list[torch.Tensor]] = [[] for _ in self.site_names]
         self.ran: list[bool] = []
+        if monitor.compiled and not TRACED_HOOKS and self.site_names:
+            warnings.warn(f"diagnose: the max pre-softmax logit is not sampled under torch.compile on torch "
+                          f"{torch.__version__}: this dynamo cannot trace the scores' hand-over (torch >= 2.13 "
+                          "does). Lost: attention.<site>.max_logit and attention_logit_growth; the other "
+                          "attention statistics are kept. Fix: torch >= 2.13, or sample from an eager run.",
+                          RuntimeWarning, stacklevel=3)
 
     def _read(self, i: int, probs: Any) -> None:
         m = max_logit(probs)

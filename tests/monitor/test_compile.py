@@ -78,6 +78,8 @@ def _counted(run):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)  # nothing lost, so nothing to warn about
+            if not TRACED_HOOKS:  # but the max logit, which torch < 2.13 cannot hand over in the graph: said once
+                warnings.filterwarnings("ignore", "diagnose: the max pre-softmax logit is not sampled", RuntimeWarning)
             out = run()
         return out, counters["stats"]["unique_graphs"], dict(counters["graph_break"])
     finally:
@@ -111,6 +113,8 @@ def _assert_same_run(got: list[dict], eager: list[dict], graphs: int, breaks: di
         steps[::ATTENTION_EVERY]
     for a, b in zip(got, eager, strict=True):
         na, nb = _numbers(a), _numbers(b)
+        if not TRACED_HOOKS:  # torch < 2.13: the max logit is not handed over in the graph (its probe warns)
+            nb = {k: v for k, v in nb.items() if ".max_logit" not in k}
         assert na.keys() == nb.keys()
         for key in nb:  # compiled kernels may fuse and reorder reductions: float noise, not exact
             assert na[key] == approx(nb[key], scale=max(1.0, abs(nb[key])), depth=cfg.n_layers * (b["step"] + 1),
