@@ -101,12 +101,51 @@ def _local(c: Any) -> Any:
     return sum(c.at(c.q_pos + d) + c.at(c.q_pos - d) for d in range(1, LOCAL + 1))
 
 
+def _duplicates(c: Any) -> Any:
+    """Earlier keys holding the query's own token  # [B, c, K] bool (no token ids: None)."""
+    q, k = c.query_ids, c.key_ids
+    if q is None or k is None:
+        return None
+    earlier = c.k_pos[None, :] < c.q_pos[:, None]  # [c, K]
+    return (k[:, None, :] == q[:, :, None]) & earlier
+
+
+def _induction_targets(c: Any) -> Any:
+    """Keys just after an earlier occurrence of the query's token  # [B, c, K] bool (None without ids).
+
+    Key k is a target when token k-1 equals the query's token and k-1 is earlier than the query
+    (prefix matching, Olsson et al. 2022: on "A B ... A" the second A looks at B)."""
+    dup = _duplicates(c)
+    if dup is None:
+        return None
+    shifted = dup.new_zeros(dup.shape)
+    shifted[..., 1:] = dup[..., :-1]  # key k is a target when key k-1 is a duplicate
+    return shifted & (c.k_pos[None, :] <= c.q_pos[:, None])[None]
+
+
+def _mass_on(targets: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def compute(c: Any) -> Any:
+        m = targets(c)
+        return c.zeros() if m is None else (c.p * m[:, None].to(c.p.dtype)).sum(-1)  # [B, H, c]
+    return compute
+
+
+def _rows_with(targets: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def weight(c: Any) -> Any:
+        m = targets(c)
+        return c.zeros()[:, :1] if m is None else m.any(-1)[:, None].to(c.p.dtype)  # [B, 1, c]
+    return weight
+
+
 # The query rows a statistic is averaged over, as a weight per row of the chunk ([c]; None: every
 # real row). HeadStats counts each, so shards merge their sums and counts by name.
 DENOMINATORS: dict[str, Callable[[Any], Any]] = {
     "rows": lambda c: None,
     "with_prev": lambda c: ((c.q_pos >= 1) & (c.q_pos - 1 < c.Tk)).float(),  # rows with a previous position
     "with_next": lambda c: (c.q_pos + 1 < c.Tk).float(),  # rows with a next position
+    # rows whose token occurred earlier (per example, [B, 1, c]; needs token ids)
+    "with_duplicate": _rows_with(_duplicates),
+    "with_induction_target": _rows_with(_induction_targets),  # ... and has a key after that occurrence
 }
 
 def _check(stat: Statistic) -> None:
@@ -214,4 +253,10 @@ _BUILTINS = (
     Statistic("local", f"mass within {LOCAL} positions", "local", _local,
               role=Role("local window", "W", f"within {LOCAL} positions", within=("prev_token", "next_token"),
                         one_key=False)),
+    Statistic("duplicate_token", "mass on earlier copies of the token", "duplicate", _mass_on(_duplicates),
+              denominator="with_duplicate", needs_tokens=True,
+              role=Role("duplicate token", "D", "on earlier copies of its own token")),
+    Statistic("induction", "mass after earlier copies (induction)", "induction", _mass_on(_induction_targets),
+              denominator="with_induction_target", needs_tokens=True, show=frozenset({"grid"}),
+              role=Role("induction", "I", "on the token after an earlier copy of its own (induction)")),
 )

@@ -11,6 +11,7 @@ import torch
 import diagnose
 from diagnose import attention_stats
 from diagnose.attention_stats import HeadStats, entropy_and_max
+from diagnose.stat_context import BatchContext
 from diagnose.zoo import ModelConfig, Transformer
 from .tolerance import approx, assert_close, size_of
 
@@ -21,7 +22,10 @@ T = 6
 
 def stats(probs, mask=None):
     acc = HeadStats(probs.shape[1])
-    acc.update(probs, mask)
+    if isinstance(mask, BatchContext):
+        acc.update(probs, batch=mask)
+    else:
+        acc.update(probs, mask)
     return acc.result()
 
 
@@ -95,12 +99,13 @@ def test_streaming_and_chunking_agree(monkeypatch):
     probs = torch.softmax(torch.randn(5, 2, T, T), -1)
     mask = torch.ones(5, T)
     mask[3, 2:] = 0
-    whole = stats(probs, mask)
+    ids = torch.randint(0, 3, (5, T), generator=torch.Generator().manual_seed(0))  # copies: token statistics too
+    whole = stats(probs, BatchContext(mask, ids))
     acc = HeadStats(2)
-    acc.update(probs[:2], mask[:2])
-    acc.update(probs[2:], mask[2:])
+    acc.update(probs[:2], batch=BatchContext(mask[:2], ids[:2]))
+    acc.update(probs[2:], batch=BatchContext(mask[2:], ids[2:]))
     monkeypatch.setattr(attention_stats, "_CHUNK", 2 * T * T)  # one example per reduction step
-    chunked = stats(probs, mask)
+    chunked = stats(probs, BatchContext(mask, ids))
     for k in whole:
         assert acc.result()[k] == approx(whole[k], scale=T, width=probs.numel())  # two summation orders
         assert chunked[k] == approx(whole[k], scale=T, width=probs.numel())
@@ -127,7 +132,7 @@ def test_attention_summary_matches_capture():
     size = size_of(model)
     assert summary.n_examples == 5
     for i, maps in enumerate(cap.attention):
-        for k, v in stats(maps, mask).items():
+        for k, v in stats(maps, BatchContext(mask, ids)).items():
             assert summary.stats[i][k] == approx(v, scale=8, width=maps.numel()), k
         assert_close(summary.examples[i], maps[:3], **size)
     assert set(summary.head(1, 2)) == set(attention_stats.STATS)
@@ -139,3 +144,35 @@ def test_attention_summary_matches_capture():
         for k in attention_stats.STATS:
             assert again.stats[1][k] == approx(summary.stats[1][k], scale=8, depth=size["depth"], width=5 * 8 * 8)
         assert again.examples[0].numel() == 0 and again.n_examples == 5
+
+
+def test_induction_and_duplicate_token_on_a_repeated_sequence():
+    """On "5 6 7 8 5 6 7 8", head 0 looks at the token after the earlier copy (query 4, a 5, at key 1,
+    the 6), head 1 at the earlier copy itself; rows 0-3 have no earlier copy and are not counted."""
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8]])
+    n = ids.shape[1]
+    probs = torch.zeros(1, 3, n, n)  # [B, H, Tq, Tk]
+    for q in range(n):
+        probs[0, 0, q, q - 3 if q >= 4 else 0] = 1.0
+        probs[0, 1, q, max(q - 4, 0)] = 1.0
+        probs[0, 2, q, max(q - 1, 0)] = 1.0  # previous token: neither
+    acc = HeadStats(3)
+    acc.update(probs, batch=BatchContext.of(ids))
+    s = acc.result()
+    assert s["induction"] == approx([1.0, 0.0, 0.0], scale=1.0, width=probs.numel())
+    assert s["duplicate_token"] == approx([0.0, 1.0, 0.0], scale=1.0, width=probs.numel())
+    without_ids = HeadStats(3)
+    without_ids.update(probs)
+    assert all(math.isnan(v) for v in without_ids.result()["induction"])  # NaN: not measurable, not 0
+
+
+def test_induction_rows_are_those_with_an_earlier_copy():
+    """Half the weight on the target, on the one row (of two examples) that has one: mean 0.5 there."""
+    ids = torch.tensor([[1, 2, 1], [3, 4, 5]])
+    probs = torch.full((2, 1, 3, 3), 0.0)
+    probs[:, 0, :, 0] = 1.0
+    probs[0, 0, 2] = torch.tensor([0.5, 0.5, 0.0])  # query 2 (a 1): key 1 (the 2) is the target
+    acc = HeadStats(1)
+    acc.update(probs, batch=BatchContext.of(ids))
+    assert acc.result()["induction"] == approx([0.5], scale=1.0, width=probs.numel())
+    assert acc.result()["duplicate_token"] == approx([0.5], scale=1.0, width=probs.numel())

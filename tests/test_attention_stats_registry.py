@@ -54,11 +54,12 @@ def test_entries_are_checked_when_registered():
 def test_the_shipped_places_and_order():
     """What each table and plot showed before the registry, now read from it."""
     assert tuple(ATTENTION_STATS) == ("entropy", "max_weight", "first_token", "self", "prev_token", "padding",
-                                      "mean_distance", "next_token", "last_token", "local")
+                                      "mean_distance", "next_token", "last_token", "local", "duplicate_token",
+                                      "induction")
     assert [s.name for s in shown("cli")] == [s.name for s in shown("table")] == ["entropy", "max_weight",
                                                                                    "first_token"]
     assert [s.name for s in shown("effect_grid")] == ["max_weight"]
-    assert [s.name for s in shown("grid")] == ["entropy", "first_token", "self", "prev_token"]
+    assert [s.name for s in shown("grid")] == ["entropy", "first_token", "self", "prev_token", "induction"]
     assert {s.name for s in shown("scatter")} == {"entropy", "max_weight", "first_token"}
 
 
@@ -94,7 +95,7 @@ def test_merge_adds_raw_sums_and_named_counts():
     shards[1].update(probs[2:], mask[2:])
     shards[2].update(probs[:, :, -1:], mask)  # last query only: every row has a previous, none a next
     merged = HeadStats.merge(shards[:2] + [shards[3]])  # shards[3] saw nothing
-    assert set(merged.counts) == {"rows", "with_prev", "with_next"}
+    assert set(merged.counts) == {"rows", "with_prev", "with_next", "with_duplicate", "with_induction_target"}
     assert merged.counts["rows"].item() == whole.counts["rows"].item() == 5 * T - 3
     for k, v in whole.result().items():
         assert merged.result()[k] == approx(v, scale=T, width=probs.numel()), k

@@ -22,8 +22,20 @@ from .tolerance import approx, assert_close, magnitude, size_of
 pytestmark = pytest.mark.numerics
 
 
-def reference(probs: torch.Tensor) -> dict[str, list[float]]:
-    """Every statistic straight from one example's whole causal map, float64.  # probs [1, H, T, T]"""
+def copies(p: torch.Tensor, ids: torch.Tensor | None, shift: int) -> torch.Tensor:
+    """Mean mass on keys k with ids[k - shift] == ids[q], k - shift < q, over rows that have one.  # [H]"""
+    H, T, _ = p.shape
+    if ids is None:
+        return torch.full((H,), float("nan"), dtype=torch.float64)
+    q, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    src = (k - shift).clamp_min(0)
+    m = (ids[src] == ids[q]) & (k - shift >= 0) & (k - shift < q) & (k <= q)  # [T, T]
+    rows = m.any(-1)
+    return (p * m).sum(-1)[:, rows].sum(-1) / rows.sum().clamp_min(1)
+
+
+def reference(probs: torch.Tensor, ids: torch.Tensor | None = None) -> dict[str, list[float]]:
+    """Every statistic straight from one example's whole causal map, float64.  # probs [1, H, T, T], ids [T]"""
     p = probs[0].double()  # [H, T, T]
     H, T, _ = p.shape
     i = torch.arange(T)[:, None]
@@ -37,6 +49,7 @@ def reference(probs: torch.Tensor) -> dict[str, list[float]]:
         "padding": torch.zeros(H, dtype=torch.float64), "mean_distance": (p * dist).sum(-1).mean(-1),
         "last_token": p[..., T - 1].mean(-1),
         "local": (p * ((dist > 0) & (dist <= statistics.LOCAL))).sum(-1).mean(-1),
+        "duplicate_token": copies(p, ids, 0), "induction": copies(p, ids, 1),  # NaN without ids
     }
     assert set(out) == set(STATS), "the reference covers every statistic"
     return {k: v.tolist() for k, v in out.items()}
@@ -51,7 +64,7 @@ def test_chunked_statistics_match_the_whole_maps_at_2048():
     got = diagnose.attention_summary(model, [ids], keep=0)  # SDPA: recomputed, by chunks of rows
     assert got.window is None and got.n_examples == 1
     for layer, m in enumerate(maps):
-        want = reference(m)
+        want = reference(m, ids[0])
         for k in STATS:
             assert got.stats[layer][k] == approx(want[k], scale=max(1.0, magnitude(want[k])), depth=layer + 1,
                                                  width=m[0].numel()), (layer, k)

@@ -79,9 +79,10 @@ def assert_differ(a: Any, b: Any, **size: Any) -> None:
 def approx(expected: Any, *, scale: float | None = None, depth: int = 1, width: int = 1,
            dtype: torch.dtype = torch.float32):
     """pytest.approx with the policy's tolerance: scale defaults to the largest |expected| (the
-    magnitude summed: pass `scale` when the result cancels, e.g. a mean near 0 of values near 1)."""
+    magnitude summed: pass `scale` when the result cancels, e.g. a mean near 0 of values near 1).
+    A NaN expected matches only a NaN (both say "not measurable": a token statistic without ids)."""
     s = magnitude(expected) if scale is None else scale
-    return pytest.approx(expected, rel=0, abs=tol(s, depth=depth, width=width, dtype=dtype))
+    return pytest.approx(expected, rel=0, abs=tol(s, depth=depth, width=width, dtype=dtype), nan_ok=True)
 
 
 def loss_tol(*losses: float, depth: int = 1, width: int = 1, dtype: torch.dtype = torch.float32) -> float:

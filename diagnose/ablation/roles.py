@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..statistics import BROAD, roles
+from ..statistics import BROAD, STATISTICS, roles
 from .result import HeadEffect
 
 MAX_CLUSTERS = 8
@@ -43,11 +43,20 @@ def shares(att: dict[str, float | None]) -> np.ndarray | None:
     """[n_roles + 1] weight on each of names(): a role that counts within others (local: the previous and next
     tokens) has theirs taken out; they overlap a little on short rows; broad is what is left."""
     table = roles()
-    if any(att.get(k) is None or not math.isfinite(att[k]) for k in table):
+    att = {k: _known(k, att.get(k)) for k in table}
+    if any(v is None or not math.isfinite(v) for v in att.values()):
         return None
     named = [att[k] - sum(att[w] for w in r.within if w in table) for k, r in table.items()]
     named = [max(0.0, x) if r.within else x for x, r in zip(named, table.values())]
     return np.array([*named, max(0.0, 1.0 - sum(named))])
+
+
+def _known(name: str, value: float | None) -> float | None:
+    """A share as roles count it: one that needs token ids is 0 where the data had none (image
+    patches, embeddings: no head can copy a token there), so the other roles are still named."""
+    if value is not None and not math.isfinite(value) and STATISTICS[name].needs_tokens:
+        return 0.0
+    return value
 
 
 def assign(heads: Sequence[HeadEffect]) -> None:
