@@ -33,7 +33,8 @@ def _attention(rng: np.random.Generator, sink: bool, prev: bool) -> dict[str, fl
     return {"entropy": float(-np.log(max(peak, 1e-3)) + rng.uniform(0.2, 1.5) * (1 - peak)),
             "max_weight": float(peak), "first_token": float(first), "self": float(self_),
             "prev_token": float(prev_tok), "padding": 0.0, "mean_distance": float(rng.uniform(0.5, 12)),
-            "next_token": nxt, "last_token": float(rest * rng.uniform(0, 0.1)), "local": float(local)}
+            "next_token": nxt, "last_token": float(rest * rng.uniform(0, 0.1)), "local": float(local),
+            "duplicate_token": float(rest * 0.05), "induction": float(rest * 0.05)}  # a little, as in most heads
 
 
 def _head(rng: np.random.Generator, layer: int, head: int, n_layers: int, n_examples: int) -> HeadEffect:
