@@ -52,6 +52,9 @@ def _plain(value: Any) -> Any:
 def optimizer_state(model: torch.nn.Module, optimizer: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(the optimizer's JSON part, its tensors by `optimizer.<param name>.<key>`); RunFolderError-free:
     a parameter the model does not own raises ValueError (said by the caller in the record)."""
+    from ._probes_optim import _torch_optimizer
+
+    optimizer = _torch_optimizer(optimizer) or optimizer  # a trainer's wrapper: the torch optimizer inside
     names = {id(p): n for n, p in model.named_parameters()}
     sd = optimizer.state_dict()
     groups, tensors, scalars = [], {}, {}
