@@ -24,7 +24,8 @@ from ._replay_load import MAX_STATE_SLACK, as_batch, build_optimizer, load_model
 from ._runfolder import Run, read_run
 
 SCHEMA = "diagnose.replay/1"
-HISTORY = 20  # logged steps (attention samples) before the spike that make its baseline
+HISTORY = 20  # logged steps before the spike whose median is a block's baseline
+HEAD_HISTORY = 5  # attention samples before the spike whose median is a head's (the recent level: attention changes as it learns)
 TOP = 5
 
 
@@ -79,14 +80,14 @@ def _blocks(rec: dict[str, Any], history: list[dict[str, Any]]) -> list[dict[str
 
 
 def _heads(rec: dict[str, Any], run: Run, step: int) -> list[dict[str, Any]]:
-    """Per head: max logit and entropy at the replayed step, their medians over the run's last HISTORY
+    """Per head: max logit and entropy at the replayed step, their medians over the run's last HEAD_HISTORY
     samples before it, and `rise` (the max logit's ratio to its median; the entropy's fall in nats)."""
     past = run.attention[run.attention["step"] < step] if len(run.attention) else run.attention
     rows = []
     for site, stats in (rec.get("attention") or {}).items():
         logits, ents = stats.get("max_logit") or [], stats.get("entropy") or []
         for h in range(max(len(logits), len(ents))):
-            hist = past[(past["site"] == site) & (past["head"] == h)].tail(HISTORY) if len(past) else past
+            hist = past[(past["site"] == site) & (past["head"] == h)].tail(HEAD_HISTORY) if len(past) else past
             col = (lambda c: _median(hist[c].tolist()) if c in hist else None)
             row = {"site": site, "head": h, "max_logit": logits[h] if h < len(logits) else None,
                    "max_logit_before": col("max_logit"), "entropy": ents[h] if h < len(ents) else None,
