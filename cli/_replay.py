@@ -10,8 +10,7 @@ def replay_command(run, step: int, model: str | None, factory: str | None, trust
                    loss: str | None, as_json: bool, console) -> None:
     from diagnose import files as _json
     from diagnose.errors import UsageError
-    from diagnose.io import load_model
-    from diagnose.io._factory import resolve_factory
+    from diagnose.io import load_model, resolve_factory
     from diagnose.monitor import render_replay, replay
 
     if model is None:

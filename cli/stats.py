@@ -60,6 +60,8 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, rep
           html_path: str | None) -> None:
     """Summarise a run folder: loss, grad norms and activations through depth, attention entropy, alerts,
     evaluations, step time and throughput, and the signals the run did not record, with why.
+    (The alert kinds and how each was validated: docs/monitor.md; logit_divergence is validated on
+    hand-made records only: no small proxy run has shown an output-logit divergence z-loss cures.)
 
     \b
     Example: diagnose stats runs/exp1 --follow

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from .._write import atomic_write
-from ..errors import RunFolderError
+from ..errors import ConfigError, RunFolderError
 from ._spikes import SPIKES, batch_tensors, spike_stem
 
 OPTIMIZERS = ("SGD", "Adam", "AdamW")  # rebuilt by name from torch.optim; any other needs a factory
@@ -50,8 +50,8 @@ def _plain(value: Any) -> Any:
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(the optimizer's JSON part, its tensors by `optimizer.<param name>.<key>`); RunFolderError-free:
-    a parameter the model does not own raises ValueError (said by the caller in the record)."""
+    """(the optimizer's JSON part, its tensors by `optimizer.<param name>.<key>`); a parameter the model
+    does not own raises ConfigError (which save_state writes into the record's state_note)."""
     from ._probes_optim import _torch_optimizer
 
     optimizer = _torch_optimizer(optimizer) or optimizer  # a trainer's wrapper: the torch optimizer inside
@@ -62,7 +62,7 @@ def optimizer_state(model: torch.nn.Module, optimizer: Any) -> tuple[dict[str, A
         pnames = []
         for p, idx in zip(group["params"], saved["params"]):
             if id(p) not in names:
-                raise ValueError("the optimizer holds a parameter that is not the model's")
+                raise ConfigError("the optimizer holds a parameter that is not the model's")
             pnames.append(names[id(p)])
             for key, value in sd["state"].get(idx, {}).items():
                 if isinstance(value, torch.Tensor):
@@ -95,7 +95,7 @@ def save_state(run_dir: Path, step: int, model: torch.nn.Module | None, optimize
             try:
                 meta, opt_tensors = optimizer_state(model, optimizer)
                 tensors.update(opt_tensors)
-            except ValueError as exc:
+            except ConfigError as exc:
                 notes.append(f"optimizer state not saved: {exc}")
         size = _nbytes(tensors)
         if any(type(t) is not torch.Tensor for t in tensors.values()):

@@ -131,6 +131,8 @@ def test_optimizer_rebuilt_from_its_saved_state(make):
 def test_refusals_say_why(planted, tmp_path):
     run = planted / "run"
     assert_refused(invoke("stats", run, "--replay", SPIKE), "--model")
+    assert_refused(invoke("stats", run, "--replay", SPIKE, "--model", planted / "model.pt", "--loss", "nosuch_mod:fn"),
+                   "--loss nosuch_mod:fn")
     assert_refused(invoke("stats", run, "--replay", SPIKE - 1, "--model", planted / "model.pt"),
                    f"step {SPIKE - 1}", str(SPIKE))
     small = dict(CFG, d_model=8)
