@@ -21,7 +21,10 @@ def _v(x: Any, fmt: str = ".4g") -> str:
 def verdict(view: dict[str, Any]) -> str:
     """One line: what drove the spike and what would have kept the loss down."""
     parts = []
-    if view["blocks"]:
+    bad = [b["block"] for b in view["blocks"] if b["grad_norm"] is None or not math.isfinite(b["grad_norm"])]
+    if bad:
+        parts.append(f"the gradient is not finite in {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}")
+    elif view["blocks"]:
         b = view["blocks"][0]
         parts.append(f"{b['block']} carries {b['rise_share']:.0%} of the gradient norm's rise ({_v(b['ratio'], '.3g')}x "
                      f"its median)")
