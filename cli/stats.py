@@ -86,19 +86,10 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, rep
         follow_run(run_dir, lambda r: console.print(Text(_step_line(r))), lambda a: console.print(alert_line(a)),
                    on_note=lambda msg: click.echo(clean(msg), err=True))
     run = read_run(run_dir)
-    if replay_step is not None:
-        from ._replay import replay_command
+    if step is not None or replay_step is not None:  # one step in full, or its spike replayed
+        from ._replay import detail_command
 
-        replay_command(run, replay_step, model, factory, trust_pickle, loss, as_json, console)
-        return
-    if step is not None:
-        from diagnose.monitor import render_step, step_view
-
-        view = step_view(run, step)
-        if as_json:
-            click.echo(_json.dumps(view, indent=1))
-        else:
-            render_step(view, console)
+        detail_command(run, step, replay_step, model, factory, trust_pickle, loss, as_json, console)
         return
     summary = summarize(run)
     if tb_dir:
