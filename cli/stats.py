@@ -8,7 +8,7 @@ import click
 
 from diagnose.display import plain
 
-from ._options import check_outputs, html_option
+from ._options import check_outputs, factory_option, html_option, trust_pickle_option
 
 
 def _format_field(x, fmt: str) -> str:
@@ -41,17 +41,33 @@ def _step_line(rec: dict) -> str:
 @click.option("--step", "step", type=int, default=None, metavar="N",
               help="Show logged step N in full, with the batch saved there by save_spikes (its tensors and the "
                    "examples with the highest loss).")
+@click.option("--replay", "replay_step", type=int, default=None, metavar="STEP",
+              help="Replay the spike saved at STEP (save_spikes=True) on --model: each block's share of the gradient "
+                   "norm, the heads whose logits or entropy jumped, the worst examples, and which cures (skip the "
+                   "batch, lr/10, clip, clamped attention logits, Adam eps) would have kept the loss down.")
+@click.option("--model", "model", type=click.Path(path_type=str), default=None, metavar="MODEL",
+              help="For --replay: a model file of the run's architecture (a diagnose checkpoint, a Hugging Face "
+                   "folder, or a state_dict with --factory); its weights are replaced by the saved ones.")
+@factory_option
+@trust_pickle_option
+@click.option("--loss", "loss", metavar="MODULE:FUNCTION", default=None,
+              help="For --replay: fn(model, batch) -> per-example loss [B] (default: cross-entropy of an "
+                   "(inputs, targets) batch or of a dict with labels).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
 @html_option
-def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, as_json: bool,
+def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, replay_step: int | None,
+          model: str | None, factory: str | None, trust_pickle: bool, loss: str | None, as_json: bool,
           html_path: str | None) -> None:
     """Summarise a run folder: loss, grad norms and activations through depth, attention entropy, alerts,
     evaluations, step time and throughput, and the signals the run did not record, with why.
+    (The alert kinds and how each was validated: docs/monitor.md; logit_divergence is validated on
+    hand-made records only: no small proxy run has shown an output-logit divergence z-loss cures.)
 
     \b
     Example: diagnose stats runs/exp1 --follow
              diagnose stats runs/exp1 --html run.html
              diagnose stats runs/exp1 --step 120
+             diagnose stats runs/exp1 --replay 120 --model model.pt
     """
     check_outputs({"--html": html_path, "--tensorboard": tb_dir}, inputs=[run_dir], folders=["--tensorboard"])
     from rich.console import Console
@@ -70,14 +86,10 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, as_
         follow_run(run_dir, lambda r: console.print(Text(_step_line(r))), lambda a: console.print(alert_line(a)),
                    on_note=lambda msg: click.echo(clean(msg), err=True))
     run = read_run(run_dir)
-    if step is not None:
-        from diagnose.monitor import render_step, step_view
+    if step is not None or replay_step is not None:  # one step in full, or its spike replayed
+        from ._replay import detail_command
 
-        view = step_view(run, step)
-        if as_json:
-            click.echo(_json.dumps(view, indent=1))
-        else:
-            render_step(view, console)
+        detail_command(run, step, replay_step, model, factory, trust_pickle, loss, as_json, console)
         return
     summary = summarize(run)
     if tb_dir:

@@ -24,12 +24,14 @@ _HOMES = {"save_checkpoint": "_checkpoint", "DataSet": "_data", "ImageSet": "_im
           "FolderKind": "_kinds", "register_folder_kind": "_kinds", "unregister_folder_kind": "_kinds",
           "weight_shapes": "_hf", "can_checkpoint": "_checkpoint",
           "iter_lines": "_read", "parse_json": "_read", "read_bytes": "_read", "read_json": "_read",
-          "require_file": "_read", "save_tensors": "_data", "vocab_size_of": "_model"}
+          "require_file": "_read", "save_tensors": "_data", "vocab_size_of": "_model",
+          "resolve_factory": "_factory"}
 
 if TYPE_CHECKING:
     from ._checkpoint import can_checkpoint, save_checkpoint
     from ._data import DataSet, check_task, load_data, load_data_for, save_tensors
     from ._images import ImageSet
+    from ._factory import resolve_factory
     from ._hf import weight_shapes
     from ._kinds import FolderKind, register_folder_kind, unregister_folder_kind
     from ._model import label2id_of, load_model, max_positions_of, tokenizer_of, vocab_size_of
@@ -47,4 +49,6 @@ __all__ = [
     # torch-free file readers (the report and the run folder read through them), and what the demo and checks use
     "iter_lines", "parse_json", "read_bytes", "read_json", "require_file", "save_tensors", "vocab_size_of",
     "max_positions_of",
+    # "module:function" imported as --factory, --forward and `stats --replay --loss` name user code
+    "resolve_factory",
 ]

@@ -23,8 +23,9 @@ def resolve_factory(spec: str, *, option: str = "--factory") -> Callable[..., An
     """Import `module:function` (module may be dotted or a path to a .py file; cwd is searched).
 
     option: the flag it came from, for the messages (--factory builds the model, --forward calls it)."""
-    wants = ("builds the model (with no arguments, or the checkpoint entries it names, e.g. model_args)"
-             if option == "--factory" else "calls the model: fn(model, inputs) -> output")
+    wants = {"--factory": "builds the model (with no arguments, or the checkpoint entries it names, e.g. model_args)",
+             "--loss": "computes the loss: fn(model, batch) -> per-example loss [B]"}.get(
+        option, "calls the model: fn(model, inputs) -> output")
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"{option} {spec!r}: expected module:function, e.g. mymodels:build_model")

@@ -16,6 +16,8 @@ from ._monitor import TrainingMonitor
 from ._runfolder import Run, read_run
 from ._follow import follow
 from ._stepview import render_step, step_view
+from ._replay import Replay, replay
+from ._replay_view import render_replay
 from ._summary import alert_line, render as render_summary, summarize
 from ._tensorboard import export_tensorboard
 from ._live import CallableSink, LiveSink
@@ -28,4 +30,6 @@ __all__ = ["TrainingMonitor", "MonitorConfig", "Thresholds", "Run", "read_run", 
            "register_detector", "unregister_detector", "record_field", "record_fields", "field_of", "record_keys",
            "MONITOR_FIELDS", "lacking_lines", "lacking_signals",
            # the read side `diagnose stats` prints with: a run's summary, one step, live following, TensorBoard
-           "summarize", "render_summary", "alert_line", "step_view", "render_step", "follow", "export_tensorboard"]
+           "summarize", "render_summary", "alert_line", "step_view", "render_step", "follow", "export_tensorboard",
+           # a saved spike replayed: what drove it and which cures would have kept the loss down
+           "replay", "Replay", "render_replay"]

@@ -27,8 +27,10 @@ class MonitorConfig:
     raise_on: alert kinds (e.g. ("nonfinite",)) on which step() raises TrainingAlertError after
         writing the step; on_alert: a function called with each alert dict as it fires.
     save_spikes: when a grad_spike, loss_spike or nonfinite alert fires, save the batch given to
-        step(batch=..., per_example_loss=...) to spikes/ in the run folder, at most spike_bytes
-        of tensors per step and spike_limit steps per run.
+        step(batch=..., per_example_loss=...) to spikes/ in the run folder, and for a replay
+        (`diagnose stats RUN --replay STEP`) the model and optimizer state and the previous logged
+        step's batch: at most spike_bytes of tensors per step (the batch first; the state only when
+        it fits in what is left, else the record says so) and spike_limit steps per run.
     sinks: more places each record, alert and evaluation goes (diagnose.monitor.Sink objects, e.g. a
         live tracker, or a plain function f(scalars, step)), after the run folder.
     """
@@ -42,7 +44,7 @@ class MonitorConfig:
     raise_on: Iterable[str] = ()
     on_alert: Callable[[dict[str, Any]], Any] | None = None
     save_spikes: bool = False
-    spike_bytes: int = 16 << 20
+    spike_bytes: int = 64 << 20
     spike_limit: int = 20
     sinks: Iterable[Any] | None = ()
 

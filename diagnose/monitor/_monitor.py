@@ -81,6 +81,7 @@ class TrainingMonitor:
         self.raise_on, self.on_alert = cfg.raise_on, cfg.on_alert
         self.save_spikes, self.spike_bytes, self.spike_limit = cfg.save_spikes, cfg.spike_bytes, cfg.spike_limit
         self._spikes_saved = 0
+        self._previous: tuple[int, Any] | None = None  # (step, batch) of the last logged step (_forensics)
         self.last_alerts: list[dict[str, Any]] = []  # the alerts of the last logged step
         self._grad_snapshot: tuple | None = None  # gradient norms read early (_capture_grads)
         self._last_logged: tuple[int, float] | None = None  # (step, perf_counter) of the last logged step
@@ -215,7 +216,7 @@ class TrainingMonitor:
             if self.echo and self.rank == 0:
                 print_alert(alert)
         if self.rank == 0 and self._folder is not None:
-            self._forensics(s, alerts, batch, per_example_loss)
+            self._forensics(s, alerts, batch, per_example_loss, optimizer)
         for alert in alerts:
             if self.on_alert is not None:
                 self.on_alert(alert)
@@ -238,13 +239,18 @@ class TrainingMonitor:
         record["tokens"] = tokens
         record["tokens_per_s"] = (tokens / step_time if tokens is not None and step_time else None)
 
-    def _forensics(self, s: int, alerts: list[dict[str, Any]], batch: Any, per_example_loss: Any) -> None:
+    def _forensics(self, s: int, alerts: list[dict[str, Any]], batch: Any, per_example_loss: Any,
+                   optimizer: Any = None) -> None:
+        """Save the batch behind a spike alert, with the model and optimizer state and the previous
+        logged step's batch for `diagnose stats --replay` (a reference to it is kept, not a copy)."""
         kinds = [a["kind"] for a in alerts if a["kind"] in SPIKE_KINDS]
+        previous, self._previous = self._previous, ((s, batch) if self.save_spikes and batch is not None else None)
         if (not self.save_spikes or not kinds or self._spikes_saved >= self.spike_limit
                 or (batch is None and per_example_loss is None)):
             return
         try:
-            self._folder.spike(s, kinds, batch, per_example_loss, self.spike_bytes)
+            self._folder.spike(s, kinds, batch, per_example_loss, self.spike_bytes, model=self.model,
+                               optimizer=optimizer, previous=previous)
         except OutputError as exc:  # a full disk must not end the training run: say so and go on
             warnings.warn(f"spike batch at step {s} not saved: {exc}", RuntimeWarning, stacklevel=3)
             return

@@ -62,8 +62,10 @@ class RunFolderSink(Sink):
     def eval(self, record: dict[str, Any]) -> None:
         self.writer.write_eval(record)
 
-    def spike(self, step: int, kinds: list[str], batch: Any, per_example_loss: Any, max_bytes: int) -> None:
-        save_spike(self.dir, step, kinds, batch, per_example_loss, max_bytes)
+    def spike(self, step: int, kinds: list[str], batch: Any, per_example_loss: Any, max_bytes: int,
+              **state: Any) -> None:
+        """state: model, optimizer, previous for the replay (_spike_state.py)."""
+        save_spike(self.dir, step, kinds, batch, per_example_loss, max_bytes, **state)
 
     def close(self, steps_seen: int) -> None:
         if self.writer is not None:

@@ -3,7 +3,8 @@
     spikes/step_{step:08d}.safetensors  the batch's tensor inputs by name, `labels` if any,
                                         `per_example_loss` if given (never pickle)
     spikes/step_{step:08d}.json         step, kinds, tensors {name: {shape, dtype}}, bytes,
-                                        truncated, note (strict JSON)
+                                        truncated, note (strict JSON); and for a replay: state,
+                                        previous, state_note (_spike_state.py; absent in older folders)
 
 Each saved step holds at most `cap` bytes of tensor data: when the batch is larger, only its
 first rows are kept (every tensor whose first dimension is the batch size is cut alike) and
@@ -94,9 +95,13 @@ def _cut(tensors: dict[str, torch.Tensor], cap: int) -> tuple[dict[str, torch.Te
 
 
 def save_spike(run_dir: Path, step: int, kinds: list[str], batch: Any, per_example_loss: Any,
-               cap: int) -> dict[str, Any]:
-    """Write spikes/step_N.safetensors and its .json; returns the JSON record."""
+               cap: int, *, model: Any = None, optimizer: Any = None, previous: Any = None) -> dict[str, Any]:
+    """Write spikes/step_N.safetensors and its .json; returns the JSON record. With `model` (and
+    `optimizer`, `previous` = (step, batch) of the logged step before) also what a replay needs,
+    in what is left of `cap` (_spike_state.py)."""
     from safetensors.torch import save
+
+    from ._spike_state import save_state
 
     tensors = {k: v.detach() for k, v in batch_tensors(batch).items()}
     if isinstance(per_example_loss, torch.Tensor):
@@ -114,6 +119,8 @@ def save_spike(run_dir: Path, step: int, kinds: list[str], batch: Any, per_examp
                           for k, v in tensors.items()},
               "bytes": int(sum(v.numel() * v.element_size() for v in tensors.values())),
               "truncated": truncated, "note": note}
+    if model is not None:
+        record.update(save_state(run_dir, step, model, optimizer, cap - record["bytes"], previous))
     atomic_write(folder / f"{stem}.json", _json.dumps(record, indent=1) + "\n", keep_on_failure=False,
                  what="spike record")
     return record
@@ -141,6 +148,9 @@ def check_spike(rec: Any, where: str) -> None:
         value = rec.get(key)
         if value is not None and (not isinstance(value, want) or (want is int and isinstance(value, bool))):
             raise RunFolderError(f"{where}: `{key}` is {kind(value)}, not {name}; {_FIX}")
+    from ._spike_state import check_state
+
+    check_state(rec, where)
 
 
 def read_spike(path: Path) -> dict[str, Any]:

@@ -65,6 +65,10 @@ def render_step(view: dict[str, Any], console) -> None:
     console.print(Text(f"saved batch ({', '.join(plain(k) for k in spike.get('kinds', []))}): "
                        f"{spike.get('bytes')} bytes" + ("; truncated" if spike.get("truncated") else "")
                        + (f"; {plain(spike['note'])}" if spike.get("note") else "")))
+    if spike.get("state"):  # what a replay needs was saved with it (_spike_state.py)
+        console.print(Text(f"model and optimizer state saved: replay it with --replay {view['step']} --model MODEL"))
+    elif spike.get("state_note"):
+        console.print(Text(f"not replayable: {plain(spike['state_note'])}"))
     t = Table(title="tensors", title_justify="left")
     for col in ("name", "shape", "dtype"):
         t.add_column(col)
