@@ -64,9 +64,10 @@ def _scalar_tensor(v: Any) -> bool:
 
 def check_eval(rec: dict[str, Any], where: str) -> None:
     """Refuse an evals.jsonl line whose fields are not what the readers use."""
-    step = rec.get("step")
-    if not isinstance(step, int) or isinstance(step, bool):
-        raise RunFolderError(f"{where}: `step` is not an integer; {_FIX}")
+    from ._records import is_step
+
+    if not is_step(rec.get("step")):
+        raise RunFolderError(f"{where}: `step` is not a step (an integer from 0 to 2**63 - 1); {_FIX}")
     metrics = rec.get("metrics", {})
     ok = lambda v: v is None or number(v) is not None  # noqa: E731
     if not ok(rec.get("loss")) or not ok(rec.get("time")):
