@@ -72,8 +72,8 @@ class TensorBoardSink(LiveSink):
 
 
 class WandbSink(LiveSink):
-    """Scalars into a Weights & Biases run: `run`, else the active `wandb.run` (looked up at the
-    first record, so that a trainer's own wandb callback may open it after this sink is made).
+    """Scalars into a Weights & Biases run: `run`, else the active `wandb.run` when the sink is made (the
+    Hugging Face callback makes it in on_train_begin, after the Trainer's own wandb callback opened the run).
 
     The values carry `diagnose/step` and are plotted against it (wandb.define_metric), so that
     diagnose never moves the run's own step counter; alerts also go to the run's summary as text.
