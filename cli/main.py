@@ -34,6 +34,10 @@ class _Group(click.Group):
                     raise
             _say(notes)  # after the result, and never before an error: that stays the one line said
             return out
+        except click.UsageError:  # a bad option: under torchrun every rank meets it; rank 0 prints click's message
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("RANK", "0") != "0":
+                ctx.exit(2)
+            raise
         except DiagnoseError as exc:
             # messages quote file names and values from files: printed as text, no escapes;
             # under torchrun every rank meets the same error (or is told another's): rank 0 says it,

@@ -27,6 +27,7 @@ from ._config import MonitorConfig
 from ._evals import eval_record
 from ._layout import StepLayout
 from ._measure import MEASUREMENTS, Probe, StepInputs
+from ._records import check_step
 from ._sinks import RunFolderSink, close_all, guest_seconds, guests
 from ._spikes import SPIKE_KINDS
 from ._first_forward import structural_sites, wait_for_first_forward
@@ -189,7 +190,7 @@ class TrainingMonitor:
             raise StateError("TrainingMonitor.step() after close()")
         self._ready("step")
         if step is not None:
-            self._step = int(step)
+            self._step = check_step(step)
         s = self._step
         self._step += 1
         if s % self.every != 0:

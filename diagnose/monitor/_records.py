@@ -34,6 +34,20 @@ def is_step(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
 
 
+def check_step(step: Any) -> int:
+    """TrainingMonitor.step(step=...) as the readers will take it back: an integer from 0 to MAX_STEP
+    (ConfigError otherwise, before anything is written)."""
+    from ..errors import ConfigError
+
+    try:
+        value = int(step)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"step= must be an integer, got {type(step).__name__}") from None
+    if isinstance(step, bool) or not is_step(value):
+        raise ConfigError(f"step= must be an integer from 0 to 2**63 - 1, got {step!r:.30}")
+    return value
+
+
 def _check_step(value: Any, where: str, key: str = "step") -> None:
     if not is_step(value):
         raise RunFolderError(f"{where}: `{key}` is {_kind(value)}{f' {value!r:.30}' if number(value) is not None else ''}"

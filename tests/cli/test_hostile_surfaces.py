@@ -274,3 +274,28 @@ def test_the_binary_refuses_hostile_settings_with_one_line(tmp_path):
                            "--seed", "-3"], capture_output=True, text=True, timeout=120)
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "--seed" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_a_usage_error_is_printed_by_rank_0_only(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = ("heads", "m.pt", "--data", "d.pt", "--draws", "abc")
+    monkeypatch.setenv("RANK", "1")
+    res = invoke(*args)
+    assert res.exit_code == 2 and res.output == ""
+    monkeypatch.setenv("RANK", "0")
+    res = invoke(*args)
+    assert res.exit_code == 2 and res.output.count("Error: Invalid value for '--draws'") == 1
+
+
+@pytest.mark.parametrize("step", [2 ** 70, -1, "x"])
+def test_steps_the_readers_would_refuse_are_refused_when_written(tmp_path, step):
+    from diagnose.monitor import TrainingMonitor
+    from diagnose.zoo import ModelConfig, Transformer
+
+    with TrainingMonitor(Transformer(ModelConfig(n_layers=1, n_heads=2, d_model=8, max_len=8, vocab_size=11)),
+                         tmp_path / "run", echo=False) as monitor:
+        with pytest.raises((ConfigError, UsageError), match="step"):
+            monitor.log_eval(step, loss=1.0)
+        with pytest.raises(ConfigError, match="step="):
+            monitor.step(1.0, step=step)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == ""
