@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {make(parser.parse_args(argv).out)}")
     except DiagnoseError as exc:  # one line and exit code 2, as the CLI says its errors
         print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        sys.exit(2)
 
 
 if __name__ == "__main__":
