@@ -136,12 +136,17 @@ class Guest(Sink):
         except Exception as exc:  # noqa: BLE001 - said once below; the training run must go on
             self.dropped = True
             fix = getattr(self.sink, "fix", None) or f"fix its {method}(), or leave it out of sinks="
-            text = f"{type(exc).__name__}: {exc}"
+            text = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line, however the tracker wrote it
             warnings.warn(f"diagnose: sink {sink_name(self.sink)} failed in {method}() and is dropped for the rest "
                           f"of this run ({text[:_ERROR_CHARS]}); training, the run folder and the alerts go on "
                           f"without it; fix: {fix}", RuntimeWarning, stacklevel=4)
         finally:
             self.seconds += _clock() - start
+
+    def __getattr__(self, name: str) -> Any:  # the guest's own attributes (MLflowSink.run_id) read through
+        if name == "sink":
+            raise AttributeError(name)
+        return getattr(self.sink, name)
 
     def start(self, info: dict[str, Any]) -> None:
         self._call("start", _copy(info))

@@ -83,7 +83,7 @@ class Raises(Sink):
     def _maybe(self, name: str) -> None:
         self.calls.append(name)
         if name == self.method:
-            raise RuntimeError(f"tracker offline in {name}")
+            raise RuntimeError(f"tracker offline in {name}\n  (a second line the warning folds)")
 
     def start(self, info): self._maybe("start")
     def step(self, record): self._maybe("step")
@@ -112,6 +112,7 @@ def test_a_failing_sink_is_dropped_once_and_the_run_is_a_sink_free_one(tmp_path,
         seen = _train(tmp_path / "run", [sink])  # completes: the with block does not raise
     said = [str(w.message) for w in caught if "diagnose: sink" in str(w.message)]
     assert len(said) == 1 and name in said[0] and call in said[0] and "fix:" in said[0], said
+    assert "\n" not in said[0]
     assert _folder(tmp_path / "run") == sink_free[0]  # metrics, alerts, evals, run.json (closed), spikes
     assert seen == sink_free[1] and "nonfinite" in [a["kind"] for a in seen]
     assert getattr(sink, "calls", [what])[-1] == what  # dropped: nothing more after the failing call
@@ -225,6 +226,7 @@ def test_mlflow_sink_takes_names_it_would_refuse(tmp_path, monkeypatch):
         warnings.simplefilter("error")  # no sink is dropped
         with TrainingMonitor(Transformer(CFG), tmp_path / "run", echo=False, sinks=[sink]) as monitor:
             monitor.log_eval(0, loss=1.0, **HOSTILE_NAMES)
+    assert monitor.sinks[-1].run_id == sink.run_id  # the guard reads the sink's own attributes through
     logged = _mlflow_logged(uri, sink.run_id)
     for name, value in HOSTILE_NAMES.items():
         assert logged[mlflow_name(f"diagnose/eval/{name}")] == value
@@ -251,12 +253,18 @@ def test_lightning_mlflow_logger_gets_the_same_names(tmp_path, monkeypatch):
         assert logged[mlflow_name(f"diagnose/eval/{name}")] == value
 
 
-def test_streaming_to_nothing_says_so(tmp_path):
+def test_streaming_to_no_tracker_says_so(tmp_path):
     from diagnose.monitor.hf import _tracker_sinks
-    from diagnose.monitor.lightning import DiagnoseCallback
 
     with pytest.warns(RuntimeWarning, match="trackers=True.*nothing is streamed"):
         assert _tracker_sinks(types.SimpleNamespace(report_to=["none"], output_dir=str(tmp_path))) == []
+
+
+@pytest.mark.slow  # importing Lightning: ~25 s on a busy 2-core box
+def test_streaming_to_no_logger_says_so(tmp_path):
+    pytest.importorskip("lightning.pytorch")
+    from diagnose.monitor.lightning import DiagnoseCallback
+
     trainer = types.SimpleNamespace(loggers=[], is_global_zero=True, gradient_clip_val=None)
     callback = DiagnoseCallback(tmp_path / "run", loggers=True, echo=False)
     with pytest.warns(RuntimeWarning, match="loggers=True.*nothing is streamed"):
