@@ -77,8 +77,9 @@ class AblationConfig:
                 get_method(value)  # the registry names its own choices
             elif value not in allowed:
                 raise ConfigError(f"{name} {value!r} is not one of {', '.join(allowed)}")
-        check_draws(get_method(self.method), self.draws)
-        check_seed(self.seed)
+        draws = check_draws(get_method(self.method), self.draws)
+        object.__setattr__(self, "draws", None if self.draws is None else draws)  # numpy's integers as ints
+        object.__setattr__(self, "seed", check_seed(self.seed))
         if not (self.min_effect >= 0):
             raise ConfigError(f"min_effect must be 0 or more (a fraction of the baseline loss), got {self.min_effect}")
         if self.top is not None and int(self.top) < 0:

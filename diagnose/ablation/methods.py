@@ -21,6 +21,7 @@ names without it (`diagnose --help` stays instant).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -152,9 +153,10 @@ def check_draws(method: AblationMethod, draws: int | None) -> int:
     not random (a foldable method has one draw), or a draws that is not a whole number from 1 to MAX_DRAWS."""
     if draws is None:
         return method.draws
-    if isinstance(draws, bool) or not isinstance(draws, int):
+    if _whole(draws) is None:
         raise ConfigError(f"draws must be a whole number from 1 to {MAX_DRAWS}, got {type(draws).__name__} "
                           f"{draws!r:.40}")
+    draws = _whole(draws)
     if draws < 1 or (method.foldable and draws != 1):
         raise ConfigError(f"draws applies to a random fill such as resample and must be at least 1; method "
                           f"{method.name!r} has one draw, got {draws}")
@@ -179,9 +181,20 @@ def check_compared_draws(names: Sequence[str], draws: int | None, name: str = "d
 
 def check_seed(seed: Any, name: str = "seed") -> int:
     """`seed` if it is a whole number from 0 to 2**63 - 1 (what the donors' and the bootstrap's generators take)."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+    value = _whole(seed)
+    if value is None or not 0 <= value <= MAX_SEED:
         raise ConfigError(f"{name} must be a whole number from 0 to 2**63 - 1, got {seed!r:.40}")
-    return seed
+    return value
+
+
+def _whole(value: Any) -> int | None:
+    """value as an int when it is a whole number (a Python or numpy integer; not a bool, float or string)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def install(method: AblationMethod, state: Any, gates: Sequence[Any]) -> None:

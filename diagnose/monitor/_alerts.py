@@ -10,6 +10,7 @@ of `lr_first` kinds say "lower the lr" first.
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
@@ -125,9 +126,9 @@ def _check_threshold(name: str, value: Any, *, whole: bool, flag: bool, where: s
     shown = f"Thresholds(extra={{{name!r}: ...}})" if where else f"Thresholds({name}=...)"
     if flag and isinstance(value, bool):
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's numbers are Real too
         raise ConfigError(f"{shown} must be a number, got {type(value).__name__} {value!r:.40}")
-    if whole and not isinstance(value, int):
+    if whole and not isinstance(value, numbers.Integral):
         raise ConfigError(f"{shown} counts steps: a whole number, got {value!r}")
     if not (math.isfinite(value) and value >= 0):
         raise ConfigError(f"{shown} must be a finite number, 0 or more, got {value!r}")

@@ -44,6 +44,18 @@ def test_thresholds_are_checked_when_made(what, kw, words):
 def test_thresholds_that_are_fine_stay_as_they_were():
     t = Thresholds(extra={"z_rms_max": 20, "z_patience": 3}, warmup_check=False, init_entropy_frac=0)
     assert t.extra == {"z_rms_max": 20, "z_patience": 3} and t.warmup_check is False
+    import numpy as np
+
+    assert Thresholds(window=np.int64(7), grad_spike_ratio=np.float32(4.0)).window == 7  # numpy's numbers count
+
+
+def test_numpy_integers_are_whole_numbers_for_draws_and_seed():
+    import numpy as np
+
+    from diagnose.ablation import AblationConfig
+
+    config = AblationConfig(method="resample", draws=np.int64(3), seed=np.int64(5))
+    assert (config.draws, config.seed) == (3, 5) and type(config.seed) is int  # written as JSON integers
 
 
 HEADS = [("a negative seed", ["--seed", "-1"], "--seed"),
