@@ -342,7 +342,7 @@ def _verdict(h: dict[str, Any]) -> str:
 
 def _compared(agreement: Any) -> list[str]:
     methods = agreement.get("methods") if isinstance(agreement, dict) else None
-    return [str(m) for m in methods] if isinstance(methods, list) else []
+    return [str(m)[:40] for m in methods[:10]] if isinstance(methods, list) else []  # a few names, not a file's worth
 
 
 def _depends(agreement: Any, contradicting: bool) -> list[str]:
