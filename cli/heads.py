@@ -34,10 +34,10 @@ UNVERIFIED = "not verified"  # a --fast head's effect cell
               help="Sweep under each of these methods, e.g. zero,mean,resample, and report for each head whether "
                    "its verdict (matters, negligible, undecided) agrees; the first one's table is printed and "
                    "written (overrides --method).")
-@click.option("--draws", type=click.IntRange(min=1), default=None,
-              help="resample: donors per example, whose outcomes are averaged (default 2).")
+@click.option("--draws", type=int, default=None,
+              help="resample: donors per example, whose outcomes are averaged (default 2, at most 1000).")
 @click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of resample's donors and of the bootstrap intervals.")
+              help="Seed of resample's donors and of the bootstrap intervals (0 to 2**63 - 1).")
 @click.option("--json", "json_path", type=click.Path(path_type=str), default=None,
               help="Write the diagnose.heads/2 JSON here (atomically).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per batch (default 32).")
@@ -99,8 +99,15 @@ def heads(model: str, factory: str | None, forward: str | None, trust_pickle: bo
     check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data])  # before the slow imports
     from diagnose.ablation.plan import parse_size
 
+    from diagnose.ablation.methods import check_compared_draws, check_draws, check_seed, get_method
+
     closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
     compared = parse_methods(methods) if methods is not None else None
+    check_seed(seed, "--seed")  # numbers too, before the model is loaded (ablate_methods says which draws apply)
+    if compared is None:
+        check_draws(get_method(method), draws)
+    else:
+        check_compared_draws(compared, draws, "--draws")
     options = dict(method=compared[0] if compared else method, draws=None if compared else draws, seed=seed,
                    batch_size=batch_size, fast=fast, top=top, correction=correction, min_effect=min_effect,
                    rank_by=rank_by, together=closed, max_memory=parse_size(max_memory, "--max-memory"),

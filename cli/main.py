@@ -34,6 +34,10 @@ class _Group(click.Group):
                     raise
             _say(notes)  # after the result, and never before an error: that stays the one line said
             return out
+        except click.UsageError:  # a bad option: under torchrun every rank meets it; rank 0 prints click's message
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("RANK", "0") != "0":
+                ctx.exit(2)
+            raise
         except DiagnoseError as exc:
             # messages quote file names and values from files: printed as text, no escapes;
             # under torchrun every rank meets the same error (or is told another's): rank 0 says it,
@@ -50,7 +54,11 @@ class _Group(click.Group):
             click.echo("interrupted", err=True)
             ctx.exit(130)
         except Exception as exc:
-            if _peer_gone(exc):  # rank 0 said why in one line and left; repeating it as a traceback helps no one
+            if _peer_gone(exc):  # the rank that failed says why; repeating it as a traceback helps no one
+                if os.environ.get("RANK", "0") == "0":  # rank 0 was left waiting for a peer that died outright
+                    first = (str(exc).strip().splitlines() or [""])[0][:200]
+                    click.echo(f"error: another torchrun process exited while this one waited for it in a "
+                               f"collective ({type(exc).__name__}: {plain(first)}); its own output says why", err=True)
                 ctx.exit(2)
             raise
 
@@ -76,8 +84,8 @@ _PEER_GONE = ("Connection closed", "Connection reset", "Broken pipe", "recvBytes
 
 
 def _peer_gone(exc: Exception) -> bool:
-    """Under torchrun, on a rank other than 0: the collective failed because another process exited."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or os.environ.get("RANK", "0") == "0":
+    """Under torchrun: the collective failed because another process exited (on rank 0, one that died outright)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
     if type(exc).__module__.startswith("torch.distributed"):  # DistNetworkError, DistStoreError, ...
         return True

@@ -47,6 +47,8 @@ def _format_number(value: Any, spec: str = ".3f") -> str:
         x = float(value)
     except (TypeError, ValueError):
         return "–"
+    except OverflowError:  # an integer of 400 digits (JSON allows it): as large as an infinity
+        x = math.inf if value > 0 else -math.inf
     return format(x, spec) if math.isfinite(x) else str(x)
 
 

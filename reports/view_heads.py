@@ -21,6 +21,8 @@ from diagnose.errors import InputFileError
 from diagnose.head_fields import ATTENTION, HEAD_NUMBERS
 from diagnose.statistics import ATTENTION_STATS, Statistic, role_label, shown
 
+from ._sources import _is_pair
+
 MAX_EXAMPLES = 4
 MAX_TOKENS = 128
 MIN_TOKENS = 8  # the fewest tokens of an example shown, however many heads share the budget
@@ -340,7 +342,7 @@ def _verdict(h: dict[str, Any]) -> str:
 
 def _compared(agreement: Any) -> list[str]:
     methods = agreement.get("methods") if isinstance(agreement, dict) else None
-    return [str(m) for m in methods] if isinstance(methods, list) else []
+    return [str(m)[:40] for m in methods[:10]] if isinstance(methods, list) else []  # a few names, not a file's worth
 
 
 def _depends(agreement: Any, contradicting: bool) -> list[str]:
@@ -350,7 +352,7 @@ def _depends(agreement: Any, contradicting: bool) -> list[str]:
     methods = _compared(agreement)
     rows = agreement.get("heads") if isinstance(agreement, dict) else None
     listed = agreement.get("contradicts") if isinstance(agreement, dict) else None
-    strong = ({tuple(m) for m in listed if isinstance(m, list)} if isinstance(listed, list) else None)
+    strong = ({tuple(m) for m in listed if _is_pair(m)} if isinstance(listed, list) else None)
     out = []
     for r in rows if isinstance(rows, list) else []:
         if not (isinstance(r, dict) and r.get("agree") is False and isinstance(r.get("verdicts"), dict)
@@ -360,4 +362,9 @@ def _depends(agreement: Any, contradicting: bool) -> list[str]:
             continue
         said = ", ".join(f"{m}: {r['verdicts'].get(m)}" for m in methods if isinstance(r["verdicts"].get(m), str))
         out.append(f"{head_label(r['layer'], r['head'])} ({said})")
+    if len(out) > MAX_LISTED:  # a page names a few dozen; the JSON keeps every one
+        out = out[:MAX_LISTED] + [f"{len(out) - MAX_LISTED} more heads (agreement in the JSON)"]
     return out
+
+
+MAX_LISTED = 40  # heads named in one sentence of the page

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from ..errors import ConfigError, UsageError
 from ..objectives import TASKS
 from . import significance
-from .methods import check_draws, get_method
+from .methods import check_draws, check_seed, get_method
 
 DEFAULT_TOP = 5
 FAST_RANK = "second_order_delta_loss"  # the cheap estimate closest to exact ablation (bench/bench_estimators.py)
@@ -77,7 +77,9 @@ class AblationConfig:
                 get_method(value)  # the registry names its own choices
             elif value not in allowed:
                 raise ConfigError(f"{name} {value!r} is not one of {', '.join(allowed)}")
-        check_draws(get_method(self.method), self.draws)
+        draws = check_draws(get_method(self.method), self.draws)
+        object.__setattr__(self, "draws", None if self.draws is None else draws)  # numpy's integers as ints
+        object.__setattr__(self, "seed", check_seed(self.seed))
         if not (self.min_effect >= 0):
             raise ConfigError(f"min_effect must be 0 or more (a fraction of the baseline loss), got {self.min_effect}")
         if self.top is not None and int(self.top) < 0:

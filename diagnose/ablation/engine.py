@@ -24,7 +24,7 @@ import torch
 from .._distributed import Ranks, pick, ranks
 from ..adapters.base import AttentionSite
 from ..adapters.shared import shared_modules
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageError
 from ..modes import eval_mode
 from ..sites import find_heads
 from . import contrast, roles, significance, verdict
@@ -35,7 +35,7 @@ from .batches import Batches, as_batches, for_last_position
 from . import direct as _direct
 from .config import DEFAULT_TOP, FAST_RANK, MIN_EFFECT, RANKINGS, AblationConfig
 from .gate import gated
-from .methods import METHODS, DataPass, Prepared, get_method, prepare
+from .methods import METHODS, DataPass, Prepared, check_compared_draws, get_method, prepare
 from .plan import Plan, micro_batches, plan_sweep
 from .progress import Progress, ProgressCallback
 from .result import HeadEffect, HeadsResult
@@ -109,7 +109,11 @@ def ablate_methods(model: torch.nn.Module, data: Any, methods: Sequence[str], *,
     serves all methods: each batch's clean pass and prefixes are computed once (with --fast each method
     ranks from its own clean passes, as the gradient depends on the fill). The attention summary, the
     groups closed together and the direct effects are the first method's."""
+    if isinstance(methods, (str, bytes)) or not all(isinstance(m, str) for m in methods):
+        raise UsageError(f"methods must be a list of method names such as ['zero', 'mean'], got {methods!r:.60}"
+                         + (" (split the string: methods.split(','))" if isinstance(methods, str) else ""))
     names = list(dict.fromkeys(methods))
+    check_compared_draws(names, draws)
     if len(names) < 2:
         raise ConfigError(f"methods: name at least two different methods to compare, got {', '.join(names)}")
     cfg = AblationConfig.of(config, options)

@@ -21,12 +21,13 @@ names without it (`diagnose --help` stays instant).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ..errors import ConfigError
 from ..registry import Registry
-from .resample import DRAWS, resample_fill, resample_outputs
+from .resample import DRAWS, MAX_DRAWS, MAX_SEED, resample_fill, resample_outputs
 
 if TYPE_CHECKING:
     import torch
@@ -149,13 +150,51 @@ class Prepared:
 
 def check_draws(method: AblationMethod, draws: int | None) -> int:
     """The draws `method` runs with: `draws` (None: the method's own); ConfigError for a fill that is
-    not random (a foldable method has one draw) or a number under 1."""
+    not random (a foldable method has one draw), or a draws that is not a whole number from 1 to MAX_DRAWS."""
     if draws is None:
         return method.draws
-    if int(draws) < 1 or (method.foldable and int(draws) != 1):
+    if _whole(draws) is None:
+        raise ConfigError(f"draws must be a whole number from 1 to {MAX_DRAWS}, got {type(draws).__name__} "
+                          f"{draws!r:.40}")
+    draws = _whole(draws)
+    if draws < 1 or (method.foldable and draws != 1):
         raise ConfigError(f"draws applies to a random fill such as resample and must be at least 1; method "
                           f"{method.name!r} has one draw, got {draws}")
-    return int(draws)
+    if draws > MAX_DRAWS:
+        raise ConfigError(f"draws {draws} is more than {MAX_DRAWS} (each draw is one more forward per closed head); "
+                          f"lower it")
+    return draws
+
+
+def check_compared_draws(names: Sequence[str], draws: int | None, name: str = "draws") -> None:
+    """ConfigError for a `draws` given to a comparison of methods none of which is a random fill (it would
+    be ignored), or one that is not a valid draws for the random ones."""
+    if draws is None:
+        return
+    random = [m for m in (get_method(n) for n in names) if not m.foldable]
+    if not random:
+        raise ConfigError(f"{name} applies to a random fill such as resample; none of {', '.join(names)} is one, "
+                          f"so {name} {draws!r:.20} would be ignored: leave it out or add resample")
+    for m in random:
+        check_draws(m, draws)
+
+
+def check_seed(seed: Any, name: str = "seed") -> int:
+    """`seed` if it is a whole number from 0 to 2**63 - 1 (what the donors' and the bootstrap's generators take)."""
+    value = _whole(seed)
+    if value is None or not 0 <= value <= MAX_SEED:
+        raise ConfigError(f"{name} must be a whole number from 0 to 2**63 - 1, got {seed!r:.40}")
+    return value
+
+
+def _whole(value: Any) -> int | None:
+    """value as an int when it is a whole number (a Python or numpy integer; not a bool, float or string)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def install(method: AblationMethod, state: Any, gates: Sequence[Any]) -> None:

@@ -239,7 +239,12 @@ def _nbytes(obj: Any) -> int:
 
 
 def _mb(n: int) -> str:
-    return f"{n / 2 ** 30:.1f} GB" if n >= 2 ** 30 else f"{n / 2 ** 20:.0f} MB"
+    """A size as a person reads it: GB, MB, KB or bytes (1KB is not "0 MB")."""
+    if n >= 2 ** 30:
+        return f"{n / 2 ** 30:.1f} GB"
+    if n >= 2 ** 20:
+        return f"{n / 2 ** 20:.0f} MB"
+    return f"{n / 2 ** 10:.0f} KB" if n >= 2 ** 10 else f"{n} bytes"
 
 
 def micro_batches(batches: Sequence[tuple[Any, Any]], size: int) -> Sequence[tuple[Any, Any]]:

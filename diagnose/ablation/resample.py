@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from .methods import DataPass
 
 POOL = 64  # donors recorded per data set: memory POOL x T x H x D per layer, whatever the data's size
+MAX_DRAWS = 1000  # draws per example at most: each is one more forward per closed head (docs/heads.md)
+MAX_SEED = 2 ** 63 - 1  # torch.Generator's seeds are 64-bit; the bootstrap's numpy ones likewise
 DRAWS = 2  # default donors per example: the sweep's ablations cost about this many zero sweeps
 
 
@@ -47,8 +49,14 @@ def choose_donors(n: int, draws: int, seed: int, pool_size: int = POOL) -> tuple
     """(pool [P] data set indices, table [n, draws] pool indices): never an example's own output."""
     import torch
 
+    from .plan import SAFETY, _mb, free_memory
+
     if n < 2:
         raise ConfigError("resample ablation needs at least 2 examples (each takes its donor from another)")
+    table_bytes, free = n * draws * 8, free_memory(torch.device("cpu"))  # int64 [n, draws]
+    if free is not None and table_bytes > free * SAFETY:
+        raise ConfigError(f"resample's donor table for {n} examples x {draws} draws needs {_mb(table_bytes)}, more "
+                          f"than the free memory ({_mb(free)}); lower --draws")
     g = torch.Generator().manual_seed(int(seed))
     pool = torch.randperm(n, generator=g)[:min(n, pool_size)]  # [P]
     P = pool.numel()
@@ -108,12 +116,12 @@ def resample_outputs(data_pass: "DataPass") -> Donors:
         now["members"] = [(b, where[row]) for b, row in enumerate(rows.tolist()) if row in where]
 
     observe_heads(sweep, batches, data_pass.first, observer, before, data_pass.tick)
-    for s, out in enumerate(outputs):
+    gathered, _ = reduce(outputs + means, [])  # a rank that held no batch has None here: the peers' outputs
+    k = len(outputs)
+    for s, out in enumerate(gathered[:k]):  # after the reduction, as mean's data pass: no rank saw the site
         if out is None:
             sweep.silent(s)
-    gathered, _ = reduce(outputs + means, [])
-    k = len(outputs)
-    device = outputs[0].device if outputs else None
+    device = next((t.device for t in outputs if t is not None), gathered[0].device if gathered else None)
     return Donors([t.to(device) for t in gathered[:k]], [t.to(device) for t in gathered[k:]],
                   table.to(device), pool)
 

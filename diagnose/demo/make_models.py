@@ -13,12 +13,14 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import platform
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
 from .. import _json
+from ..errors import DiagnoseError, OutputError
 from .._write import atomic_write
 from . import _shipped
 from ._lessons import train_variant
@@ -28,7 +30,12 @@ from ._run import demo_variants
 def make(out: Path) -> Path:
     from safetensors.torch import save
 
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{out}: is a file, not a folder; give --out a folder to write the models into")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{out}: cannot be made ({exc.strerror}); give --out a folder you can write") from None
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     models = {}
@@ -60,7 +67,11 @@ def make(out: Path) -> Path:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m diagnose.demo.make_models", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=_shipped.MODELS_DIR, help="folder to write (default: %(default)s)")
-    print(f"wrote {make(parser.parse_args(argv).out)}")
+    try:
+        print(f"wrote {make(parser.parse_args(argv).out)}")
+    except DiagnoseError as exc:  # one line and exit code 2, as the CLI says its errors
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,13 @@ of `lr_first` kinds say "lower the lr" first.
 
 from __future__ import annotations
 
+import math
+import numbers
 import sys
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping
+
+from ..errors import ConfigError
 
 from ._detect import DETECTORS, Context, Detector, hints, kinds
 from ._divergence import evidence_first
@@ -93,12 +97,41 @@ class Thresholds:
     cooldown: int = 100
     extra: dict[str, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Every value checked now, not at the first step that reads it: a finite number, 0 or more
+        (a whole number where the field counts steps; warmup_check may also be False); ConfigError."""
+        for f in fields(self):
+            if f.name != "extra":
+                _check_threshold(f.name, getattr(self, f.name), whole=f.type.startswith("int"),
+                                 flag=f.name == "warmup_check")
+        if self.window < 1:
+            raise ConfigError(f"Thresholds(window=...) must be at least 1, got {self.window}")
+        if not isinstance(self.extra, Mapping):
+            raise ConfigError(f"Thresholds(extra=...) must be a dict {{name: number}}, got {type(self.extra).__name__}")
+        for name, value in self.extra.items():
+            if not isinstance(name, str):
+                raise ConfigError(f"Thresholds(extra=...) names must be strings, got {name!r}")
+            _check_threshold(name, value, whole=False, flag=False, where="extra")
+        self.extra = dict(self.extra)
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         if not out["extra"]:
             del out["extra"]  # run.json as before when no plug-in threshold is set
         return out
 
+
+
+def _check_threshold(name: str, value: Any, *, whole: bool, flag: bool, where: str = "") -> None:
+    shown = f"Thresholds(extra={{{name!r}: ...}})" if where else f"Thresholds({name}=...)"
+    if flag and isinstance(value, bool):
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's numbers are Real too
+        raise ConfigError(f"{shown} must be a number, got {type(value).__name__} {value!r:.40}")
+    if whole and not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{shown} counts steps: a whole number, got {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{shown} must be a finite number, 0 or more, got {value!r}")
 
 
 class _Latch:

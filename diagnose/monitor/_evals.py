@@ -36,6 +36,10 @@ def eval_record(step: int, loss: Any, metrics: dict[str, Any]) -> dict[str, Any]
     """The evals.jsonl object for one evaluation (numbers as floats; NaN kept, written as strict JSON)."""
     if isinstance(step, bool) or not isinstance(step, int):
         raise UsageError(f"log_eval: step must be an integer, got {type(step).__name__}")
+    from ._records import is_step
+
+    if not is_step(step):  # the readers take 0 to 2**63 - 1: refused here rather than skipped there
+        raise UsageError(f"log_eval: step must be from 0 to 2**63 - 1, got {step}")
     return {"step": step, "time": time.time(), "loss": _number("loss", loss),
             "metrics": {str(k): _number(str(k), v) for k, v in metrics.items()}}
 
@@ -64,9 +68,10 @@ def _scalar_tensor(v: Any) -> bool:
 
 def check_eval(rec: dict[str, Any], where: str) -> None:
     """Refuse an evals.jsonl line whose fields are not what the readers use."""
-    step = rec.get("step")
-    if not isinstance(step, int) or isinstance(step, bool):
-        raise RunFolderError(f"{where}: `step` is not an integer; {_FIX}")
+    from ._records import is_step
+
+    if not is_step(rec.get("step")):
+        raise RunFolderError(f"{where}: `step` is not a step (an integer from 0 to 2**63 - 1); {_FIX}")
     metrics = rec.get("metrics", {})
     ok = lambda v: v is None or number(v) is not None  # noqa: E731
     if not ok(rec.get("loss")) or not ok(rec.get("time")):

@@ -7,11 +7,26 @@ leaves a run the user opened to the user: only a run a sink opened itself is clo
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageError
 from ._live import LiveSink, finite_or_none
+
+MLFLOW_KEY_CHARS = 250  # MLflow's limit on a metric or tag name
+_REFUSED = re.compile(r"[^A-Za-z0-9_\-. /]")  # what MLflow (and Lightning's MLFlowLogger) refuse or strip
+
+
+def mlflow_name(name: str) -> str:
+    """`name` as MLflow accepts it, the same way every time (docs/monitor.md, "Names"): each character
+    outside A-Z a-z 0-9 _ - . space / becomes `_`, a path part that is empty, `.` or `..` becomes `_`,
+    and a name over 250 characters keeps its first 241 and ends in `-` and 8 hex digits of its sha1."""
+    out = "/".join(p if p not in ("", ".", "..") else "_" for p in _REFUSED.sub("_", name).split("/"))
+    if len(out) > MLFLOW_KEY_CHARS:
+        out = f"{out[:MLFLOW_KEY_CHARS - 9]}-{hashlib.sha1(name.encode('utf-8', 'replace')).hexdigest()[:8]}"
+    return out
 
 
 def _need(module: str, extra: str) -> Any:
@@ -28,10 +43,15 @@ class TensorBoardSink(LiveSink):
     own `writer` (a torch.utils.tensorboard SummaryWriter, left open). flush_secs: how stale the
     live view may be (TensorBoard reads what was flushed)."""
 
+    fix = "check that the logdir is writable and the SummaryWriter still open"
+
     def __init__(self, logdir: str | os.PathLike | None = None, *, writer: Any = None, flush_secs: int = 10):
         if (logdir is None) == (writer is None):
             raise ConfigError("TensorBoardSink needs a logdir or a writer (one of them)")
         if writer is None:
+            if os.path.lexists(logdir) and not os.path.isdir(logdir):
+                raise ConfigError(f"TensorBoardSink: logdir {os.fspath(logdir)} is a file or a dangling symlink, not a "
+                                  f"folder: give a folder's path")
             _need("tensorboard", "tensorboard")
             writer = _need("torch.utils.tensorboard", "tensorboard").SummaryWriter(
                 log_dir=str(logdir), flush_secs=flush_secs)
@@ -52,21 +72,25 @@ class TensorBoardSink(LiveSink):
 
 
 class WandbSink(LiveSink):
-    """Scalars into a Weights & Biases run: `run`, else the active `wandb.run` (looked up at the
-    first record, so that a trainer's own wandb callback may open it after this sink is made).
+    """Scalars into a Weights & Biases run: `run`, else the active `wandb.run` when the sink is made (the
+    Hugging Face callback makes it in on_train_begin, after the Trainer's own wandb callback opened the run).
 
     The values carry `diagnose/step` and are plotted against it (wandb.define_metric), so that
-    diagnose never moves the run's own step counter; alerts also go to the run's summary as text."""
+    diagnose never moves the run's own step counter; alerts also go to the run's summary as text.
+    UsageError when it is made without a run to write to (no wandb.init() yet, or a finished run)."""
+
+    fix = "keep the wandb run open until TrainingMonitor.close() (wandb.finish() after it)"
 
     def __init__(self, run: Any = None):
         self.wandb = _need("wandb", "wandb")
-        self._run = run
+        self._run = run if run is not None else self.wandb.run
+        if self._run is None:
+            raise UsageError("WandbSink: no wandb run: call wandb.init() before making the sink, or pass "
+                             "WandbSink(run=...)")
+        if getattr(self._run, "_is_finished", False):
+            raise UsageError("WandbSink: the wandb run is finished (wandb.finish() ran): pass an open run")
 
     def _active(self) -> Any:
-        if self._run is None:
-            self._run = self.wandb.run
-            if self._run is None:
-                raise ConfigError("WandbSink: no wandb run: call wandb.init() first or pass WandbSink(run=...)")
         if not getattr(self, "_defined", False):
             self._run.define_metric(f"{self.prefix}step")
             self._run.define_metric(f"{self.prefix}*", step_metric=f"{self.prefix}step")
@@ -74,8 +98,7 @@ class WandbSink(LiveSink):
         return self._run
 
     def start(self, info: dict[str, Any]) -> None:
-        if self._run is not None or self.wandb.run is not None:
-            self._active().config.update({"diagnose": info.get("settings", {})}, allow_val_change=True)
+        self._active().config.update({"diagnose": info.get("settings", {})}, allow_val_change=True)
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         self._active().log({**scalars, f"{self.prefix}step": step})
@@ -87,7 +110,10 @@ class WandbSink(LiveSink):
 class MLflowSink(LiveSink):
     """Scalars into an MLflow run: `run_id`, else the active run, else a run this sink starts (and
     ends at close). tracking_uri: the store (default: MLflow's own setting). MLflow refuses NaN
-    and infinities in some stores: they are left out here (the run folder keeps them)."""
+    and infinities in some stores: they are left out here (the run folder keeps them); names it
+    refuses are rewritten by mlflow_name."""
+
+    fix = "check the tracking_uri and that the MLflow run is still open"
 
     def __init__(self, run_id: str | None = None, *, tracking_uri: str | None = None,
                  experiment_id: str | None = None):
@@ -114,12 +140,12 @@ class MLflowSink(LiveSink):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(k, v, now, step) for k, v in scalars.items() if finite_or_none(v) is not None]
+        metrics = [Metric(mlflow_name(k), v, now, step) for k, v in scalars.items() if finite_or_none(v) is not None]
         for i in range(0, len(metrics), 1000):  # MLflow's batch limit
             self.client.log_batch(self._run_id, metrics=metrics[i:i + 1000])
 
     def text(self, tag: str, text: str, step: int) -> None:
-        self.client.set_tag(self._run_id, tag, text[:5000])  # the last alert of each kind
+        self.client.set_tag(self._run_id, mlflow_name(tag), text[:5000])  # the last alert of each kind
 
     def close(self, steps_seen: int) -> None:
         if self._own:
@@ -128,11 +154,17 @@ class MLflowSink(LiveSink):
 
 class LightningLoggersSink(LiveSink):
     """Scalars into every logger a Lightning Trainer has (trainer.loggers: TensorBoard, wandb,
-    MLflow, CSV, ...), through their log_metrics; the Lightning callback's `loggers=True`."""
+    MLflow, CSV, ...), through their log_metrics; the Lightning callback's `loggers=True`. Names go
+    to an MLflow logger through mlflow_name (it would strip what MLflow refuses, with a warning per step)."""
+
+    fix = "check the trainer's loggers (trainer.loggers)"
 
     def __init__(self, trainer: Any):
         self.trainer = trainer
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         for logger in getattr(self.trainer, "loggers", []) or []:
-            logger.log_metrics(scalars, step=step)
+            if "mlflow" in type(logger).__name__.lower():
+                logger.log_metrics({mlflow_name(k): v for k, v in scalars.items()}, step=step)
+            else:
+                logger.log_metrics(scalars, step=step)

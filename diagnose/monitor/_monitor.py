@@ -27,7 +27,8 @@ from ._config import MonitorConfig
 from ._evals import eval_record
 from ._layout import StepLayout
 from ._measure import MEASUREMENTS, Probe, StepInputs
-from ._sinks import RunFolderSink, close_all
+from ._records import check_step
+from ._sinks import RunFolderSink, close_all, guest_seconds, guests
 from ._spikes import SPIKE_KINDS
 from ._first_forward import structural_sites, wait_for_first_forward
 from ._signals import find_blocks, find_sites, is_compiled, scaler_divisor, unwrap
@@ -90,7 +91,7 @@ class TrainingMonitor:
         self.rank, self.world = _dist_world()
         self._step = 0
         self._closed = False
-        user_sinks = list(cfg.sinks)
+        user_sinks = guests(cfg.sinks)  # each behind a guard: a sink that fails is dropped, not the run
         if run_dir is None and not user_sinks:
             raise ConfigError("TrainingMonitor needs a run folder (run_dir) or at least one sink")
         self._folder = RunFolderSink(run_dir) if run_dir is not None else None
@@ -190,7 +191,7 @@ class TrainingMonitor:
             raise StateError("TrainingMonitor.step() after close()")
         self._ready("step")
         if step is not None:
-            self._step = int(step)
+            self._step = check_step(step)
         s = self._step
         self._step += 1
         if s % self.every != 0:
@@ -198,7 +199,7 @@ class TrainingMonitor:
             self._grad_snapshot = None
             self._arm(self._step)
             return None
-        now = time.perf_counter()
+        now = time.perf_counter() - guest_seconds(self.sinks)  # a slow sink is not the step's time
         forwards = self._acts.forwards
         try:
             record = self._measure(s, loss, optimizer, lr, scaler, tokens)

@@ -15,6 +15,7 @@ from .._numbers import kind, number
 from ..errors import RunFolderError
 from ._fields import record_fields
 
+MAX_STEP = 2 ** 63 - 1  # a step is an int64 wherever it goes (pandas, TensorBoard's event files)
 FIX = _FIX = "the file was not written by diagnose.TrainingMonitor, or was edited: restore it or start a new run folder"
 
 
@@ -26,6 +27,31 @@ def _number_fields() -> list[str]:
 
 def _is_number(value: Any) -> bool:
     return value is None or number(value) is not None
+
+
+def is_step(value: Any) -> bool:
+    """Whether `value` is a step as the readers use it: an integer from 0 to MAX_STEP (an int64)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
+
+
+def check_step(step: Any) -> int:
+    """TrainingMonitor.step(step=...) as the readers will take it back: an integer from 0 to MAX_STEP
+    (ConfigError otherwise, before anything is written)."""
+    from ..errors import ConfigError
+
+    try:
+        value = int(step)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"step= must be an integer, got {type(step).__name__}") from None
+    if isinstance(step, bool) or not is_step(value):
+        raise ConfigError(f"step= must be an integer from 0 to 2**63 - 1, got {step!r:.30}")
+    return value
+
+
+def _check_step(value: Any, where: str, key: str = "step") -> None:
+    if not is_step(value):
+        raise RunFolderError(f"{where}: `{key}` is {_kind(value)}{f' {value!r:.30}' if number(value) is not None else ''}"
+                             f", not a step (an integer from 0 to 2**63 - 1); {_FIX}")
 
 
 _kind = kind
@@ -44,13 +70,18 @@ def check_info(info: Any, where: str) -> None:
         raise RunFolderError(f"{where}: `model.blocks` is not a list of names; {_FIX}")
     if not all(isinstance(s, dict) for s in info.get("sessions") or []):
         raise RunFolderError(f"{where}: `sessions` holds something other than objects; {_FIX}")
+    settings = info.get("settings") or {}
+    for name, value in (("clip", info.get("clip")), *((f"settings.{k}", settings.get(k)) for k in _SETTINGS)):
+        if not _is_number(value):
+            raise RunFolderError(f"{where}: `{name}` is {_kind(value)}, not a number; {_FIX}")
+
+
+_SETTINGS = ("clip", "every", "attention_every", "world_size", "spike_bytes")  # the numbers the readers print
 
 
 def check_record(rec: dict[str, Any], where: str) -> None:
     """Raise RunFolderError unless a metrics record's fields have the types the readers use."""
-    step = rec.get("step")
-    if not isinstance(step, int) or isinstance(step, bool):
-        raise RunFolderError(f"{where}: `step` is {_kind(step)}, not an integer; {_FIX}")
+    _check_step(rec.get("step"), where)
     for key in _number_fields():
         value = rec.get(key)
         if key == "lr" and isinstance(value, list) and all(_is_number(v) for v in value):
@@ -82,8 +113,8 @@ def check_alert(rec: dict[str, Any], where: str) -> None:
     for key in ("kind", "severity", "where", "message", "hint"):
         if key in rec and rec[key] is not None and not isinstance(rec[key], str):
             raise RunFolderError(f"{where}: `{key}` is {_kind(rec[key])}, not a string; {_FIX}")
-    if "step" in rec and not _is_number(rec["step"]):
-        raise RunFolderError(f"{where}: `step` is {_kind(rec['step'])}, not a number; {_FIX}")
+    if rec.get("step") is not None:
+        _check_step(rec["step"], where)
 
 
 def _short(name: Any) -> str:

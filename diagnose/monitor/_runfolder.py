@@ -22,7 +22,6 @@ Infinity tokens are read too. Each session records the writer's pid and host, so
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -168,25 +167,34 @@ def iter_records(path: Path, skipped: list[int] | None = None,
 def _parsed_lines(path: Path, skipped: list[int] | None,
                   check: Callable[[dict[str, Any], str], None] | None) -> Iterator[dict[str, Any]]:
     for number, raw in iter_lines(path, f"{path.name} of a run folder"):
-        line = raw.decode("utf-8", "replace").strip()
-        if not line:
-            continue
-        try:
-            rec = _json.loads(line)
-        except _json.TooLargeError as exc:  # it parses: damage, not a torn write
-            if check is not None:
-                raise RunFolderError(f"{path}, line {number}: {exc}; {_FIX}") from None
-            if skipped is not None:
-                skipped.append(1)
-            continue
-        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
-            if skipped is not None:
-                skipped.append(1)
-            continue
-        if isinstance(rec, dict):
-            if check is not None:
-                check(rec, f"{path}, line {number}")
+        rec = parse_record(raw, f"{path}, line {number}", skipped, check)
+        if rec is not None:
             yield rec
+
+
+def parse_record(raw: bytes, where: str, skipped: list[int] | None,
+                 check: Callable[[dict[str, Any], str], None] | None) -> dict[str, Any] | None:
+    """One JSONL line as a record, for every reader (read_run and the live tail alike): None for a blank
+    line or one that does not parse (a torn write, nesting too deep: counted in `skipped`); a line that
+    parses is checked by `check`, which refuses damage."""
+    line = raw.decode("utf-8", "replace").strip()
+    if not line:
+        return None
+    try:
+        rec = _json.loads(line)
+    except _json.TooLargeError as exc:  # it parses: damage, not a torn write
+        if check is not None:
+            raise RunFolderError(f"{where}: {exc}; {_FIX}") from None
+        rec = None
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+        rec = None
+    if not isinstance(rec, dict):
+        if rec is None and skipped is not None:
+            skipped.append(1)
+        return None
+    if check is not None:
+        check(rec, where)
+    return rec
 
 
 def _last_step(path: Path) -> int | None:
@@ -305,12 +313,10 @@ class RunTail:
         end = data.rfind(b"\n") + 1  # a line without its newline is still being written
         self._offsets[name] += end
         out = []
-        for line in data[:end].decode("utf-8", "replace").splitlines():
-            try:
-                rec = _json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict):
+        check = _check_step if name == METRICS else check_alert  # the same checks as read_run's
+        for i, line in enumerate(data[:end].split(b"\n")):  # "\n" only: JSON strings may hold U+2028
+            rec = parse_record(line, f"{path}, new line {i + 1}", None, check)
+            if rec is not None:
                 out.append(rec)
         return out
 

@@ -7,13 +7,19 @@ close(steps_seen) once. The run folder (`RunFolderSink`) is the source of truth 
 readers use; a live tracker (wandb, TensorBoard, MLflow) is one more Sink subclass in its own
 file, passed as TrainingMonitor(..., sinks=[...]) (the trainers' callbacks pass it through).
 
-An error raised by a sink stops the step that called it, after the sinks before it (the run
-folder first) have their record.
+The run folder is the monitor's own; every other sink is a guest (`Guest`): each call into it
+gets its own copy of the payload, is timed apart (the time a sink takes is left out of
+`step_time`), and an exception it raises is caught: warned once (RuntimeWarning) naming the sink,
+the call and the fix, and the sink is dropped for the rest of the run (no retry: a tracker that
+failed once would fail or lag on every step). Training, the run folder, the alerts, `on_alert`,
+`raise_on` and the spike batch go on exactly as without it. KeyboardInterrupt and SystemExit pass.
 """
 
 from __future__ import annotations
 
 import os
+import time
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -81,6 +87,11 @@ def check_sinks(sinks: Iterable[Any] | None) -> list[Any]:
         return []
     if isinstance(sinks, (str, bytes, os.PathLike)) or not isinstance(sinks, Iterable):
         raise UsageError(f"sinks must be a list of Sink objects, got {type(sinks).__name__}")
+    sinks = list(sinks)
+    for s in sinks:
+        if isinstance(s, type):  # TensorBoardSink, not TensorBoardSink(logdir): its methods want a self
+            raise UsageError(f"sinks holds the class {s.__name__}, not a sink: pass an instance, "
+                             f"e.g. {s.__name__}(...)")
     out = [CallableSink(s) if callable(s) and not isinstance(s, Sink) and not hasattr(s, "step") else s
            for s in sinks]
     for s in out:
@@ -91,8 +102,83 @@ def check_sinks(sinks: Iterable[Any] | None) -> list[Any]:
     return out
 
 
+_clock = time.perf_counter  # a test may swap it for a counter of its own
+_ERROR_CHARS = 300  # of a failing sink's message, in the warning
+
+
+def _copy(value: Any) -> Any:
+    """A copy of a record's dicts and lists (numbers and strings are shared: immutable)."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+def sink_name(sink: Any) -> str:
+    """A sink as a warning names it: its class, and a plain function's own name."""
+    fn = getattr(sink, "fn", None)
+    inner = f"({getattr(fn, '__qualname__', type(fn).__name__)})" if fn is not None else ""
+    return f"{type(sink).__name__}{inner}"
+
+
+class Guest(Sink):
+    """A user's sink behind a guard (see the module's docstring): the sink is `sink`, the seconds its
+    calls took `seconds`, and `dropped` is True once one of them raised."""
+
+    def __init__(self, sink: Any):
+        self.sink, self.seconds, self.dropped = sink, 0.0, False
+
+    def _call(self, method: str, payload: Any) -> None:
+        if self.dropped:
+            return
+        start = _clock()
+        try:
+            getattr(self.sink, method)(payload)
+        except Exception as exc:  # noqa: BLE001 - said once below; the training run must go on
+            self.dropped = True
+            fix = getattr(self.sink, "fix", None) or f"fix its {method}(), or leave it out of sinks="
+            text = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line, however the tracker wrote it
+            warnings.warn(f"diagnose: sink {sink_name(self.sink)} failed in {method}() and is dropped for the rest "
+                          f"of this run ({text[:_ERROR_CHARS]}); training, the run folder and the alerts go on "
+                          f"without it; fix: {fix}", RuntimeWarning, stacklevel=4)
+        finally:
+            self.seconds += _clock() - start
+
+    def __getattr__(self, name: str) -> Any:  # the guest's own attributes (MLflowSink.run_id) read through
+        if name == "sink":
+            raise AttributeError(name)
+        return getattr(self.sink, name)
+
+    def start(self, info: dict[str, Any]) -> None:
+        self._call("start", _copy(info))
+
+    def step(self, record: dict[str, Any]) -> None:
+        self._call("step", _copy(record))
+
+    def alert(self, alert: dict[str, Any]) -> None:
+        self._call("alert", _copy(alert))
+
+    def eval(self, record: dict[str, Any]) -> None:
+        self._call("eval", _copy(record))
+
+    def close(self, steps_seen: int) -> None:
+        self._call("close", steps_seen)
+
+
+def guests(sinks: Iterable[Any]) -> list[Guest]:
+    """The user's sinks, each behind its guard (one already guarded is kept as it is)."""
+    return [s if isinstance(s, Guest) else Guest(s) for s in sinks]
+
+
+def guest_seconds(sinks: Iterable[Any]) -> float:
+    """The seconds the guests among `sinks` have taken so far (left out of step_time)."""
+    return sum(s.seconds for s in sinks if isinstance(s, Guest))
+
+
 def close_all(sinks: list[Any], steps_seen: int) -> None:
-    """Close every sink, even when one fails; the first error is raised after all were closed."""
+    """Close every sink, even when one fails; the first error is raised after all were closed (a guest
+    never raises: only the run folder's own error, such as a full disk, reaches the caller)."""
     error = None
     for s in sinks:
         try:

@@ -22,6 +22,7 @@ joined) is saved, with per-example losses when the model declares a causal or ma
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Iterable
 
 import torch
@@ -81,6 +82,10 @@ def _tracker_sinks(args: Any) -> list:
         root = getattr(args, "logging_dir", None) or os.getenv("TENSORBOARD_LOGGING_DIR") or \
             os.path.join(args.output_dir, "runs")
         sinks.append(TensorBoardSink(os.path.join(root, "diagnose")))
+    if not sinks:
+        warnings.warn(f"diagnose: DiagnoseHFCallback(trackers=True), but args.report_to ({report}) names none of "
+                      f"wandb, mlflow, tensorboard: nothing is streamed; fix: add one to report_to, or drop "
+                      f"trackers=True", RuntimeWarning, stacklevel=3)
     return sinks
 
 
@@ -113,7 +118,7 @@ class DiagnoseHFCallback(_base()):
         config = self.config.with_trainer(
             clip=args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None,
             settings={"grad_norm_post_clip": False, "integration": "hf"},
-            sinks=_tracker_sinks(args) if self.trackers else [])
+            sinks=_tracker_sinks(args) if self.trackers and state.is_world_process_zero else [])
         self.monitor = TrainingMonitor(model, self.run_dir, config=config)
         self._scaler = getattr(optimizer, "scaler", None)  # accelerate's GradScaler (fp16), else None
         # the model's own declared loss: next-token (shifted) or masked-token cross-entropy

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Iterable
 
 import torch
@@ -52,6 +53,10 @@ class DiagnoseCallback(_base()):
         self._before_val: dict[str, Any] = {}
 
     def on_fit_start(self, trainer, pl_module) -> None:
+        if self.loggers and not (getattr(trainer, "loggers", None) or []) and trainer.is_global_zero:
+            warnings.warn("diagnose: DiagnoseCallback(loggers=True), but the Trainer has no logger "
+                          "(logger=False): nothing is streamed; fix: give the Trainer a logger, or drop loggers=True",
+                          RuntimeWarning, stacklevel=2)
         config = self.config.with_trainer(clip=trainer.gradient_clip_val or None, settings={"integration": "lightning"},
                                           sinks=[LightningLoggersSink(trainer)] if self.loggers else [])
         self.monitor = TrainingMonitor(pl_module, self.run_dir, config=config)

@@ -1,0 +1,272 @@
+"""Sinks are guests (issue 36): a sink that raises in any call is warned about once, by name, and dropped,
+and the run folder, the alerts, on_alert, raise_on and the spike batch are exactly a sink-free run's; a sink
+that cannot work is refused when it is made; each sink gets its own copy of a record; a slow sink's time is
+not the step's. The real trackers offline: MLflow's file store, Lightning's MLFlowLogger, wandb offline."""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from diagnose.errors import ConfigError, TrainingAlertError, UsageError
+from diagnose.monitor import MLflowSink, Sink, TensorBoardSink, TrainingMonitor, WandbSink
+from diagnose.monitor import _sinks
+from diagnose.monitor._live_trackers import mlflow_name
+from diagnose.zoo import ModelConfig, Transformer
+from ..versions import required
+
+pytestmark = pytest.mark.numerics
+
+CFG = ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=11)
+NAN_STEP = 3  # a NaN loss here: a `nonfinite` alert (and a spike batch saved)
+VOLATILE = ("time", "step_time", "tokens_per_s")  # wall-clock fields: differ between any two runs
+
+
+def _train(run_dir, sinks=(), **options) -> list[dict]:
+    """Five steps and one evaluation; the alerts on_alert saw."""
+    torch.manual_seed(0)
+    model = Transformer(CFG)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(1)
+    seen: list[dict] = []
+    with TrainingMonitor(model, run_dir, attention_every=2, echo=False, sinks=list(sinks), save_spikes=True,
+                         on_alert=seen.append, **options) as monitor:
+        for s in range(5):
+            ids = torch.randint(0, CFG.vocab_size, (4, CFG.max_len), generator=gen)  # [B, T]
+            loss = F.cross_entropy(model(ids).reshape(-1, CFG.vocab_size), ids.reshape(-1))
+            loss.backward()
+            monitor.step(torch.tensor(math.nan) if s == NAN_STEP else loss, optimizer=opt, batch={"input_ids": ids})
+            opt.step()
+            opt.zero_grad()
+        monitor.log_eval(4, loss=1.25, accuracy=0.5)
+    return seen
+
+
+def _folder(run_dir) -> dict[str, object]:
+    """The run folder without its wall-clock fields: every file, every record."""
+    out: dict[str, object] = {}
+    for path in sorted(p for p in run_dir.rglob("*") if p.is_file()):
+        name = str(path.relative_to(run_dir))
+        if name == "run.json":
+            info = json.loads(path.read_text())
+            out[name] = {k: v for k, v in info.items() if k not in ("started", "ended", "sessions")}
+        elif path.suffix == ".json":  # a spike's record
+            out[name] = json.loads(path.read_text())
+        elif path.suffix == ".jsonl":
+            lines = [json.loads(x) for x in path.read_text().splitlines()]
+            out[name] = [{k: v for k, v in r.items() if k not in VOLATILE} if isinstance(r, dict) else r
+                         for r in lines]
+        else:
+            out[name] = path.read_bytes()
+    return out
+
+
+@pytest.fixture(scope="module")
+def sink_free(tmp_path_factory):
+    run = tmp_path_factory.mktemp("free") / "run"
+    seen = _train(run)
+    return _folder(run), seen
+
+
+class Raises(Sink):
+    """A sink whose `method` raises (every other call does nothing)."""
+
+    def __init__(self, method: str):
+        self.method, self.calls = method, []
+
+    def _maybe(self, name: str) -> None:
+        self.calls.append(name)
+        if name == self.method:
+            raise RuntimeError(f"tracker offline in {name}\n  (a second line the warning folds)")
+
+    def start(self, info): self._maybe("start")
+    def step(self, record): self._maybe("step")
+    def alert(self, alert): self._maybe("alert")
+    def eval(self, record): self._maybe("eval")
+    def close(self, steps_seen): self._maybe("close")
+
+
+def _raising_fn(scalars, step):
+    raise ValueError("my logger broke")
+
+
+FAILING = [("start", lambda: Raises("start"), "Raises", "start()"),
+           ("step", lambda: Raises("step"), "Raises", "step()"),
+           ("alert", lambda: Raises("alert"), "Raises", "alert()"),
+           ("eval", lambda: Raises("eval"), "Raises", "eval()"),
+           ("close", lambda: Raises("close"), "Raises", "close()"),
+           ("a function", lambda: _raising_fn, "CallableSink(_raising_fn)", "step()")]
+
+
+@pytest.mark.parametrize("what, make, name, call", FAILING, ids=[c[0] for c in FAILING])
+def test_a_failing_sink_is_dropped_once_and_the_run_is_a_sink_free_one(tmp_path, sink_free, what, make, name, call):
+    sink = make()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        seen = _train(tmp_path / "run", [sink])  # completes: the with block does not raise
+    said = [str(w.message) for w in caught if "diagnose: sink" in str(w.message)]
+    assert len(said) == 1 and name in said[0] and call in said[0] and "fix:" in said[0], said
+    assert "\n" not in said[0]
+    assert _folder(tmp_path / "run") == sink_free[0]  # metrics, alerts, evals, run.json (closed), spikes
+    assert seen == sink_free[1] and "nonfinite" in [a["kind"] for a in seen]
+    assert getattr(sink, "calls", [what])[-1] == what  # dropped: nothing more after the failing call
+
+
+def test_raise_on_still_stops_the_run_beside_a_failing_sink(tmp_path):
+    with pytest.warns(RuntimeWarning, match="sink Raises failed in step"):
+        with pytest.raises(TrainingAlertError, match="nonfinite"):
+            _train(tmp_path / "run", [Raises("step")], raise_on=("nonfinite",))
+    alerts = [json.loads(x) for x in (tmp_path / "run" / "alerts.jsonl").read_text().splitlines()]
+    assert [a["step"] for a in alerts if a["kind"] == "nonfinite"] == [NAN_STEP]
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["closed"] is True
+
+
+class Mutates(Sink):
+    def step(self, record):
+        record["loss"] = -1.0
+        record["layers"].clear()
+
+
+class Keeps(Sink):
+    def __init__(self):
+        self.records = []
+
+    def step(self, record):
+        self.records.append(record)
+
+
+def test_each_sink_gets_its_own_copy_of_a_record(tmp_path, sink_free):
+    keeps = Keeps()
+    _train(tmp_path / "run", [Mutates(), keeps])
+    assert _folder(tmp_path / "run") == sink_free[0]
+    written = sink_free[0]["metrics.jsonl"]
+    assert [r["layers"] for r in keeps.records] == [r["layers"] for r in written]  # untouched by the first sink
+    assert [r["loss"] for r in keeps.records if r["step"] != NAN_STEP] == \
+        [r["loss"] for r in written if r["step"] != NAN_STEP]
+
+
+class Clock:
+    """A perf_counter that moves one second per reading; a sink moves it on by `lag`."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        self.now += 1.0
+        return self.now
+
+
+def test_a_slow_sinks_time_is_not_the_steps_time(tmp_path, monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr("diagnose.monitor._monitor.time.perf_counter", clock)
+    monkeypatch.setattr(_sinks, "_clock", clock)
+
+    class Slow(Sink):
+        def step(self, record):
+            clock.now += 1000.0  # an hour-long upload, by this clock
+
+    times = {}
+    for name, sinks in (("slow", [Slow()]), ("quick", [Sink()])):
+        _train(tmp_path / name, sinks)
+        times[name] = [json.loads(x)["step_time"] for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    assert times["slow"] == times["quick"] and all(t is None or t < 1000 for t in times["slow"])
+
+
+def test_sinks_that_cannot_work_are_refused_when_made(tmp_path):
+    with pytest.raises(UsageError, match="the class TensorBoardSink.*an instance"):
+        TrainingMonitor(Transformer(CFG), tmp_path / "run", sinks=[TensorBoardSink])
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="dangling symlink"):
+        TensorBoardSink(tmp_path / "gone")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow  # wandb.init starts wandb's service process: ~15 s on a busy 2-core box
+def test_wandb_sink_on_a_finished_run_is_refused_when_made(tmp_path, monkeypatch):
+    wandb = required("wandb", "pip install -e '.[test]' or '.[wandb]'")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = wandb.init(project="diagnose-test", dir=str(tmp_path))
+    run.finish()
+    with pytest.raises(UsageError, match="finished"):
+        WandbSink(run=run)
+
+
+def test_names_mlflow_refuses_are_rewritten_one_way():
+    long = "diagnose/eval/" + "m" * 300
+    assert mlflow_name("diagnose/eval/acc@1") == "diagnose/eval/acc_1"
+    assert mlflow_name("diagnose/layers/../x") == "diagnose/layers/_/x"
+    assert len(mlflow_name(long)) == 250 and mlflow_name(long) == mlflow_name(long)
+    assert mlflow_name(long) != mlflow_name(long + "n")  # a cut name keeps a digest of the whole
+    assert mlflow_name("diagnose/loss") == "diagnose/loss"
+
+
+HOSTILE_NAMES = {"acc@1": 0.5, "m" * 300: 0.25, "top-1 %": 0.75}
+
+
+def _mlflow_logged(uri: str, run_id: str) -> dict[str, float]:
+    from mlflow import MlflowClient
+
+    return dict(MlflowClient(tracking_uri=uri).get_run(run_id).data.metrics)
+
+
+def test_mlflow_sink_takes_names_it_would_refuse(tmp_path, monkeypatch):
+    required("mlflow", "pip install -e '.[test]' or '.[mlflow]'")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    sink = MLflowSink(tracking_uri=uri)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no sink is dropped
+        with TrainingMonitor(Transformer(CFG), tmp_path / "run", echo=False, sinks=[sink]) as monitor:
+            monitor.log_eval(0, loss=1.0, **HOSTILE_NAMES)
+    assert monitor.sinks[-1].run_id == sink.run_id  # the guard reads the sink's own attributes through
+    logged = _mlflow_logged(uri, sink.run_id)
+    for name, value in HOSTILE_NAMES.items():
+        assert logged[mlflow_name(f"diagnose/eval/{name}")] == value
+
+
+@pytest.mark.slow  # importing Lightning and making an MLflow experiment: ~30 s on a busy 2-core box
+def test_lightning_mlflow_logger_gets_the_same_names(tmp_path, monkeypatch):
+    pytest.importorskip("lightning.pytorch")
+    required("mlflow", "pip install -e '.[test]' or '.[mlflow]'")
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    from diagnose.monitor._live_trackers import LightningLoggersSink
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    logger = MLFlowLogger(experiment_name="diagnose-test", tracking_uri=uri)
+    sink = LightningLoggersSink(types.SimpleNamespace(loggers=[logger]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Lightning's own stripping would warn
+        with TrainingMonitor(Transformer(CFG), tmp_path / "run", echo=False, sinks=[sink]) as monitor:
+            monitor.log_eval(0, loss=1.0, **HOSTILE_NAMES)
+    logged = _mlflow_logged(uri, logger.run_id)
+    for name, value in HOSTILE_NAMES.items():
+        assert logged[mlflow_name(f"diagnose/eval/{name}")] == value
+
+
+def test_streaming_to_no_tracker_says_so(tmp_path):
+    from diagnose.monitor.hf import _tracker_sinks
+
+    with pytest.warns(RuntimeWarning, match="trackers=True.*nothing is streamed"):
+        assert _tracker_sinks(types.SimpleNamespace(report_to=["none"], output_dir=str(tmp_path))) == []
+
+
+@pytest.mark.slow  # importing Lightning: ~25 s on a busy 2-core box
+def test_streaming_to_no_logger_says_so(tmp_path):
+    pytest.importorskip("lightning.pytorch")
+    from diagnose.monitor.lightning import DiagnoseCallback
+
+    trainer = types.SimpleNamespace(loggers=[], is_global_zero=True, gradient_clip_val=None)
+    callback = DiagnoseCallback(tmp_path / "run", loggers=True, echo=False)
+    with pytest.warns(RuntimeWarning, match="loggers=True.*nothing is streamed"):
+        callback.on_fit_start(trainer, Transformer(CFG))
+    callback.monitor.close()
