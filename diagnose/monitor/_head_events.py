@@ -25,6 +25,7 @@ from typing import Any
 from .._head_label import head_label
 from ._detect import Context, Detector, Emit, finite
 
+ROLE_STATS = ("first_token", "prev_token", "induction", "duplicate_token")  # the role shares recorded per head
 INFO_HINT = "not a failure: see `diagnose stats RUN --heads` for each head's importance and role over the run"
 
 

@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 
 from ..stat_context import BatchContext
+from ._head_events import ROLE_STATS
 from ._measure import Measurement, StepInputs, record_field as _f
 from ._probes_logits import _logits
 
-ROLE_STATS = ("first_token", "prev_token", "induction", "duplicate_token")
 HEAD_ROWS = ("importance",) + ROLE_STATS
 ICL_ROWS = ("icl_early", "icl_late", "icl_score")
 
