@@ -41,7 +41,7 @@ def test_stats_names_the_signals_a_classifier_trained_with_sgd_lacks(tmp_path):
     lines = [ln for ln in result.output.splitlines() if ln.startswith("not recorded:")]
     assert len(lines) == 3, result.output
     icl = next(ln for ln in lines if "icl_score" in ln)
-    assert "induction_phase_change cannot be measured" in icl
+    assert "classifier" in icl and "in-context score" in icl
     z, adam = sorted((ln for ln in lines if ln != icl), key=lambda ln: "z_mean" not in ln)
     assert "z_mean" in z and "logit_divergence cannot fire" in z and "classifier" in z
     assert "adam_rms_v_eps" in adam and "update_ratio" not in adam and "Adam second moment" in adam
