@@ -12,9 +12,9 @@ def print_heads(summary: dict[str, Any], console, full: bool) -> None:
     from rich.text import Text
 
     from diagnose.display import plain
-    from diagnose.monitor._heads_summary import event_lines, head_rows
+    from diagnose.monitor import head_event_lines, head_rows
 
-    for line in event_lines(summary):
+    for line in head_event_lines(summary):
         console.print(Text(plain(line)))
     if not full:
         return

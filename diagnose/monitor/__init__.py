@@ -15,7 +15,7 @@ from ._fields import MONITOR_FIELDS, field_of, record_fields, record_keys
 from ._monitor import TrainingMonitor
 from ._runfolder import Run, read_run
 from ._follow import follow
-from ._heads_summary import heads_summary
+from ._heads_summary import head_event_lines, head_rows, heads_summary
 from ._stepview import render_step, step_view
 from ._summary import alert_line, render as render_summary, summarize
 from ._tensorboard import export_tensorboard
@@ -30,4 +30,4 @@ __all__ = ["TrainingMonitor", "MonitorConfig", "Thresholds", "Run", "read_run", 
            "MONITOR_FIELDS", "lacking_lines", "lacking_signals",
            # the read side `diagnose stats` prints with: a run's summary, one step, live following, TensorBoard
            "summarize", "render_summary", "alert_line", "step_view", "render_step", "follow", "export_tensorboard",
-           "heads_summary"]
+           "heads_summary", "head_event_lines", "head_rows"]

@@ -9,8 +9,9 @@ Three detectors on the sampled steps' per-head records (_head_importance.py):
   copy of the query's token, Olsson et al. 2022's prefix matching) reached `induction_share` and
   at least `induction_rise` x its first sample.
 - `induction_phase_change`: the in-context score (late-position loss minus early-position loss)
-  fell by `icl_drop` x the early-position loss below its highest earlier sample: the phase change
-  in which induction heads form (once per run).
+  fell by `icl_drop` (0.5) x the early-position loss below its highest earlier sample: the phase
+  change in which induction heads form (once per run). Perfect copying takes the late loss to 0, a
+  drop of the whole early loss, so the event marks the middle of the largest drop a context can give.
 
 They are written to alerts.jsonl like every alert, with severity "info"; they never stop a run
 (raise_on refuses their kinds) and, having no cooldown, each head is announced at its own sample.
@@ -35,6 +36,16 @@ def _heads(rec: dict[str, Any], field: str):
         for h, v in enumerate(st.get(field) or []):
             if finite(v):
                 yield layer, site, h, float(v)
+
+
+def head_scalars(record: dict[str, Any], prefix: str = "diagnose/") -> dict[str, float]:
+    """The live sinks' per-head view of a sampled record: `diagnose/heads/L0.H1/importance` and each role
+    share, named by the head as every table names it (the same numbers as under `attention/<site>/`)."""
+    out = {}
+    for row in ("importance",) + ROLE_STATS:
+        for layer, _site, h, v in _heads(record, row):
+            out[f"{prefix}heads/{head_label(layer, h)}/{row}"] = v
+    return out
 
 
 class HeadVital(Detector):
@@ -91,7 +102,7 @@ class InductionPhaseChange(Detector):
     """The in-context score's drop: the loss late in the sequence fell well below the loss early in it."""
 
     kind, severity, hint = "induction_phase_change", "info", INFO_HINT
-    defaults = {"icl_drop": 0.25}
+    defaults = {"icl_drop": 0.5}
 
     def __init__(self) -> None:
         self.high: float | None = None  # the highest in-context score so far

@@ -159,6 +159,8 @@ class IclProbe:
 
     def _hook(self, _module, _args, out) -> None:
         logits, ids = _logits(out), self.heads.ids
+        if not torch.is_grad_enabled():
+            return  # an evaluation inside a sampled step: not the training batch
         if logits is None or ids is None or logits.shape[:2] != ids.shape or ids.shape[1] < 8:
             return
         mask = self._acts.mask

@@ -60,7 +60,7 @@ def heads_summary(run: Any) -> dict[str, Any]:
     return {"schema": SCHEMA, "events": events, "steps": steps, "heads": heads}
 
 
-def event_lines(summary: dict[str, Any]) -> list[str]:
+def head_event_lines(summary: dict[str, Any]) -> list[str]:
     """The heads section of `diagnose stats`: one sentence per event, in step order."""
     if not summary["events"]:
         return ["heads: no head event (no head became vital or changed role, no in-context phase change)"

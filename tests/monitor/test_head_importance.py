@@ -139,3 +139,17 @@ def test_an_info_event_never_trips_raise_on(tmp_path):
         unregister_detector("toy_event")
     alerts = diagnose.read_run(tmp_path / "run").alerts
     assert [a["severity"] for a in alerts if a["kind"] == "toy_event"] == ["info"]
+
+
+def test_the_live_sinks_carry_each_head_under_diagnose_heads(tmp_path):
+    seen: dict[str, float] = {}
+    model, x = _model(), torch.randint(0, V, (4, T))
+    mon = diagnose.TrainingMonitor(model, tmp_path / "run", every=1, attention_every=1, echo=False,
+                                   sinks=[diagnose.monitor.CallableSink(lambda s, step: seen.update(s))])
+    logits = model(x)
+    loss = F.cross_entropy(logits[:, :-1].reshape(-1, V), x[:, 1:].reshape(-1))
+    loss.backward()
+    record = mon.step(loss)
+    mon.close()
+    for stat in ("importance", "prev_token", "induction"):
+        assert seen[f"diagnose/heads/L1.H0/{stat}"] == record["attention"]["blocks.1.attn"][stat][0]
