@@ -153,3 +153,20 @@ def test_the_live_sinks_carry_each_head_under_diagnose_heads(tmp_path):
     mon.close()
     for stat in ("importance", "prev_token", "induction"):
         assert seen[f"diagnose/heads/L1.H0/{stat}"] == record["attention"]["blocks.1.attn"][stat][0]
+
+
+def test_stats_prints_the_heads_section_and_table_and_the_json_carries_it(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from diagnose.cli.main import cli
+
+    _one_step(tmp_path, _model(), torch.randint(0, V, (4, T)))
+    out = CliRunner().invoke(cli, ["stats", str(tmp_path / "run"), "--heads"], env={"COLUMNS": "240"})
+    assert out.exit_code == 0, out.output
+    assert "heads: no head event" in out.output and "heads over training" in out.output
+    assert all(label in out.output for label in ("L0.H0", "L0.H1", "L1.H0", "L1.H1"))
+    js = json.loads(CliRunner().invoke(cli, ["stats", str(tmp_path / "run"), "--json"]).output)
+    assert js["heads"]["schema"] == "diagnose.run-heads/1" and js["heads"]["steps"] == [0]
+    assert [h["label"] for h in js["heads"]["heads"]] == ["L0.H0", "L0.H1", "L1.H0", "L1.H1"]
