@@ -159,6 +159,29 @@ def _variants(tmp: str, no_wandb: bool):
     return variants, monitors, wrun
 
 
+HEAD_SIGNALS = ("heads", "icl")  # per-head importance and roles, the in-context score (issue 35)
+
+
+def _heads_variants(tmp: str, variants: dict, monitors: list) -> None:
+    """--heads: the monitor at attention_every 50 and 10 without the per-head signals, paired with
+    diag@50 and diag@10 in every repetition: their own cost at the default sampling and at 10."""
+    for every in (10, 50):
+        diag = make()
+        with MEASUREMENTS.without(HEAD_SIGNALS):
+            mon = TrainingMonitor(diag[0], os.path.join(tmp, f"run{every}-noheads"), every=1, attention_every=every,
+                                  clip=1.0, echo=False)
+        monitors.append(mon)
+        variants[f"diag@{every}-noheads"] = (diag, {"on_backward": lambda loss, opt, mon=mon: mon.step(loss, optimizer=opt)})
+
+
+def _report_heads(times) -> None:
+    for clock, i in (("wall", 0), ("cpu", 1)):
+        share = {e: (statistics.median(t[i] / o[i] for t, o in zip(times[f"diag@{e}"], times[f"diag@{e}-noheads"]))
+                     - 1) * 100 for e in (50, 10)}
+        print(f"{clock}: per-head importance, roles and in-context score, their own share of the step time: "
+              f"{share[50]:.2f} % at attention_every=50 (the default; goal <= 1 point), {share[10]:.2f} % at 10")
+
+
 def _report(args, times, load_before) -> None:
     """Print each variant's median step time and overhead, then the goal lines."""
     print(f"{args.model} model {MODEL}, batch 32, {args.reps} interleaved reps x {args.steps} steps, "
@@ -192,6 +215,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=MODEL["n_layers"])
     ap.add_argument("--model", choices=("reference", "hand"), default="reference")
     ap.add_argument("--no-wandb", action="store_true")
+    ap.add_argument("--heads", action="store_true", help="also time the monitor without the per-head signals")
     args = ap.parse_args()
     MODEL.update(d_model=args.d_model, n_layers=args.layers)
     KIND["model"] = args.model
@@ -201,6 +225,8 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="bench_monitor_")
     os.environ["WANDB_DIR"] = tmp
     variants, monitors, wrun = _variants(tmp, args.no_wandb)
+    if args.heads:
+        _heads_variants(tmp, variants, monitors)
 
     gens = {k: torch.Generator().manual_seed(1) for k in variants}
     for name, ((model, opt, sched), hooks) in variants.items():  # warm-up, not timed
@@ -214,6 +240,8 @@ def main() -> None:
     if wrun is not None:
         wrun.finish()
     _report(args, times, load_before)
+    if args.heads:
+        _report_heads(times)
 
 
 if __name__ == "__main__":

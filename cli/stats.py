@@ -54,10 +54,12 @@ def _step_line(rec: dict) -> str:
               help="For --replay: fn(model, batch) -> per-example loss [B] (default: cross-entropy of an "
                    "(inputs, targets) batch or of a dict with labels).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
+@click.option("--heads", "heads_", is_flag=True,
+              help="Also print each head's importance (|dL/dgate|) and role at the sampled steps.")
 @html_option
 def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, replay_step: int | None,
           model: str | None, factory: str | None, trust_pickle: bool, loss: str | None, as_json: bool,
-          html_path: str | None) -> None:
+          heads_: bool, html_path: str | None) -> None:
     """Summarise a run folder: loss, grad norms and activations through depth, attention entropy, alerts,
     evaluations, step time and throughput, and the signals the run did not record, with why.
     (The alert kinds and how each was validated: docs/monitor.md; logit_divergence is validated on
@@ -68,6 +70,7 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, rep
              diagnose stats runs/exp1 --html run.html
              diagnose stats runs/exp1 --step 120
              diagnose stats runs/exp1 --replay 120 --model model.pt
+             diagnose stats runs/exp1 --heads
     """
     check_outputs({"--html": html_path, "--tensorboard": tb_dir}, inputs=[run_dir], folders=["--tensorboard"])
     from rich.console import Console
@@ -98,12 +101,16 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, rep
         n = export_tensorboard(run, tb_dir)
         if not as_json:
             console.print(Text(f"wrote {n} scalars to {clean(tb_dir)}"))
-    from diagnose.monitor import lacking_lines, lacking_signals
+    from diagnose.monitor import heads_summary, lacking_lines, lacking_signals
 
+    heads = heads_summary(run)
     if as_json:
-        click.echo(_json.dumps({**summary, "lacking_signals": lacking_signals(run)}, indent=1))
+        click.echo(_json.dumps({**summary, "lacking_signals": lacking_signals(run), "heads": heads}, indent=1))
     else:
+        from ._stats_heads import print_heads
+
         render(summary, console)
+        print_heads(heads, console, heads_)
         for line in lacking_lines(run):  # a signal missing says so, with the reason (issue 33)
             console.print(Text(clean(line)))
     if html_path:

@@ -82,12 +82,13 @@ class HeadStats:
     [] the number of those rows (real query rows; with a previous position; ...), both float64
     (float32 on MPS). Each map is read by chunks of query rows against all keys (query_chunks),
     so memory is O(chunk x Tk) whatever the sequence length. The statistics are those registered
-    when the HeadStats is made.
+    when the HeadStats is made (or those of `names` only: the monitor's role statistics).
     """
 
-    def __init__(self, n_heads: int):
+    def __init__(self, n_heads: int, names: Sequence[str] | None = None):
         self.n_heads = n_heads
-        self.denominators = {name: s.denominator for name, s in STATISTICS.items()}  # names only: pickles
+        self.denominators = {name: s.denominator for name, s in STATISTICS.items()  # names only: pickles
+                             if names is None or name in names}
         self.sums: dict[str, torch.Tensor] = {}  # statistic -> [H]; empty until the first batch
         self.counts: dict[str, torch.Tensor] = {}  # denominator -> []
 

@@ -15,6 +15,7 @@ from ._fields import MONITOR_FIELDS, field_of, record_fields, record_keys
 from ._monitor import TrainingMonitor
 from ._runfolder import Run, read_run
 from ._follow import follow
+from ._heads_summary import head_event_lines, head_rows, heads_summary
 from ._stepview import render_step, step_view
 from ._replay import Replay, replay
 from ._replay_view import render_replay
@@ -32,4 +33,5 @@ __all__ = ["TrainingMonitor", "MonitorConfig", "Thresholds", "Run", "read_run", 
            # the read side `diagnose stats` prints with: a run's summary, one step, live following, TensorBoard
            "summarize", "render_summary", "alert_line", "step_view", "render_step", "follow", "export_tensorboard",
            # a saved spike replayed: what drove it and which cures would have kept the loss down
-           "replay", "Replay", "render_replay"]
+           "replay", "Replay", "render_replay",
+           "heads_summary", "head_event_lines", "head_rows"]

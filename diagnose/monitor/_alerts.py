@@ -178,7 +178,8 @@ class AlertEngine:
         step, trend = rec["step"], self.ctx.trend
 
         def emit(condition: bool, where: str, message: str, hint: str | None = None) -> None:
-            if self.latches[d.kind](condition, step):
+            # an info event (a head's own change) is not latched: its detector says each change once
+            if (condition and d.severity == "info") or self.latches[d.kind](condition, step):
                 hint = hint or d.hint
                 if d.lr_first and trend.rising:
                     hint = evidence_first(hint, trend, rec.get("lr"))

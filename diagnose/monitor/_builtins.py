@@ -13,11 +13,14 @@ from ._detect_attention import EntropyCollapse
 from ._detect_layers import ActivationGrowth, NoWarmup, RankCollapse, VanishingGrad
 from ._detect_loss import Divergence, GradSpike, LossSpike, Nonfinite
 from ._detect_signals import AdamEps, AttentionLogitGrowth, LogitDivergence, UpdateSize
+from ._head_events import HEAD_EVENTS
+from ._head_importance import HEADS, ICL
 from ._probes import ACTIVATIONS, ATTENTION, GRAD_NORMS, LOSS
 from ._probes_logits import ATTENTION_LOGIT, LOGIT_Z
 from ._probes_optim import OPTIMIZER
 
-BUILTIN_MEASUREMENTS = (LOSS, ACTIVATIONS, ATTENTION, ATTENTION_LOGIT, LOGIT_Z, GRAD_NORMS, OPTIMIZER)
+BUILTIN_MEASUREMENTS = (LOSS, ACTIVATIONS, ATTENTION, ATTENTION_LOGIT, LOGIT_Z, GRAD_NORMS, OPTIMIZER, HEADS,
+                        ICL)
 BUILTIN_DETECTORS = (Nonfinite, GradSpike, LossSpike, Divergence, VanishingGrad, ActivationGrowth,
                      EntropyCollapse, AttentionLogitGrowth, LogitDivergence, RankCollapse, NoWarmup,
-                     UpdateSize, AdamEps)
+                     UpdateSize, AdamEps, *HEAD_EVENTS)

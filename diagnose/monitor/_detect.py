@@ -117,7 +117,7 @@ class Detector(ABC):
     """One alert kind. Subclasses set the class attributes and implement check()."""
 
     kind: ClassVar[str]
-    severity: ClassVar[str]  # "warning" or "error"
+    severity: ClassVar[str]  # "warning" or "error"; "info" for an event that is no failure
     hint: ClassVar[str]
     reads: ClassVar[tuple[str, ...]] = ()  # the Thresholds fields check() reads
     defaults: ClassVar[Mapping[str, float]] = {}  # thresholds of its own (Thresholds.extra overrides)
@@ -133,8 +133,8 @@ def _check(cls: type[Detector]) -> None:
     for attr in ("kind", "severity", "hint"):
         if not isinstance(getattr(cls, attr, None), str):
             raise ConfigError(f"detector {cls.__name__} must set `{attr}` (a string)")
-    if cls.severity not in ("warning", "error"):
-        raise ConfigError(f"detector {cls.__name__}: severity must be warning or error, got {cls.severity!r}")
+    if cls.severity not in ("info", "warning", "error"):  # info: an event, never a stop (_head_events.py)
+        raise ConfigError(f"detector {cls.__name__}: severity must be info, warning or error, got {cls.severity!r}")
 
 
 def _builtins() -> tuple[type[Detector], ...]:

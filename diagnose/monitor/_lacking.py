@@ -29,6 +29,9 @@ _REASONS = {
                               "step came right after an attention step, so update_size cannot fire"),
     "layers.*.adam_rms_v_eps": ("the optimizer keeps no Adam second moment (exp_avg_sq), or step() was not given "
                                 "it, so adam_eps cannot fire"),
+    "icl_early": ("the model's output is not next-token logits [batch, positions, vocabulary] over its input ids' "
+                  "positions (a classifier's, an encoder's, or inputs without token ids), so the in-context score "
+                  "and induction_phase_change cannot be measured"),
     "grad_norm": "no parameter had a gradient at step(): call it after backward(), before zero_grad()",
     "layers.*.grad_norm": "no block's parameters had a gradient at step()",
 }

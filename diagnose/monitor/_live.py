@@ -16,10 +16,11 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable
 
 from . import _fields
+from ._head_events import head_scalars
 from ._sinks import Sink
 
 PREFIX = "diagnose/"
-SEVERITY = {"warning": 1.0, "error": 2.0}  # an alert's scalar
+SEVERITY = {"info": 0.0, "warning": 1.0, "error": 2.0}  # an alert's scalar (info: a head event, no failure)
 
 
 def _number(v: Any) -> bool:
@@ -34,7 +35,7 @@ def flatten(record: dict[str, Any], prefix: str = PREFIX) -> dict[str, float]:
 
 
 def alert_scalar(alert: dict[str, Any], prefix: str = PREFIX) -> dict[str, float]:
-    """{`diagnose/alerts/<kind>`: 1 (warning) or 2 (error)}."""
+    """{`diagnose/alerts/<kind>`: 0 (an info event), 1 (warning) or 2 (error)}."""
     return {f"{prefix}alerts/{alert.get('kind')}": SEVERITY.get(alert.get("severity"), 1.0)}
 
 
@@ -66,7 +67,7 @@ class LiveSink(Sink, ABC):
         """Write a line of text (alerts); trackers without text ignore it."""
 
     def step(self, record: dict[str, Any]) -> None:
-        self.log(flatten(record, self.prefix), int(record["step"]))
+        self.log({**flatten(record, self.prefix), **head_scalars(record, self.prefix)}, int(record["step"]))
 
     def alert(self, alert: dict[str, Any]) -> None:
         step = int(alert.get("step") or 0)

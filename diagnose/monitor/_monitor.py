@@ -221,7 +221,7 @@ class TrainingMonitor:
         for alert in alerts:
             if self.on_alert is not None:
                 self.on_alert(alert)
-        stop = [a for a in alerts if a["kind"] in self.raise_on]
+        stop = [a for a in alerts if a["kind"] in self.raise_on and a["severity"] != "info"]  # events never stop
         if stop:
             kinds = ", ".join(sorted({a["kind"] for a in stop}))
             raise TrainingAlertError(f"step {s}: {kinds} (TrainingMonitor raise_on); see {stop[0]['where']}: "

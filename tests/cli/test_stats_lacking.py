@@ -39,12 +39,14 @@ def test_stats_names_the_signals_a_classifier_trained_with_sgd_lacks(tmp_path):
     result = CliRunner().invoke(cli, ["stats", str(tmp_path / "cls")], env={"COLUMNS": "240"})  # xdist workers set COLUMNS=80
     assert result.exit_code == 0, result.output
     lines = [ln for ln in result.output.splitlines() if ln.startswith("not recorded:")]
-    assert len(lines) == 2, result.output
-    z, adam = sorted(lines, key=lambda ln: "z_mean" not in ln)
+    assert len(lines) == 3, result.output
+    icl = next(ln for ln in lines if "icl_score" in ln)
+    assert "classifier" in icl and "in-context score" in icl
+    z, adam = sorted((ln for ln in lines if ln != icl), key=lambda ln: "z_mean" not in ln)
     assert "z_mean" in z and "logit_divergence cannot fire" in z and "classifier" in z
     assert "adam_rms_v_eps" in adam and "update_ratio" not in adam and "Adam second moment" in adam
     js = json.loads(CliRunner().invoke(cli, ["stats", str(tmp_path / "cls"), "--json"]).output)
-    assert {x["measurement"] for x in js["lacking_signals"]} == {"logit_z", "optimizer"}
+    assert {x["measurement"] for x in js["lacking_signals"]} == {"logit_z", "optimizer", "icl"}
 
 
 def test_stats_of_a_language_model_trained_with_adam_lacks_nothing(tmp_path):

@@ -35,7 +35,7 @@ def test_every_kind_has_a_hint_and_alert_fields():
     assert list(hints()) == list(kinds()) == ["nonfinite", "grad_spike", "loss_spike", "divergence", "vanishing_grad",
                                              "activation_growth", "entropy_collapse", "attention_logit_growth",
                                              "logit_divergence", "rank_collapse", "no_warmup", "update_size",
-                                             "adam_eps"]
+                                             "adam_eps", "head_vital", "induction_head", "induction_phase_change"]
     e = AlertEngine(Thresholds(), ["blocks.0", "blocks.1"])
     out = feed(e, [rec(i, gn=noisy(i)) for i in range(20)] + [rec(20, gn=50.0)])
     assert len(out) == 1

@@ -122,5 +122,9 @@ def test_the_monitor_records_every_statistic_hidden_stats_computes(tmp_path):
     for layer in record["layers"].values():
         assert set(layer) == {record_key(s) for s in STAT_NAMES} | {"grad_norm"}
         assert math.isfinite(layer["act_var"]) and layer["act_var"] >= 0
-    # the attention probe's rows first, then the max pre-softmax logit, which the reference model hands over too
-    assert record["attention"] and all(list(a) == [*ATTENTION_ROWS, "max_logit"] for a in record["attention"].values())
+    # the attention probe's rows first, then the max pre-softmax logit, which the reference model hands over too,
+    # then each head's importance and role shares (_head_importance.py)
+    from diagnose.monitor._head_importance import HEAD_ROWS
+
+    assert record["attention"] and all(list(a) == [*ATTENTION_ROWS, "max_logit", *HEAD_ROWS]
+                                       for a in record["attention"].values())
