@@ -50,7 +50,14 @@ class CircuitResult:
                 "n_examples": self.n_examples, "n_units": self.n_units, "baseline": self.baseline,
                 "band": self.band, "significance": self.significance, "n_edges": self.n_edges,
                 "edges": [e.to_json() for e in self.edges], "circuit": self.circuit.to_json(),
-                "attribution": self.attribution, "heads": self.heads, "notes": self.notes, "timing": self.timing}
+                "attribution": self.attribution, "heads": self.heads, "notes": self.notes, "timing": self.timing,
+                "sections": [s.to_json() for s in self.sections()]}
+
+    def sections(self) -> list:
+        """The tables the CLI prints and the report draws (table.py)."""
+        from .table import edge_section
+
+        return [edge_section(self)]
 
     def to_frame(self):
         """One row per verified edge: its ends, composition, effects (each interval as `_low` / `_high`)."""
