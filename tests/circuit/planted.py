@@ -13,7 +13,11 @@ subspace the unembedding reads). L0.H1 and L1.H1 are idle (all weights 0), MLPs 
   - "q" (Q-composition): query PREV, key TOK: attends where the previous token sits, value TOK: the
     previous token; scored on every position from 1.
   - "v" (V-composition): query and key POS (attends to itself), value PREV: the previous token.
-So the circuit is exactly {L0.H0 -> L1.H0 (k | q | v), L1.H0 -> output}; every other edge is 0.
+  - "backup": "induction", and L1.H1 a second induction head writing BACKUP times as much: with L1.H0 gone
+    the logits' margin falls from 1.4 GAIN to 0.4 GAIN, still right, so L1.H0's edges cost little alone
+    and everything inside a circuit without L1.H1 (the self-repair gap).
+So the circuit is exactly {L0.H0 -> L1.H0 (k | q | v), L1.H0 -> output}; every other edge is 0 (but
+L1.H1's, in "backup").
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from diagnose.zoo import ModelConfig, Transformer
 
 V, HALF = 7, 5  # token 0 is BOS
 T = 1 + 2 * HALF
-BIG, SHARP, GAIN = 30.0, 40.0, 12.0
+BIG, SHARP, GAIN, BACKUP = 30.0, 40.0, 12.0, 0.4
 PAIRS = {"C": 1, "TOK": V, "POS": T, "PREV": V, "OUT": V}
 D_MODEL = 2 * sum(PAIRS.values())  # 64
 
@@ -76,13 +80,15 @@ def planted(kind: str = "induction") -> Transformer:
             _read(a0.qkv.weight, v_of + t, "TOK", t, sigma)
             _write(a0.proj.weight, t, "PREV", t, 1.0)
         q_space, k_space, v_space = {"induction": ("TOK", "PREV", "TOK"), "q": ("PREV", "TOK", "TOK"),
-                                     "v": ("POS", "POS", "PREV")}[kind]
-        for i in range(T if q_space == "POS" else V):
-            _read(a1.qkv.weight, q_of + i, q_space, i, sharp / sigma)
-            _read(a1.qkv.weight, k_of + i, k_space, i, sigma)
+                                     "v": ("POS", "POS", "PREV"), "backup": ("TOK", "PREV", "TOK")}[kind]
+        for head, gain in ((0, 1.0), (1, BACKUP)) if kind == "backup" else ((0, 1.0),):
+            for i in range(T if q_space == "POS" else V):
+                _read(a1.qkv.weight, q_of + head * D + i, q_space, i, sharp / sigma)
+                _read(a1.qkv.weight, k_of + head * D + i, k_space, i, sigma)
+            for t in range(V):
+                _read(a1.qkv.weight, v_of + head * D + t, v_space, t, sigma)
+                _write(a1.proj.weight, head * D + t, "OUT", t, gain)
         for t in range(V):
-            _read(a1.qkv.weight, v_of + t, v_space, t, sigma)
-            _write(a1.proj.weight, t, "OUT", t, 1.0)
             _read(model.head.weight, t, "OUT", t, GAIN * sigma)
     return model.eval()
 
@@ -93,7 +99,7 @@ def planted_data(kind: str = "induction", n: int = 40, seed: int = 0) -> dict[st
     first = torch.stack([torch.randperm(V - 1, generator=g)[:HALF] + 1 for _ in range(n)])  # [N, HALF]
     ids = torch.cat([torch.zeros(n, 1, dtype=torch.long), first, first], dim=1)  # [N, T]
     labels = torch.full_like(ids, -100)
-    if kind == "induction":
+    if kind in ("induction", "backup"):
         labels[:, HALF + 1:-1] = ids[:, HALF + 2:]
     else:
         labels[:, 1:] = ids[:, :-1]

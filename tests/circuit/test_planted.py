@@ -92,3 +92,14 @@ def test_edge_labels_parse_back():
 
     for e in (Edge((0, 1), (2, 0), "k"), Edge((1, 0), None, "out")):
         assert parse_edge(e.label) == e
+
+
+def test_a_backup_head_shows_as_the_self_repair_gap():
+    """L1.H1 copies what L1.H0 does, weaker: L1.H0's edges cost little alone and much inside the circuit."""
+    result = find_circuit(planted("backup"), planted_data("backup", n=12), **FAST)
+    assert {e.label for e in result.circuit.edges} == {"L0.H0 -> L1.H0 (k)", "L1.H0 -> output"}
+    out = result.edge("L1.H0 -> output")
+    assert out.delta_loss < 0.1 * out.effect_in_circuit  # alone, the backup makes up for it
+    assert out.self_repair_gap == approx(out.effect_in_circuit - out.delta_loss)
+    assert out.self_repair_gap > 1.0 and out.verdict == "matters"
+    assert result.edge("L1.H1 -> output").delta_loss < out.delta_loss  # the backup itself is idle until needed
