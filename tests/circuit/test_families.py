@@ -32,7 +32,7 @@ def _gpt2():
 def test_gpt2_output_edges_are_the_heads_direct_effects():
     model, data = _gpt2()
     result = find_circuit(model, data, task="lm", resamples=2, n_boot=200)
-    assert result.model["family"] == "gpt2" and result.n_edges == 16 and len(result.edges) == 16
+    assert result.model["family"] == "hf-gpt2" and result.n_edges == 16 and len(result.edges) == 16
     heads = ablate_heads(model, data, task="lm", progress=False, attention=False)
     for h in heads.heads:
         edge = result.edge(f"L{h.layer}.H{h.head} -> output")
