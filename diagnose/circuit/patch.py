@@ -33,6 +33,7 @@ from .edges import OUTPUT, Edge
 from .wiring import Wiring
 
 PER_FORWARD = 8  # replicas (removed sets) per forward
+SENDERS = 8  # senders whose changes are summed at a time inside a hook
 
 
 @dataclass
@@ -92,7 +93,7 @@ class Patcher:
         K, B = len(sets), clean.batch
         mask = torch.cat([sets.float(), sets.new_zeros(K, 1).float()], dim=1)  # the last column: "no such edge"
         rows = None if clean.rows is None else clean.rows.repeat(K)
-        writes: dict[int, torch.Tensor] = {}  # site -> [K * B, T, H, d]: each head's write minus its fill's
+        writes: dict[int, torch.Tensor] = {}  # site -> [K * B, T, H, D]: each head's output minus its fill
         with self._observing(writes, rows, draw), hooks(*self._moves(writes, normed, mask, K, B)), torch.no_grad():
             logits = logits_of(call_model(self.sweep.model, repeat_batch(clean.inputs, K, B)))
         self.forwards += 1
@@ -108,8 +109,7 @@ class Patcher:
             def observe(head_out: torch.Tensor) -> None:  # [K * B, T, H, D]
                 fill = None if gate.fill is None else gate.fill(head_out, rows, draw)
                 removed = head_out if fill is None else head_out - fill.to(head_out.device, head_out.dtype)
-                w = self.wiring.sites[s].write.to(head_out.device)
-                writes[s] = torch.einsum("btsD,sDd->btsd", removed.float(), w.float())
+                writes[s] = removed.detach()  # [K * B, T, H, D]: each head's write is made when a hook needs it
             return observe
 
         try:
@@ -133,33 +133,45 @@ class Patcher:
             regs.append(self._output_hook(writes, normed, m, K, B))
         return regs
 
-    def _change(self, norm, r: int, writes, normed, K: int) -> torch.Tensor:
-        """Each sender before site r (all sites for r = None) removed, through `norm` frozen.  # [K*B, T, n, d]"""
-        sites = range(len(self.wiring.sites)) if r is None else range(r)
-        delta = -torch.cat([writes[s] for s in sites], dim=2)  # [K * B, T, n, d]
-        if norm is None:
-            return delta
-        x = normed[id(norm)].repeat(K, *([1] * (normed[id(norm)].dim() - 1)))  # [K * B, T, d]
-        return self.wiring.form_of(norm).change(norm, x[:, :, None, :].to(delta.device), delta)
+    def _removed(self, norm, m: torch.Tensor, writes, normed, K: int, w: torch.Tensor | None) -> torch.Tensor:
+        """Sum over the senders removed in some replica of their change through `norm` (frozen), masked per
+        replica by m ([K, n, F] with w [d, F]: a receiver's projection features; [K, n]: the final norm's
+        output) -> [K * B, T, F or d]. SENDERS at a time, so memory does not grow with the senders."""
+        active = (m.flatten(2).any(2) if m.dim() == 3 else m).any(0).nonzero().flatten().tolist()
+        form = None if norm is None else self.wiring.form_of(norm)
+        total = None
+        for i in range(0, len(active), SENDERS):
+            g = active[i:i + SENDERS]
+            delta = -torch.stack([self._write(writes, j) for j in g], dim=2)  # [K * B, T, c, d]
+            if form is not None:
+                x = normed[id(norm)]
+                x = x.repeat(K, *([1] * (x.dim() - 1)))[:, :, None, :].to(delta.device)  # [K * B, T, 1, d]
+                delta = form.change(norm, x, delta)
+            delta = delta.reshape(K, -1, *delta.shape[1:])  # [K, B, T, c, d]
+            mk = m[:, g].to(delta.device, delta.dtype)
+            part = (torch.einsum("kbtcd,df,kcf->kbtf", delta, w.to(delta.device, delta.dtype), mk) if w is not None
+                    else torch.einsum("kbtcd,kc->kbtd", delta, mk))
+            total = part if total is None else total + part
+        return total.reshape(-1, *total.shape[2:])
+
+    def _write(self, writes, j: int) -> torch.Tensor:
+        """Sender j's write minus its fill's, W_O[h] (out - fill), in this forward.  # [K * B, T, d]"""
+        s, h = self.senders[j]
+        removed = writes[s][:, :, h].float()  # [K * B, T, D]
+        return removed @ self.wiring.sites[s].write[h].to(removed.device).float()
 
     def _receiver_hook(self, inp, norm, r: int, writes, normed, m: torch.Tensor, K: int, B: int):
-        D = self.wiring.head_dim[r]
-        per_row = m.repeat_interleave(D, dim=-1).repeat_interleave(B, dim=0)  # [K * B, n, F]
+        mask = m.repeat_interleave(self.wiring.head_dim[r], dim=-1)  # [K, n, F]
 
         def move(_module, _args, out):
-            change = self._change(norm, r, writes, normed, K)  # [K * B, T, n, d]
-            w = inp.weight.to(change.device, change.dtype)  # [d, F]
-            moved = torch.einsum("btnd,df,bnf->btf", change, w, per_row.to(change.device))
-            return out + moved.to(out.dtype)
+            return out + self._removed(norm, mask, writes, normed, K, inp.weight).to(out.dtype)
         return lambda: inp.module.register_forward_hook(move)
 
     def _output_hook(self, writes, normed, m: torch.Tensor, K: int, B: int):
-        per_row = m.repeat_interleave(B, dim=0)  # [K * B, n]
         final = self.wiring.final
 
         def move(_module, _args, out):
-            change = self._change(final, None, writes, normed, K)  # [K * B, T, n, d]
-            return out + torch.einsum("btnd,bn->btd", change, per_row.to(change.device)).to(out.dtype)
+            return out + self._removed(final, m, writes, normed, K, None).to(out.dtype)
         return lambda: final.register_forward_hook(move)
 
 
