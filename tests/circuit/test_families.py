@@ -38,3 +38,20 @@ def test_gpt2_output_edges_are_the_heads_direct_effects():
         edge = result.edge(f"L{h.layer}.H{h.head} -> output")
         assert edge.delta_loss == approx(h.direct_delta_loss, scale=1.0), (h.layer, h.head)
     assert {e.edge.composition for e in result.edges} == {"Q", "K", "V", "direct"}
+
+
+def test_llama_grouped_query_attention_keys_and_values_are_key_value_heads():
+    """Separate q/k/v projections and RMSNorm; a k or v receiver is one of the 2 key/value heads."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=24, max_position_embeddings=16,
+                                   attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    data = {"input_ids": torch.randint(0, 24, (8, 10), generator=torch.Generator().manual_seed(1))}
+    result = find_circuit(model, data, task="lm", resamples=2, n_boot=200)
+    assert result.n_edges == 4 * 4 + 2 * 2 * 4 + 8  # q: 4 x 4 senders; k, v: 2 kv heads x 4 senders; 8 outputs
+    assert {e.edge.receiver[1] for e in result.edges if e.edge.part in "kv" and e.edge.receiver} == {0, 1}
+    heads = ablate_heads(model, data, task="lm", progress=False, attention=False)
+    for h in heads.heads:
+        edge = result.edge(f"L{h.layer}.H{h.head} -> output")
+        assert edge.delta_loss == approx(h.direct_delta_loss, scale=1.0), (h.layer, h.head)
