@@ -1,7 +1,8 @@
 """diagnose: see what is really happening inside PyTorch Transformers.
 
 Attention maps and activation statistics through hooks (find_heads, capture,
-attention_summary), causal evidence by head ablation (ablate_heads), head pruning (prune_heads), training health
+attention_summary), causal evidence by head ablation (ablate_heads),
+circuits of heads with the same evidence (find_circuit), head pruning (prune_heads), training health
 (TrainingMonitor, read_run), wiring checks (check_model) and one offline HTML report
 (write_report). The hooks a function registers are removed in `finally` before it returns; a
 TrainingMonitor's hooks live until its close() (or the end of its `with` block).
@@ -23,6 +24,7 @@ _EXPORTS = {
     "NormForm": ".adapters.norms", "register_norm": ".adapters.norms", "unregister_norm": ".adapters.norms",
     "AttentionSummary": ".attention_stats", "attention_summary": ".attention_stats",
     "Capture": "._capture", "capture": "._capture",
+    "CircuitResult": ".circuit", "find_circuit": ".circuit",
     "use_forward": ".calling",
     "Finding": ".checks", "check_model": ".checks", "check_training_setup": ".checks",
     "DataSet": ".io", "load_data": ".io", "load_data_for": ".io", "load_model": ".io", "save_checkpoint": ".io",
@@ -42,6 +44,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from .attention_stats import AttentionSummary, attention_summary
     from ._capture import Capture, capture
     from .calling import use_forward
+    from .circuit import CircuitResult, find_circuit
     from .checks import Finding, check_model, check_training_setup
     from .io import DataSet, load_data, load_data_for, load_model, save_checkpoint
     from .monitor import MonitorConfig, Run, Thresholds, TrainingMonitor, read_run
@@ -64,6 +67,7 @@ __all__ = [
     "AttentionSite",
     "AttentionSummary",
     "Capture",
+    "CircuitResult",
     "DataSet",
     "Finding",
     "GroupEffect",
@@ -84,6 +88,7 @@ __all__ = [
     "capture",
     "check_model",
     "check_training_setup",
+    "find_circuit",
     "find_heads",
     "load_data",
     "load_data_for",

@@ -58,8 +58,18 @@ def real(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def real_report(real):
+def real_report(real, planted_circuit):
     from diagnose.reports import write_report
 
     d, result, findings = real
-    return write_report([result, d / "run", findings], d / "report.html")
+    return write_report([result, d / "run", findings, planted_circuit], d / "report.html")
+
+
+@pytest.fixture(scope="session")
+def planted_circuit():
+    """The circuit of the hand-wired induction model (tests/circuit/planted.py): two edges, K and direct."""
+    from diagnose import find_circuit
+
+    from ..circuit.planted import planted, planted_data
+
+    return find_circuit(planted("induction"), planted_data("induction", n=12), task="lm", resamples=2, n_boot=200)

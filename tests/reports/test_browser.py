@@ -140,6 +140,12 @@ def test_report_of_real_outputs(browser, real_report):
         after = _map(pg)
         assert after[0].split(",")[2] == other and after[1] != before[1]
         assert pg.locator("#map-tokens span").count() > 0
+        # the circuit's graph: its two edges drawn (K in the key colour), their intervals in the hover titles
+        assert pg.locator("section#circuit svg.circuit-graph").is_visible()
+        assert pg.locator("svg.circuit-graph line.edge").count() == 2
+        assert pg.locator("svg.circuit-graph line.edge-k").count() == 1
+        titles = pg.eval_on_selector_all("svg.circuit-graph line title", "ts => ts.map(t => t.textContent)")
+        assert all("95 % CI" in t for t in titles) and any(t.startswith("L0.H0 -> L1.H0 (k)") for t in titles)
     finally:
         pg.close()
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.numerics
 def test_report_from_objects_matches_the_results(real, real_report):
     d, result, findings = real
     html = real_report.read_text()
-    for section in ("summary", "heads", "maps", "training", "checks"):
+    for section in ("summary", "heads", "maps", "training", "checks", "circuit"):
         assert f'<section id="{section}">' in html
     blob = json.loads(html.split('id="report-data">', 1)[1].split("</script>", 1)[0])
     assert [e["tokens"] for e in blob["heads"][0]["examples"]] == [e["tokens"] for e in result.examples]

@@ -1,0 +1,177 @@
+"""find_circuit: which heads feed which, with the evidence `diagnose heads` gives single heads.
+
+One call: the data into batches, the method's fill prepared on the head gates (methods.py), the wiring
+read from the adapters (wiring.py); the edge attribution ranks every edge (attribution.py), the top ones
+(every edge, on a small model) are patched exactly one at a time (patch.py) and tested (evidence.py);
+last the minimal circuit, its stability, and whether it holds under each other method (minimal.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..ablation import contrast, significance
+from ..ablation.batches import as_batches, for_last_position
+from ..ablation.gate import gated
+from ..ablation.methods import DataPass, Prepared, get_method, prepare
+from ..ablation.sweep import Sweep
+from ..errors import ConfigError
+from ..modes import eval_mode
+from ..objectives import default_task
+from ..sites import find_heads
+from .attribution import ESTIMATORS, attribute, spearman
+from .edges import Edge, all_edges
+from .evidence import edge_effects
+from .minimal import RESAMPLES, Search, minimal, removed_sets
+from .patch import Patcher, over_data
+from .result import CircuitResult, name_heads
+from .wiring import wiring
+
+EXACT_ALL = 256  # at most this many edges: every one is patched exactly (no ranking needed)
+DEFAULT_TOP = 50
+
+
+def find_circuit(model: torch.nn.Module, data: Any, *, method: str = "zero", methods: Sequence[str] | None = None,
+                 top: int | None = None, faithfulness: float = 0.8, estimator: str = "eap", task: str | None = None,
+                 batch_size: int | None = None, draws: int | None = None, seed: int = 0, alpha: float = 0.05,
+                 n_boot: int = 2000, correction: str = "holm", min_effect: float = 0.05, resamples: int = RESAMPLES,
+                 sites: Sequence | None = None) -> CircuitResult:
+    """Path-patch the edges between heads (and to the output), test each, and find the minimal circuit.
+
+    methods: the methods the circuit is checked under (the first is the main one, else `method`). top: edges
+    verified exactly (default: every edge when there are at most EXACT_ALL, else the DEFAULT_TOP the
+    estimator ranks first). faithfulness: the share of the loss gap (every edge removed to none) the circuit
+    keeps. estimator: 'eap' or 'eap-ig'. The rest as in ablate_heads."""
+    names = list(dict.fromkeys(methods)) if methods else [method]
+    _check(faithfulness, estimator, top, correction)
+    started = time.perf_counter()
+    batches = as_batches(data, batch_size, next((p.device for p in model.parameters()), None))
+    task = task or default_task(model, data)
+    batches = for_last_position(model, batches, task)
+    sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
+    with eval_mode(model), gated(sites) as gates:
+        sweep = Sweep(model, sites, gates, task, reuse=False)
+        wired = wiring(model, sites, batches[0][0])
+        prepared = [_prepare(sweep, batches, name, draws, seed) for name in names]
+        prepared[0].use(sweep)
+        return _measure(model, sites, sweep, wired, batches, prepared, started, task=task, top=top,
+                        target=faithfulness, estimator=estimator, alpha=alpha, n_boot=n_boot, seed=seed,
+                        correction=correction, min_effect=min_effect, resamples=resamples)
+
+
+def _check(faithfulness: float, estimator: str, top: int | None, correction: str) -> None:
+    if not 0 < faithfulness <= 1:
+        raise ConfigError(f"faithfulness is a share of the metric in (0, 1], got {faithfulness}")
+    if estimator not in ESTIMATORS:
+        raise ConfigError(f"estimator {estimator!r} is not one of {', '.join(ESTIMATORS)}")
+    if top is not None and top < 1:
+        raise ConfigError(f"top: verify at least 1 edge, got {top}")
+    if correction not in significance.CORRECTIONS:
+        raise ConfigError(f"correction {correction!r} is not one of {', '.join(significance.CORRECTIONS)}")
+
+
+def _prepare(sweep: Sweep, batches, name: str, draws: int | None, seed: int) -> Prepared:
+    entry = get_method(name)
+    state = prepare(entry, DataPass(sweep, batches, draws=None if entry.foldable else draws, seed=seed))
+    return Prepared(entry, state, sweep.draws)
+
+
+def _measure(model, sites, sweep: Sweep, wired, batches, prepared: list[Prepared], started: float, *, task: str,
+             top: int | None, target: float, estimator: str, alpha: float, n_boot: int, seed: int,
+             correction: str, min_effect: float, resamples: int) -> CircuitResult:
+    edges = all_edges(sites)
+    patcher = Patcher(sweep, wired, edges)
+    t0 = time.perf_counter()
+    estimates = attribute(patcher, batches, estimator) if len(edges) > EXACT_ALL or top is not None else None
+    t_attr = time.perf_counter() - t0
+    chosen = _chosen(edges, estimates, top)
+    one = torch.zeros(len(chosen), len(edges), dtype=torch.bool)
+    index = {e: i for i, e in enumerate(edges)}
+    for j, e in enumerate(chosen):
+        one[j, index[e]] = True
+    t0 = time.perf_counter()
+    measured = over_data(patcher, batches, one)
+    t_exact = time.perf_counter() - t0
+    units = float(max(measured.count.sum(), 1.0))
+    baseline = {"loss": float(measured.loss_sum.sum()) / units, "accuracy": float(measured.correct.sum()) / units}
+    band = contrast.default_band(baseline["loss"], min_effect)
+    effects = edge_effects(measured, chosen, alpha=alpha, n_boot=n_boot, seed=seed, correction=correction, band=band)
+    if estimates is not None:
+        for e in effects:
+            e.estimate = float(estimates[index[e.edge]])
+    order = sorted(range(len(effects)), key=lambda j: -effects[j].delta_loss)
+    effects = [effects[j] for j in order]
+    per_edge = (measured.set_loss - measured.loss_sum[:, None])[:, order]  # [N, M]
+    circuit = _circuit(patcher, batches, edges, effects, per_edge, prepared, sweep, target=target,
+                       resamples=resamples, n_boot=n_boot, seed=seed, units=units)
+    return CircuitResult(
+        model={"family": sites[0].adapter.family, "n_layers": len(sites), "heads": [s.n_heads for s in sites]},
+        task=task, method=prepared[0].method.name, n_examples=len(measured.count), n_units=int(units),
+        baseline=baseline, band=band,
+        significance={"loss_test": significance.LOSS_TEST, "accuracy_test": significance.TEST,
+                      "correction": correction, "alpha": alpha, "n_tested": len(chosen)},
+        n_edges=len(edges), edges=effects, circuit=circuit,
+        attribution=_attribution(estimator, estimates, effects, edges),
+        heads=name_heads(circuit, _stats(model, sites, batches)),
+        timing={"attribution_s": t_attr, "exact_s": t_exact, "total_s": time.perf_counter() - started,
+                "forwards": patcher.forwards})
+
+
+def _chosen(edges: list[Edge], estimates: np.ndarray | None, top: int | None) -> list[Edge]:
+    if estimates is None:
+        return list(edges)
+    k = min(len(edges), top or DEFAULT_TOP)
+    return [edges[i] for i in np.argsort(-np.abs(estimates), kind="stable")[:k]]
+
+
+def _circuit(patcher: Patcher, batches, edges, effects, per_edge, prepared, sweep, *, target, resamples, n_boot,
+             seed, units):
+    def run(kept):
+        m = over_data(patcher, batches, removed_sets(kept, edges))
+        return m.loss_sum, m.set_loss
+
+    search = Search(run, per_edge.shape[0])
+    order = [e.edge for e in effects]
+    circuit, inclusion = minimal(search, order, per_edge, target, resamples=resamples, n_boot=n_boot, seed=seed)
+    inside = frozenset(circuit.edges)
+    without = search.losses([inside - {e} for e in circuit.edges] + [inside])
+    for e in effects:
+        e.inclusion = inclusion.get(e.edge)
+        e.in_circuit = e.edge in inside
+    for e, loss in zip([x for x in effects if x.in_circuit], without[:-1]):
+        e.effect_in_circuit = float((loss - without[-1]).sum()) / units
+        e.self_repair_gap = e.effect_in_circuit - e.delta_loss
+    for p in prepared[1:]:
+        p.use(sweep)
+        other = Search(run, per_edge.shape[0])
+        circuit.methods[p.method.name] = _holds(other, inside, target, n_boot, seed)
+    prepared[0].use(sweep)
+    return circuit
+
+
+def _holds(search: Search, inside: frozenset, target: float, n_boot: int, seed: int) -> dict[str, Any]:
+    from .minimal import _ci, faithfulness
+
+    empty, kept = search.losses([frozenset(), inside])
+    f = faithfulness(empty, kept, search.clean)
+    return {"faithfulness": f if np.isfinite(f) else None, "faithfulness_ci": _ci(empty, kept, search.clean, n_boot, seed),
+            "holds": bool(np.isfinite(f) and f >= target)}
+
+
+def _attribution(estimator: str, estimates, effects, edges) -> dict[str, Any] | None:
+    if estimates is None:
+        return None
+    rho = spearman([e.estimate for e in effects], [e.delta_loss for e in effects])
+    ranked = np.argsort(-np.abs(estimates), kind="stable")[:DEFAULT_TOP]
+    return {"estimator": estimator, "n_edges": len(edges), "n_verified": len(effects), "spearman_vs_exact": rho,
+            "top": [{**edges[i].to_json(), "estimate": float(estimates[i])} for i in ranked]}
+
+
+def _stats(model, sites, batches) -> list[dict[str, list]] | None:
+    from ..attention_stats import attention_summary
+
+    return attention_summary(model, batches, keep=0, sites=list(sites)).stats

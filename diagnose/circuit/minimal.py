@@ -1,0 +1,130 @@
+"""The minimal circuit: the fewest edges whose circuit (every other edge removed by the method) keeps a
+chosen share of the model's performance, and how much that answer holds.
+
+Faithfulness of a circuit C, from per-example summed losses (Wang et al. 2022's normalised form):
+
+    F(C) = (L(empty) - L(C)) / (L(empty) - L(model))
+
+with L(empty) every edge removed and L(model) none. The edges verified by path patching are ranked by
+their delta loss (largest first) and kept in that order; the circuit is the shortest prefix with
+F >= the target (greedy, as ACDC and EAP's circuits are: the smallest such set is not searched for).
+Its interval is a paired bootstrap over examples. Stability: on each of `resamples` bootstrap
+resamples of the examples the edges are ranked again and the prefix chosen again; an edge's inclusion
+is the share of resamples whose circuit holds it. Each edge of the circuit also gets its effect inside
+the circuit (L(C without it) - L(C), per unit) and the self-repair gap, that minus its effect alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from .edges import Edge
+
+RESAMPLES = 20
+
+
+@dataclass
+class Circuit:
+    """The minimal circuit under the main method; `methods` its faithfulness under each other method."""
+
+    edges: list[Edge]
+    faithfulness: float | None
+    faithfulness_ci: list[float] | None
+    target: float
+    reached: bool
+    resamples: int
+    methods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    note: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"edges": [e.to_json() for e in self.edges], "n_edges": len(self.edges),
+                "faithfulness": self.faithfulness, "faithfulness_ci": self.faithfulness_ci, "target": self.target,
+                "reached": self.reached, "resamples": self.resamples, "methods": self.methods, "note": self.note}
+
+
+# run(kept sets) -> per-example summed loss of the clean model [N], and of each set's circuit [N, M]
+Run = Callable[[list[frozenset]], tuple[np.ndarray, np.ndarray]]
+
+
+class Search:
+    """Prefix circuits of ranked edges, each evaluated once (cached by its edge set)."""
+
+    def __init__(self, run: Run, n_examples: int):
+        self.run, self.cache = run, {}
+        self.clean = np.zeros(n_examples)
+
+    def losses(self, kept: Sequence[frozenset]) -> list[np.ndarray]:
+        todo = [k for k in dict.fromkeys(kept) if k not in self.cache]
+        if todo:
+            self.clean, per = self.run(todo)
+            self.cache.update({k: per[:, i] for i, k in enumerate(todo)})
+        return [self.cache[k] for k in kept]
+
+
+def faithfulness(empty: np.ndarray, circuit: np.ndarray, clean: np.ndarray, w: np.ndarray | None = None) -> float:
+    """F of one circuit from per-example loss sums [N] (weights w [N]: a bootstrap resample); NaN without a gap."""
+    w = np.ones_like(clean) if w is None else w
+    gap = float(w @ (empty - clean))
+    return float(w @ (empty - circuit)) / gap if abs(gap) > 1e-12 else float("nan")
+
+
+def prefix(search: Search, order: Sequence[Edge], target: float, w: np.ndarray | None = None) -> int:
+    """The shortest prefix of `order` whose F (on weights w) reaches target; len(order) when none does."""
+    kept = [frozenset(order[:k]) for k in range(len(order) + 1)]
+    losses = search.losses(kept)
+    for k in range(1, len(order) + 1):
+        if faithfulness(losses[0], losses[k], search.clean, w) >= target:
+            return k
+    return len(order)
+
+
+def minimal(search: Search, order: Sequence[Edge], per_edge: np.ndarray, target: float, *, resamples: int,
+            n_boot: int, seed: int) -> tuple[Circuit, dict[Edge, float]]:
+    """The circuit of the ranked `order` and each verified edge's inclusion frequency; per_edge [N, M]: each
+    edge's per-example change in loss when removed alone (columns in `order`'s order), for the re-ranking."""
+    k = prefix(search, order, target)
+    edges = list(order[:k])
+    empty, full = search.losses([frozenset(), frozenset(edges)])
+    f = faithfulness(empty, full, search.clean)
+    ci = _ci(empty, full, search.clean, n_boot, seed)
+    n = len(search.clean)
+    rng = np.random.default_rng(seed)
+    counts = dict.fromkeys(order, 0)
+    for _ in range(resamples):
+        w = rng.multinomial(n, np.full(n, 1.0 / n)).astype(np.float64)
+        ranked = [order[j] for j in np.argsort(-(w @ per_edge), kind="stable")]
+        for e in ranked[:prefix(search, ranked, target, w)]:
+            counts[e] += 1
+    note = None if np.isfinite(f) else "removing every edge does not change the loss: no faithfulness to keep"
+    circuit = Circuit(edges, None if not np.isfinite(f) else f, ci, target, bool(np.isfinite(f) and f >= target),
+                      resamples, note=note)
+    return circuit, {e: c / max(resamples, 1) for e, c in counts.items()}
+
+
+def _ci(empty: np.ndarray, circuit: np.ndarray, clean: np.ndarray, n_boot: int, seed: int) -> list[float] | None:
+    """95 % percentile interval of F over paired bootstrap resamples of the examples."""
+    n = len(clean)
+    if n == 0:
+        return None
+    w = np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(np.float64)  # [R, N]
+    gap = w @ (empty - clean)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = np.where(np.abs(gap) > 1e-12, (w @ (empty - circuit)) / gap, np.nan)
+    if not np.isfinite(f).any():
+        return None
+    low, high = np.nanpercentile(f, [2.5, 97.5])
+    return [float(low), float(high)]
+
+
+def removed_sets(kept: Sequence[frozenset], edges: Sequence[Edge]) -> torch.Tensor:
+    """Each circuit's removed edges as a row over `edges` [M, E] (every edge not kept)."""
+    out = torch.ones(len(kept), len(edges), dtype=torch.bool)
+    index = {e: i for i, e in enumerate(edges)}
+    for m, k in enumerate(kept):
+        for e in k:
+            out[m, index[e]] = False
+    return out

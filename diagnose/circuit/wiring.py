@@ -1,0 +1,141 @@
+"""Where each edge of a circuit starts and ends in the model, as the adapters declare it.
+
+A sender's write is its slice of the output projection (ablation/direct.head_weights). A receiver's
+q, k or v input is its block of D output features of a query/key/value projection, which the family's
+projection layout names (adapters/layout.py): head h's features h*D:(h+1)*D of each part of a BLOCKED
+[q; k; v] projection (GPT-2, the reference model), of its own SEPARATE projection (LLaMA, BERT), or
+3hD + pD of an INTERLEAVED one. The norm in front of the projections is the module whose output one
+traced forward feeds them (adapters/_stream.trace_calls); its scale is frozen at its clean input, as
+the direct effects freeze the final norm, so an edge's change is linear in the sender's change:
+
+    change_in[r, p, h] = W_in[p, h] . norm_r.change(-W_O[s] (out_s - fill_s))   # [B, T, D]
+
+The direct path of a pre-norm model, the final norm, is the adapter's (readout.final_norm); a model
+whose heads reach the output through more than that one norm (post-norm) has no circuits here yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import reduce
+from typing import Any, Sequence
+
+import torch
+import torch.nn as nn
+
+from ..adapters._stream import trace_calls
+from ..adapters.base import AttentionSite
+from ..adapters.layout import BLOCKED, INTERLEAVED, layout_of
+from ..adapters.norms import NormForm, declared, infer
+from ..adapters.readout import residual_path
+from ..ablation.direct import head_weights, norm_form
+from ..errors import ConfigError
+from .edges import PARTS
+
+_WHY = "so its circuit is not measured"
+
+
+@dataclass(frozen=True)
+class Input:
+    """One query/key/value projection of a receiver site: its output feature block j (D wide) is the
+    input `slices[j]` = (part, head) of one receiver head."""
+
+    module: nn.Module
+    weight: torch.Tensor  # [d_in, F], F = len(slices) * D
+    slices: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class Site:
+    """One attention layer as a sender (write [H, D, d]) and a receiver (its inputs and their norm)."""
+
+    write: torch.Tensor  # [H, D, d]
+    inputs: tuple[Input, ...]
+    norm: nn.Module | None  # in front of the projections (None: they read the residual stream itself)
+    form: NormForm | None
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """Every site's ends, and the final norm (the output edges' path)."""
+
+    sites: tuple[Site, ...]
+    final: nn.Module
+    final_form: NormForm
+    head_dim: tuple[int, ...]
+
+    @property
+    def norms(self) -> list[nn.Module]:
+        """Each norm whose clean input the edges freeze, once."""
+        found = [s.norm for s in self.sites if s.norm is not None] + [self.final]
+        return list({id(n): n for n in found}.values())
+
+    def form_of(self, norm: nn.Module) -> NormForm:
+        return self.final_form if norm is self.final else next(s.form for s in self.sites if s.norm is norm)
+
+
+def wiring(model: nn.Module, sites: Sequence[AttentionSite], example: Any) -> Wiring:
+    """The wiring of `sites`; ConfigError (one line) where the adapter declares too little."""
+    if not sites:
+        raise ConfigError(f"the model has no attention sites, {_WHY}")
+    model = getattr(model, "_orig_mod", model)
+    path = residual_path(sites[0].adapter, model, sites[0])
+    if len(path.norms) != 1 or path.output is not path.norms[0]:
+        raise ConfigError("a head reaches this model's output through more than its final norm (post-norm), "
+                          f"{_WHY}: circuits need a pre-norm residual stream")
+    final = path.norms[0]
+    calls = trace_calls(model, example)
+    built = tuple(_site(site, calls) for site in sites)
+    return Wiring(built, final, norm_form(sites[0].adapter, final), tuple(s.head_dim for s in sites))
+
+
+def _site(site: AttentionSite, calls) -> Site:
+    if site.application is not None:
+        raise ConfigError(f"{site.name}: its attention module is shared across depths, {_WHY}")
+    inputs = _inputs(site)
+    norm, form = _input_norm(site, inputs[0].module, calls)
+    return Site(head_weights(site), inputs, norm, form)
+
+
+def _inputs(site: AttentionSite) -> tuple[Input, ...]:
+    """The site's projections and which (part, head) each D-wide feature block of theirs is."""
+    lay = layout_of(site)
+    H, D = site.n_heads, site.head_dim
+    kv = int(site.n_kv_heads or H)
+    out = []
+    for i, proj in enumerate(lay.inputs):
+        module = reduce(getattr, proj.path.split("."), site.module)
+        if proj.kind == BLOCKED:
+            slices = tuple((p, h) for p in PARTS for h in range(H))
+        elif proj.kind == INTERLEAVED:
+            slices = tuple((p, h) for h in range(H) for p in PARTS)
+        else:
+            if len(lay.inputs) != 3:
+                raise ConfigError(f"{site.name}: {len(lay.inputs)} separate projections, not q, k and v, {_WHY}")
+            slices = tuple((PARTS[i], h) for h in range(kv if PARTS[i] != "q" else H))
+        w = module.weight.detach()
+        w = w if lay.conv1d else w.t()  # [in, out]
+        if w.shape[1] != len(slices) * D:
+            raise ConfigError(f"{site.name}.{proj.path}: {w.shape[1]} output features, not {len(slices)} x {D}, {_WHY}")
+        out.append(Input(module, w, slices))
+    return tuple(out)
+
+
+def _input_norm(site: AttentionSite, proj: nn.Module, calls) -> tuple[nn.Module | None, NormForm | None]:
+    """The norm whose output the site's first projection reads in the traced forward, and its form."""
+    first = next((c for c in calls if c.module is proj), None)
+    if first is None or not first.inputs:
+        raise ConfigError(f"{site.name}: its query/key/value projection was not called as a module in a forward, "
+                          f"{_WHY}")
+    x = first.inputs[0]
+    for call in calls:
+        if call.module is proj or not any(o is x for o in call.outputs):
+            continue
+        if call.module is site.module or not call.inputs:
+            continue
+        form = declared(site.adapter, call.module) or infer(call.module, call.inputs[0], x)
+        if form is not None:
+            return call.module, form
+    if any(x is c.inputs[0] for c in calls if c.module is site.module and c.inputs):
+        return None, None  # the attention reads its input unnormed: the residual stream itself
+    raise ConfigError(f"{site.name}: no norm was found in front of its projections, {_WHY}")

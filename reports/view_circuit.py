@@ -1,0 +1,141 @@
+"""The circuit section: an SVG graph of the edges that matter (layers left to right, heads as nodes, the
+output last; edge width the effect, q / k / v / direct told apart by colour and dash, the interval in each
+edge's hover title) and the edge table, from a `diagnose.circuit/1` JSON document. Every field read is
+checked here first, so that drawing cannot fail half-way; the template escapes everything it prints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from diagnose.errors import InputFileError
+from diagnose.files import kind, number
+from diagnose.schema import Section
+
+CIRCUIT_SCHEMA = "diagnose.circuit/1"
+_FIX = "regenerate it with `diagnose circuit --json`"
+MAX_HEADS = 1 << 16
+MAX_DRAWN = 60  # edges drawn: the circuit's, then the others that matter, largest first
+X0, GAP, Y0, ROW, R = 50, 150, 30, 34, 11
+PART_OFFSET = {"q": -6, "k": 0, "v": 6, "out": 0}  # where on the receiver a q / k / v edge lands
+
+
+@dataclass
+class Node:
+    x: float
+    y: float
+    label: str
+    in_circuit: bool
+
+
+@dataclass
+class Line:
+    x1: float
+    y1: float
+    x2: float
+    y2: float
+    width: float
+    part: str
+    title: str
+    in_circuit: bool
+
+
+@dataclass
+class CircuitSection:
+    name: str
+    data: dict[str, Any]
+    width: int
+    height: int
+    nodes: list[Node]
+    lines: list[Line]
+    output: tuple[float, float]
+    summary: list[tuple[str, str]]
+    sections: list[Section] = field(default_factory=list)
+
+
+def _pair(value: Any, where: str, name: str) -> list[int]:
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                               and v >= 0 for v in value)):
+        raise InputFileError(f"{where}: `{name}` is {kind(value)}, not a (layer, head) pair; {_FIX}")
+    return value
+
+
+def _edge(e: Any, where: str, heads: list[int]) -> dict[str, Any]:
+    if not isinstance(e, dict) or e.get("part") not in ("q", "k", "v", "out"):
+        raise InputFileError(f"{where}: an edge is not an object with a part q, k, v or out; {_FIX}")
+    for name in ("sender", "receiver"):
+        if name == "receiver" and e.get("receiver") is None:
+            continue
+        layer, head = _pair(e.get(name), where, name)
+        if layer >= len(heads) or head >= heads[layer]:
+            raise InputFileError(f"{where}: `{name}` L{layer}.H{head} is not a head of the model; {_FIX}")
+    for name in ("delta_loss",):
+        if e.get(name) is not None and number(e[name]) is None:
+            raise InputFileError(f"{where}: `{name}` is {kind(e[name])}, not a number; {_FIX}")
+    ci = e.get("delta_loss_ci")
+    if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(number(x) is not None for x in ci)):
+        raise InputFileError(f"{where}: `delta_loss_ci` is not two numbers; {_FIX}")
+    return e
+
+
+def check_circuit(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """The document, its fields the section reads checked (InputFileError naming the field otherwise)."""
+    model, circuit = data.get("model"), data.get("circuit")
+    heads = model.get("heads") if isinstance(model, dict) else None
+    if not (isinstance(heads, list) and heads and all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
+                                                      for h in heads)) or sum(heads) > MAX_HEADS:
+        raise InputFileError(f"{where}: `model.heads` is not a list of head counts per layer; {_FIX}")
+    if not isinstance(data.get("edges"), list) or not isinstance(circuit, dict) \
+            or not isinstance(circuit.get("edges"), list):
+        raise InputFileError(f"{where}: a {CIRCUIT_SCHEMA} document needs `edges` and `circuit.edges` lists; {_FIX}")
+    for e in data["edges"] + circuit["edges"]:
+        _edge(e, where, heads)
+    for name in ("faithfulness", "target"):
+        if circuit.get(name) is not None and number(circuit[name]) is None:
+            raise InputFileError(f"{where}: `circuit.{name}` is {kind(circuit[name])}, not a number; {_FIX}")
+    return data
+
+
+def _title(e: dict[str, Any]) -> str:
+    ci = e.get("delta_loss_ci")
+    d = number(e.get("delta_loss"))
+    interval = "" if ci is None else f", 95 % CI [{number(ci[0]):+.4f}, {number(ci[1]):+.4f}]"
+    return (f"{e.get('label', '')}: Δloss {'-' if d is None else f'{d:+.4f}'} nats{interval}; "
+            f"{e.get('verdict') or 'no verdict'}{'; in the circuit' if e.get('in_circuit') else ''}")
+
+
+def circuit_section(name: str, data: dict[str, Any], sections: list[Section]) -> CircuitSection:
+    """The graph's nodes and lines, and the summary rows, for one checked document."""
+    heads = data["model"]["heads"]
+    kept = {tuple(map(tuple, (e["sender"], e["receiver"] or [-1, -1]))) + (e["part"],) for e in data["circuit"]["edges"]}
+    drawn = [e for e in data["edges"] if e.get("in_circuit") or e.get("verdict") == "matters"]
+    drawn = sorted(drawn, key=lambda e: (not e.get("in_circuit"), -abs(number(e.get("delta_loss")) or 0.0)))[:MAX_DRAWN]
+    big = max([abs(number(e.get("delta_loss")) or 0.0) for e in drawn] + [1e-12])
+    at = {(l, h): (X0 + l * GAP, Y0 + h * ROW) for l, n in enumerate(heads) for h in range(n)}
+    out = (X0 + len(heads) * GAP, Y0 + (max(heads) - 1) * ROW / 2)
+    used = {tuple(e["sender"]) for e in drawn} | {tuple(e["receiver"]) for e in drawn if e["receiver"]}
+    in_circuit = {tuple(e["sender"]) for e in data["circuit"]["edges"]} | \
+                 {tuple(e["receiver"]) for e in data["circuit"]["edges"] if e["receiver"]}
+    nodes = [Node(x, y, f"L{l}.H{h}", (l, h) in in_circuit) for (l, h), (x, y) in at.items()
+             if (l, h) in used or len(at) <= 64]
+    lines = []
+    for e in drawn:
+        x1, y1 = at[tuple(e["sender"])]
+        x2, y2 = out if e["receiver"] is None else at[tuple(e["receiver"])]
+        key = (tuple(e["sender"]), tuple(e["receiver"] or [-1, -1]), e["part"])
+        lines.append(Line(x1 + R, y1, x2 - R, y2 + PART_OFFSET[e["part"]],
+                          1 + 7 * abs(number(e.get("delta_loss")) or 0.0) / big, e["part"], _title(e), key in kept))
+    c = data["circuit"]
+    f, ci = number(c.get("faithfulness")), c.get("faithfulness_ci")
+    summary = [("edges in the model", str(data.get("n_edges", "-"))), ("edges verified", str(len(data["edges"]))),
+               ("minimal circuit", f"{len(c['edges'])} edges"),
+               ("faithfulness", "-" if f is None else f"{f:.2f}" + ("" if not ci else f" (95 % CI {number(ci[0]):.2f}"
+                                                                  f" to {number(ci[1]):.2f})")),
+               ("target", "-" if number(c.get("target")) is None else f"{number(c['target']):.0%}")]
+    for method, held in (c.get("methods") or {}).items():
+        hf = number(held.get("faithfulness")) if isinstance(held, dict) else None
+        summary.append((f"under {method}", ("-" if hf is None else f"{hf:.2f}") +
+                        (" (holds)" if isinstance(held, dict) and held.get("holds") else " (does not hold)")))
+    width = int(out[0] + 60)
+    height = int(Y0 + max(heads) * ROW + 10)
+    return CircuitSection(name, data, width, height, nodes, lines, out, summary, sections)

@@ -1,0 +1,57 @@
+"""Circuits on another family: a tiny GPT-2 (fused Conv1D [q; k; v] stored [in, out], LayerNorms).
+
+Independent of the circuit code: each head's output edge is its direct effect as the head ablation
+measures it (ablation/direct.py: the head's write through the frozen final norm)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diagnose import find_circuit
+from diagnose.ablation import ablate_heads
+from ..tolerance import approx
+
+pytestmark = pytest.mark.numerics
+transformers = pytest.importorskip("transformers")
+
+
+def _gpt2():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=24, n_positions=16, bos_token_id=0,
+                                  eos_token_id=0, attn_implementation="eager", resid_pdrop=0, embd_pdrop=0,
+                                  attn_pdrop=0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # heads strong enough that their edges are well above rounding
+        for block in model.transformer.h:
+            block.attn.c_attn.weight.mul_(8)
+            block.attn.c_proj.weight.mul_(4)
+    return model, {"input_ids": torch.randint(0, 24, (12, 10), generator=torch.Generator().manual_seed(1))}
+
+
+def test_gpt2_output_edges_are_the_heads_direct_effects():
+    model, data = _gpt2()
+    result = find_circuit(model, data, task="lm", resamples=2, n_boot=200)
+    assert result.model["family"] == "hf-gpt2" and result.n_edges == 16 and len(result.edges) == 16
+    heads = ablate_heads(model, data, task="lm", progress=False, attention=False)
+    for h in heads.heads:
+        edge = result.edge(f"L{h.layer}.H{h.head} -> output")
+        assert edge.delta_loss == approx(h.direct_delta_loss, scale=1.0), (h.layer, h.head)
+    assert {e.edge.composition for e in result.edges} == {"Q", "K", "V", "direct"}
+
+
+def test_llama_grouped_query_attention_keys_and_values_are_key_value_heads():
+    """Separate q/k/v projections and RMSNorm; a k or v receiver is one of the 2 key/value heads."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=24, max_position_embeddings=16,
+                                   attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    data = {"input_ids": torch.randint(0, 24, (8, 10), generator=torch.Generator().manual_seed(1))}
+    result = find_circuit(model, data, task="lm", resamples=2, n_boot=200)
+    assert result.n_edges == 4 * 4 + 2 * 2 * 4 + 8  # q: 4 x 4 senders; k, v: 2 kv heads x 4 senders; 8 outputs
+    assert {e.edge.receiver[1] for e in result.edges if e.edge.part in "kv" and e.edge.receiver} == {0, 1}
+    heads = ablate_heads(model, data, task="lm", progress=False, attention=False)
+    for h in heads.heads:
+        edge = result.edge(f"L{h.layer}.H{h.head} -> output")
+        assert edge.delta_loss == approx(h.direct_delta_loss, scale=1.0), (h.layer, h.head)
