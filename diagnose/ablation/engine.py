@@ -159,8 +159,10 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
     sweep = Sweep(model, sites, gates, cfg.task, reuse=cfg.reuse, replication=plan.replication, scored=scored)
     n_top = cfg.n_top(len(sweep.heads))
     methods = [get_method(c.method) for c in cfgs]
-    bar.total(len(mine) * sum(m.prepare is not None for m in methods)
-              + len(parts) * len(cfgs) * ((1 if cfg.fast else len(sites)) + (cfg.fast and n_top > 0)))
+    prep = len(mine) * sum(m.prepare is not None for m in methods)  # steps: a data pass per batch, then
+    per_part = (1 + (n_top > 0)) if cfg.fast else len(sweep.heads)  # a clean pass and a check, or a step per head
+    bar.total(prep + len(parts) * len(cfgs) * per_part, first=prep + per_part)
+    bar.forwards = lambda: sweep.forwards
     reduce = (lambda sums, counts: r.add_up(sums, counts, batches.device)) if r.active else None
     first = first_example(batches, r)
     prepared = []

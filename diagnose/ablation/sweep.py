@@ -145,7 +145,7 @@ class Sweep:
             for i in range(0, len(ms), k):
                 out.update(self._ablate_chunk(clean, s, ms[i:i + k]))
             if tick:
-                tick()
+                tick(len(ms))  # a step per head
         return out
 
     # ---- internals -------------------------------------------------------------------------
