@@ -17,7 +17,8 @@ Modules, in the order one `ablate_heads` call uses them:
 - sweep: one clean pass per batch, then heads ablated several per forward, through prefix; a base of
   closed heads stays shut throughout (groups, prune's removals).
 - steps: every head, or the ranked heads only (--fast, prune's rounds), over the plan's micro-batches.
-- progress: plain progress events for a caller's callback.
+- progress: plain progress events for a caller's callback, and `ProgressLog`, their lines for a log.
+- scored: the logits made at the scored positions only (the adapter's output layer sees only them).
 - prefix: replays the unchanged blocks below an ablated layer from the clean pass.
 - accumulate: per-example sums over the data, and the per-head effects and tests from them.
 - significance: sign test, sign-flip permutation test, bootstrap CIs, Holm / BH.
@@ -40,7 +41,7 @@ from .analyses import ANALYSES, Analysis, AnalysisInput, register_analysis, unre
 from .methods import METHODS, AblationMethod, register_method
 
 # imported on first use (PEP 562): the CLI reads METHODS from the registry without paying for torch
-_EXPORTS = {"AblationConfig": ".config", "ProgressEvent": ".progress", "ablate_heads": ".engine",
+_EXPORTS = {"AblationConfig": ".config", "ProgressEvent": ".progress", "ProgressLog": ".progress", "ablate_heads": ".engine",
             "ablate_methods": ".engine",
             "SCHEMA": ".result", "HeadEffect": ".result", "HeadsResult": ".result",
             "GroupEffect": ".together", "ablate_together": ".together"}
@@ -48,7 +49,7 @@ _EXPORTS = {"AblationConfig": ".config", "ProgressEvent": ".progress", "ablate_h
 if TYPE_CHECKING:
     from .config import AblationConfig
     from .engine import ablate_heads, ablate_methods
-    from .progress import ProgressEvent
+    from .progress import ProgressEvent, ProgressLog
     from .result import SCHEMA, HeadEffect, HeadsResult
     from .together import GroupEffect, ablate_together
 
@@ -57,5 +58,5 @@ __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
 
 
 __all__ = ["ANALYSES", "METHODS", "SCHEMA", "AblationConfig", "AblationMethod", "Analysis", "AnalysisInput",
-           "GroupEffect", "HeadEffect", "HeadsResult", "ProgressEvent", "ablate_heads", "ablate_methods",
+           "GroupEffect", "HeadEffect", "HeadsResult", "ProgressEvent", "ProgressLog", "ablate_heads", "ablate_methods",
            "ablate_together", "register_analysis", "register_method", "unregister_analysis"]

@@ -218,7 +218,8 @@ class Direct(Passes):
             return moved(out, change)
 
         with torch.no_grad(), hooks(*([] if change is None else [lambda: self.paths[s].output.register_forward_hook(
-                move)])), (replay(recorder, clean.recorded, blocks, K, clean.batch) if blocks else _nothing()):
+                move)])), (replay(recorder, clean.recorded, blocks, K, clean.batch) if blocks else _nothing()), \
+                self.sweep.scoring(clean.index):
             logits = logits_of(call_model(self.sweep.model, repeat_batch(clean.inputs, K, clean.batch)))
         self.forwards += 1
         return logits

@@ -173,7 +173,7 @@ class Clamped(Passes):
         try:
             for gate, scale in zip(sweep.gates, scales):
                 gate.scale, gate.rows, gate.draw = scale, rows, draw
-            with torch.no_grad(), hooks(*regs):
+            with torch.no_grad(), hooks(*regs), sweep.scoring(clean.index):
                 logits = logits_of(call_model(sweep.model, repeat_batch(clean.inputs, K, B)))
         finally:
             for gate in sweep.gates:

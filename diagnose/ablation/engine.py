@@ -39,6 +39,7 @@ from .methods import METHODS, DataPass, Prepared, check_compared_draws, get_meth
 from .plan import Plan, micro_batches, plan_sweep
 from .progress import Progress, ProgressCallback
 from .result import HeadEffect, HeadsResult
+from .scored import ScoredOnly, output_layer
 from .self_repair import add_direct
 from .steps import KEEP_BYTES, every_head_under, first_example, ranked_heads
 from .sweep import Sweep
@@ -146,6 +147,7 @@ class _Measured:
     counts: list[tuple[int, int, bool]]  # per rank: forwards, examples forwarded, prefix reuse kept
     direct: Accumulator | None  # the direct-path outcomes of the chosen heads (None: not measured)
     direct_info: dict | None  # how they were measured, or why not (result.direct)
+    logits: dict  # whether the logits were made at the scored positions only (scored.py), or why not
 
 
 def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batches: Batches,
@@ -154,14 +156,17 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
     or the ranked way (one method after the other; steps.py). The configs differ in the method only."""
     cfg = cfgs[0]
     mine = pick(batches, r)
-    plan = plan_sweep(model, sites, batches, max_memory=cfg.max_memory)
+    scored = ScoredOnly(output_layer(model, sites))
+    plan = plan_sweep(model, sites, batches, max_memory=cfg.max_memory, scored=scored, task=cfg.task)
     parts = micro_batches(mine, plan.micro_batch)  # this rank's shard, in the plan's pieces
     bar.note(plan.describe())
-    sweep = Sweep(model, sites, gates, cfg.task, reuse=cfg.reuse, replication=plan.replication)
+    sweep = Sweep(model, sites, gates, cfg.task, reuse=cfg.reuse, replication=plan.replication, scored=scored)
     n_top = cfg.n_top(len(sweep.heads))
     methods = [get_method(c.method) for c in cfgs]
-    bar.total(len(mine) * sum(m.prepare is not None for m in methods)
-              + len(parts) * len(cfgs) * ((1 if cfg.fast else len(sites)) + (cfg.fast and n_top > 0)))
+    prep = len(mine) * sum(m.prepare is not None for m in methods)  # steps: a data pass per batch, then
+    per_part = (1 + (n_top > 0)) if cfg.fast else len(sweep.heads)  # a clean pass and a check, or a step per head
+    bar.total(prep + len(parts) * len(cfgs) * per_part, first=prep + per_part)
+    bar.forwards = lambda: sweep.forwards
     reduce = (lambda sums, counts: r.add_up(sums, counts, batches.device)) if r.active else None
     first = first_example(batches, r)
     prepared = []
@@ -189,7 +194,7 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
         direct.append(_direct_effects(model, sweep, parts, first, r, chosen, c) if c.direct else (None, None))
     counts = r.gather((sweep.forwards, sweep.examples_forwarded, sweep.reuse))
     return [_Measured(acc, chosen, sweep.heads, plan, ranked_at[0] if ranked_at else None, ablation_seconds, counts,
-                      direct_acc, direct_info) for (acc, chosen), (direct_acc, direct_info) in zip(runs, direct)]
+                      direct_acc, direct_info, scored.to_json()) for (acc, chosen), (direct_acc, direct_info) in zip(runs, direct)]
 
 
 def _direct_effects(model: torch.nn.Module, sweep: Sweep, parts: list, first: int, r: Ranks, chosen: list[int],
@@ -250,7 +255,7 @@ def _assemble(model: torch.nn.Module, sites: list[AttentionSite], batches: Batch
                 "forward_passes": sum(c[0] for c in m.counts), "examples_forwarded": sum(c[1] for c in m.counts),
                 "prefix_reuse": all(c[2] for c in m.counts), "batches": len(batches), "ranks": r.world,
                 "micro_batch": m.plan.micro_batch, "replication": m.plan.replication,
-                "memory_plan": m.plan.to_json()},
+                "memory_plan": m.plan.to_json(), "logits": m.logits},
         significance=_significance_info(heads, len(m.chosen), acc.n_examples, cfg, band),
         fast=fast_info, examples=summary["examples"] if summary else [], direct=m.direct_info)
 

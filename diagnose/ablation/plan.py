@@ -11,8 +11,15 @@ estimated, and the micro-batch and replication are the largest that
 - on a CPU, keep the rows of one forward in cache: a replicated forward of K x B sequences
   pushes memory-bound elementwise work (GELU, layer norm, the residual adds) out of the
   last-level cache, and each sequence then costs more than in a plain forward of B, which
-  eats what prefix replay saves (issue 14). The largest activation of one forward stays under
-  CPU_ROW_BYTES. On a GPU more rows per forward only fill it better (GPU_ROW_BYTES).
+  eats what prefix replay saves (issue 14). The largest activation of one layer (a module
+  inside the residual blocks) stays under CPU_ROW_BYTES; the output layer's logits, made once
+  per forward and not per layer, count towards the memory only. On a GPU more rows per forward
+  only fill it better (GPU_ROW_BYTES).
+
+Where the sweep makes logits at the scored positions only (scored.py: IOI scores 1 position in
+15), the probe makes them so too: the plan bounds the logits that are made, not a whole-vocabulary
+tensor at every position that no pass holds (SmolLM2: 2.9 MB per example, which cut batches of 32
+into micro-batches of 2).
 
 The figures are estimates from shapes, not measurements of the allocator; SAFETY leaves room
 for what they miss (the weights' own temporaries, the allocator's slack).
@@ -32,9 +39,10 @@ from ..adapters import hooks
 from ..adapters.base import AttentionSite
 from .._numbers import number
 from ..errors import ConfigError
-from ..objectives import batch_size_of, call_model, logits_of
+from ..objectives import batch_size_of, call_model, logits_of, targets_for
 from .prefix import take_rows
 from .batches import Batches
+from .scored import ScoredOnly, positions
 
 CPU_ROW_BYTES = 8 * 2 ** 20  # largest activation of one forward on a CPU: a quarter of a 32 MB L3
 GPU_ROW_BYTES = 2 ** 30  # on a GPU, the same bound only keeps one forward's activations modest
@@ -81,6 +89,7 @@ class Footprint:
     logits: int
     hidden: int  # one residual block's output
     n_blocks: int
+    layer: int = 0  # the largest output of a module inside the residual blocks (0: none found)
 
     def clean_bytes(self, b: int) -> int:
         """Peak of a clean pass with d loss / d gate on b examples: the kept activations (x 2 for the
@@ -94,6 +103,10 @@ class Footprint:
 
     def step_bytes(self, k: int, b: int) -> int:
         return max(self.clean_bytes(b), self.ablation_bytes(k, b))
+
+    def row_bytes(self) -> int:
+        """What the cache bound reads: one layer's largest activation (the largest of all where no block is known)."""
+        return self.layer or self.largest
 
 
 @dataclass(frozen=True)
@@ -123,16 +136,21 @@ class Plan:
 
 
 def plan_sweep(model: nn.Module, sites: Sequence[AttentionSite], batches: Sequence[tuple[Any, Any]], *,
-               max_memory: int | str | None = None, free: int | None | str = "measure") -> Plan:
+               max_memory: int | str | None = None, free: int | None | str = "measure",
+               scored: ScoredOnly | None = None, task: str | None = None) -> Plan:
     """Probe one example, then choose the micro-batch and replication (see the module docstring).
 
     free: the free bytes to plan against ("measure": ask the device). A max_memory below what one
     example needs raises ConfigError; without one, a plan that does not fit runs one example at a time.
+    scored and task: the sweep's cut of the logits to the scored positions (scored.py), checked here on
+    the widest batch's first example and probed as the passes will make them.
     """
     cap_user = parse_size(max_memory)
     batch = max(batch_size_of(x) for x, _ in batches)
-    widest = max(batches, key=lambda pair: _tokens_per_example(pair[0]))[0]
-    fp = footprint(model, sites, take_rows(widest, 0, 1, batch_size_of(widest)))
+    widest, labels = max(batches, key=lambda pair: _tokens_per_example(pair[0]))
+    one = take_rows(widest, 0, 1, batch_size_of(widest))
+    index = _scored_index(model, sites, batches, scored, task, one, labels)
+    fp = footprint(model, sites, one, scored=scored if index is not None else None, index=index)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     free_bytes = free_memory(device) if free == "measure" else free
     caps = [c for c in (None if free_bytes is None else int(free_bytes * SAFETY), cap_user) if c is not None]
@@ -140,7 +158,7 @@ def plan_sweep(model: nn.Module, sites: Sequence[AttentionSite], batches: Sequen
     if cap_user is not None and fp.step_bytes(1, 1) > cap_user:
         raise ConfigError(f"max_memory {_mb(cap_user)} is below the ~{_mb(fp.step_bytes(1, 1))} one example needs "
                           "in one step (estimated); raise it")
-    rows = max(1, (CPU_ROW_BYTES if device.type == "cpu" else GPU_ROW_BYTES) // max(fp.largest, 1))
+    rows = max(1, (CPU_ROW_BYTES if device.type == "cpu" else GPU_ROW_BYTES) // max(fp.row_bytes(), 1))
     n_heads = max((s.n_heads for s in sites), default=1)
     b, k = _choose(fp, batch, n_heads, rows, cap)
     if (b, k) != _choose(fp, batch, n_heads, rows, None):
@@ -153,12 +171,17 @@ def plan_sweep(model: nn.Module, sites: Sequence[AttentionSite], batches: Sequen
                 free_bytes=free_bytes, max_memory_bytes=cap_user, limited_by=limited, device=str(device))
 
 
-def footprint(model: nn.Module, sites: Sequence[AttentionSite], example: Any) -> Footprint:
-    """Per-example bytes of one forward of `example` (a batch of one), every module hooked."""
+def footprint(model: nn.Module, sites: Sequence[AttentionSite], example: Any, *, scored: ScoredOnly | None = None,
+              index: torch.Tensor | None = None) -> Footprint:
+    """Per-example bytes of one forward of `example` (a batch of one), every module hooked; with `scored`,
+    the logits made at positions `index` [1, S] only, as the sweep makes them."""
     outs: list[int] = []
     leaf: list[int] = []
-    blocks = {id(m) for _, m in (sites[0].adapter.blocks(model) if sites else [])}
+    block_list = [m for _, m in (sites[0].adapter.blocks(model) if sites else [])]
+    blocks = {id(m) for m in block_list}
+    inside = {id(m) for b in block_list for m in b.modules()}
     hidden: list[int] = []
+    layer: list[int] = []
 
     def hook(module: nn.Module, _args, out) -> None:
         n = _nbytes(out)
@@ -167,13 +190,30 @@ def footprint(model: nn.Module, sites: Sequence[AttentionSite], example: Any) ->
             leaf.append(n)
         if id(module) in blocks:
             hidden.append(n)
+        if id(module) in inside:
+            layer.append(n)
 
     regs = [lambda m=m: m.register_forward_hook(hook) for m in model.modules() if m is not model]
-    with torch.no_grad(), hooks(*regs):
+    with torch.no_grad(), hooks(*regs), (scored.at(index) if scored is not None else _nothing()):
         logits = logits_of(call_model(model, example))
     n_logits = logits.numel() * max(logits.element_size(), 4)  # scored in float32
     return Footprint(largest=max([*outs, n_logits]), saved=sum(leaf) + n_logits, logits=n_logits,
-                     hidden=max(hidden, default=0), n_blocks=len(blocks))
+                     hidden=max(hidden, default=0), n_blocks=len(blocks), layer=max(layer, default=0))
+
+
+def _scored_index(model: nn.Module, sites: Sequence[AttentionSite], batches: Sequence[tuple[Any, Any]],
+                  scored: ScoredOnly | None, task: str | None, one: Any, labels: Any) -> torch.Tensor | None:
+    """The probe's scored positions [1, S] (S: the most any example has) when every batch's logits will be
+    cut to them and the cut holds on `one` (the widest batch's first example, labels its batch's); else None."""
+    if scored is None or not scored.on or task is None:
+        return None
+    cuts = [positions(targets_for(task, x, y)) for x, y in getattr(batches, "pairs", batches)]
+    if any(c is None for c in cuts):
+        return None
+    mine = positions(targets_for(task, one, None if labels is None else take_rows(labels, 0, 1, len(labels))))
+    if mine is None or not scored.check(model, sites, one, mine[0]):
+        return None
+    return torch.arange(max(c[0].shape[1] for c in cuts))[None]  # [1, S]
 
 
 def free_memory(device: torch.device) -> int | None:
@@ -236,6 +276,14 @@ def _nbytes(obj: Any) -> int:
     if hasattr(obj, "to_tuple"):  # transformers' ModelOutput
         return sum(_nbytes(o) for o in obj.to_tuple())
     return 0
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 def _mb(n: int) -> str:

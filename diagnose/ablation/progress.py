@@ -1,4 +1,10 @@
-"""Progress of a sweep as plain events for a caller's callback; drawing them (a bar) is the CLI's job."""
+"""Progress of a sweep as plain events for a caller's callback, and the words for them.
+
+The engine reports ProgressEvents (steps done of the total, forward passes so far); drawing a bar is the
+CLI's job. `ProgressLog` turns the events into plain lines for an output that is not a terminal (a log
+file, a CI job): one every few seconds, with the time left estimated once the first batch is done. Its
+clock is passed in, so that what it writes can be tested without reading one.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +13,21 @@ from typing import Callable
 
 from ..errors import UsageError
 
+LOG_EVERY = 5.0  # seconds between two lines of ProgressLog
+
 
 @dataclass(frozen=True)
 class ProgressEvent:
-    """`done` of `total` steps of a sweep; `note`, once, says what the sweep chose (micro-batch, heads
-    per forward), with the step count unchanged."""
+    """`done` of `total` steps of a sweep (a step: one head ablated on one batch, or one batch's data or clean
+    pass); `note`, once, says what the sweep chose (micro-batch, heads per forward), with the step count
+    unchanged. `forwards`: forward passes so far. `first`: the steps of the first batch, after which the time
+    left can be estimated (None: unknown)."""
 
     done: int
     total: int
     note: str | None = None
+    forwards: int | None = None
+    first: int | None = None
 
 
 ProgressCallback = Callable[[ProgressEvent], None]
@@ -30,15 +42,87 @@ class Progress:
                              f"{callback!r}; the command line draws the bar itself")
         self.callback = callback or None
         self.done = self.n = 0
+        self.first: int | None = None
+        self.forwards: Callable[[], int] | None = None  # reads the forward passes so far
 
-    def total(self, n: int) -> None:
-        self.n = n
+    def total(self, n: int, first: int | None = None) -> None:
+        self.n, self.first = n, first
 
     def note(self, text: str) -> None:
         if self.callback is not None:
-            self.callback(ProgressEvent(self.done, self.n, text))
+            self.callback(self._event(text))
 
-    def tick(self) -> None:
-        self.done += 1
+    def tick(self, n: int = 1) -> None:
+        """n more steps done (Sweep.ablate: the heads of one layer on one batch)."""
+        self.done += n
         if self.callback is not None:
-            self.callback(ProgressEvent(self.done, self.n))
+            self.callback(self._event())
+
+    def _event(self, note: str | None = None) -> ProgressEvent:
+        return ProgressEvent(self.done, self.n, note, None if self.forwards is None else self.forwards(), self.first)
+
+
+def time_left(event: ProgressEvent, elapsed: float) -> float | None:
+    """Seconds left at the pace so far, once the first batch is done (else None)."""
+    if event.first is None or not event.total or event.done < max(event.first, 1) or event.done >= event.total:
+        return None
+    return elapsed / event.done * (event.total - event.done)
+
+
+def describe(event: ProgressEvent, elapsed: float) -> str:
+    """'540/1080 steps (50%), 3210 forward passes, 2m10s elapsed, about 2m10s left'."""
+    parts = [f"{event.done}/{event.total} steps" + (f" ({event.done / event.total:.0%})" if event.total else "")]
+    if event.forwards is not None:
+        parts.append(f"{event.forwards} forward passes")
+    parts.append(f"{duration(elapsed)} elapsed")
+    left = time_left(event, elapsed)
+    if left is not None:
+        parts.append(f"about {duration(left)} left")
+    return ", ".join(parts)
+
+
+def duration(seconds: float) -> str:
+    """'42s', '2m10s', '1h05m'."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class ProgressLog:
+    """A ProgressCallback writing plain lines: `label: <note>; <describe>`. The first line comes with the first
+    step done after `every` seconds, then one at most every `every` seconds, and `finish()` writes the last.
+    Nothing is written before a step is done, so a sweep that fails at once leaves only its error."""
+
+    def __init__(self, write: Callable[[str], None], label: str, clock: Callable[[], float],
+                 every: float = LOG_EVERY):
+        self.write, self.label, self.clock, self.every = write, label, clock, every
+        self.start: float | None = None
+        self.last: float | None = None
+        self.event: ProgressEvent | None = None
+        self.notes: list[str] = []
+        self.pending = False  # an event not written yet
+
+    def __call__(self, event: ProgressEvent) -> None:
+        now = self.clock()
+        if self.start is None:
+            self.start = now
+        self.event, self.pending = event, True
+        if event.note is not None:
+            self.notes.append(event.note)
+            return
+        if now - (self.last if self.last is not None else self.start) >= self.every:
+            self._line(now)
+
+    def finish(self) -> None:
+        """The last line (the totals), unless the last event was written already."""
+        if self.pending:
+            self._line(self.clock())
+
+    def _line(self, now: float) -> None:
+        head = "; ".join(self.notes)
+        self.notes = []
+        self.write(f"{self.label}: " + (f"{head}; " if head else "") + describe(self.event, now - self.start))
+        self.last, self.pending = now, False

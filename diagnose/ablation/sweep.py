@@ -23,6 +23,7 @@ from ..objectives import IGNORE, call_model, logits_of, require_finite, score, t
 from .batches import batch_size_of
 from .gate import Gate, close_heads
 from .prefix import Recorder, repeat_batch, replay, take_rows
+from .scored import ScoredOnly, positions
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Clean:
     grads: list[torch.Tensor] | None  # per site [B, H]: d loss_sum[b] / d gate[b, h]
     recorded: dict[int, Any] | None = None  # block index -> its clean output, for prefix replay
     rows: torch.Tensor | None = None  # [B] the data set's index of each example, when known
+    index: torch.Tensor | None = None  # [B, S] the scored positions the logits and targets keep (scored.py)
 
     def nbytes(self) -> int:
         """Memory this batch holds (to decide whether --fast may keep it for the verification)."""
@@ -62,8 +64,10 @@ class Sweep:
     together); the ablations close one more head each on top of it."""
 
     def __init__(self, model: torch.nn.Module, sites: Sequence[AttentionSite], gates: Sequence[Gate], task: str,
-                 *, reuse: bool = True, replication: int | None = None, closed: Sequence[tuple[int, int]] = ()):
+                 *, reuse: bool = True, replication: int | None = None, closed: Sequence[tuple[int, int]] = (),
+                 scored: ScoredOnly | None = None):
         self.model, self.sites, self.gates, self.task = model, list(sites), list(gates), task
+        self.scored = scored  # logits at the scored positions only (scored.py); None: at every position
         self.closed = list(closed)
         self.draws, self.draw = 1, 0  # forwards per ablation whose outcomes are averaged (methods.py), and which
         self.heads = [(s, h) for s, site in enumerate(self.sites) for h in range(site.n_heads)]  # global order
@@ -82,7 +86,7 @@ class Sweep:
         """The forward of one batch with only the base `closed` heads shut (with d loss / d gate when grad).
         rows: [B] the data set's index of each example, for methods whose fill depends on the example."""
         B = batch_size_of(inputs)
-        targets = targets_for(self.task, inputs, labels)
+        index, targets = self._scored_positions(inputs, targets_for(self.task, inputs, labels))
         base = close_heads(self.n_heads, self.closed, B, device=targets.device)
         scales = [(torch.ones(B, site.n_heads, device=targets.device) if s is None else s).requires_grad_(grad)
                   for site, s in zip(self.sites, base)]  # [B, H] per site
@@ -90,7 +94,7 @@ class Sweep:
             gate.scale, gate.calls, gate.rows, gate.draw = scale, 0, rows, self.draw
         recording = self.recorder.recording() if (record and self.reuse) else _nothing()
         try:
-            with torch.set_grad_enabled(grad), recording:
+            with torch.set_grad_enabled(grad), recording, self.scoring(index):
                 logits = logits_of(call_model(self.model, inputs))
                 require_finite(self.model, logits.detach(), "with heads closed" if self.closed else
                                "on the data, before any head is ablated")
@@ -109,7 +113,26 @@ class Sweep:
         logits = logits.detach()
         return Clean(inputs, targets, B, sc.loss_sum.detach(), sc.correct, sc.count, logits,
                      _unit_logp(logits, targets), grads,
-                     self.recorder.outputs if (record and self.reuse) else None, rows)
+                     self.recorder.outputs if (record and self.reuse) else None, rows, index)
+
+    def scoring(self, index: torch.Tensor | None) -> Any:
+        """Context: the output layer makes logits at positions `index` [B, S] only (None: at every position)."""
+        return _nothing() if index is None or self.scored is None else self.scored.at(index)
+
+    def _scored_positions(self, inputs: Any, targets: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(index [B, S], targets [B, S]) when the logits can be cut to the scored positions, else (None, targets)."""
+        cut = positions(targets) if self.scored is not None and self.scored.on else None
+        if cut is None:
+            return None, targets
+        observers = [g.observer for g in self.gates]  # the check's forwards are not the clean pass
+        try:
+            for g in self.gates:
+                g.observer = None
+            ok = self.scored.check(self.model, self.sites, take_rows(inputs, 0, 1, batch_size_of(inputs)), cut[0])
+        finally:
+            for g, o in zip(self.gates, observers):
+                g.observer = o
+        return cut if ok else (None, targets)
 
     def ablate(self, clean: Clean, head_ids: Sequence[int], tick=None) -> dict[int, Ablated]:
         """Exact ablation of each head in head_ids (global indices) on one clean batch."""
@@ -122,7 +145,7 @@ class Sweep:
             for i in range(0, len(ms), k):
                 out.update(self._ablate_chunk(clean, s, ms[i:i + k]))
             if tick:
-                tick()
+                tick(len(ms))  # a step per head
         return out
 
     # ---- internals -------------------------------------------------------------------------
@@ -178,7 +201,9 @@ class Sweep:
             scales = close_heads(self.n_heads, self.closed, B, replicas, device=clean.targets.device)
             for gate, scale in zip(self.gates, scales):
                 gate.scale, gate.rows, gate.draw = scale, rows, self.draw
-            with torch.no_grad(), replay(self.recorder, recorded, blocks, K, B) if blocks else _nothing():
+            index = None if clean.index is None else take_rows(clean.index, 0, B, clean.batch)
+            with torch.no_grad(), replay(self.recorder, recorded, blocks, K, B) if blocks else _nothing(), \
+                    self.scoring(index):
                 logits = logits_of(call_model(self.model, repeat_batch(inputs, K, B)))
         finally:
             for gate in self.gates:

@@ -25,6 +25,13 @@ class HFAdapter(InterceptAdapter):
     def site(self, name: str, module: nn.Module):
         """(n_heads, head_dim, n_kv_heads, out_proj) when `module` is one of this family's attention modules."""
 
+    def output_layer(self, model: nn.Module) -> nn.Module | None:
+        """The per-position output layer (ablation/scored.py): the model's own get_output_embeddings()
+        (a causal LM's lm_head, an MLM head's decoder); None for a model without one (a classifier)."""
+        get = getattr(model, "get_output_embeddings", None)
+        out = get() if callable(get) else None
+        return out if isinstance(out, nn.Module) else None
+
     def find(self, model: nn.Module) -> list[AttentionSite] | None:
         sites = []
         for name, m in model.named_modules():

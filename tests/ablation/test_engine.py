@@ -56,7 +56,7 @@ def test_nothing_left_after_an_interrupted_sweep(model, data, error, fast):
     before = snapshot(model)
 
     def stop(event):
-        if event.done == 2:
+        if event.done >= 2:  # a step per head: the count may jump past 2
             raise error("stop")
 
     with pytest.raises(error):
