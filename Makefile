@@ -93,8 +93,12 @@ versions-newest: venv-newest
 
 # The wheel and sdist (python -m build), installed into a clean venv in a temporary folder away from
 # the source tree, then `diagnose --help`, `diagnose demo --quick` and `diagnose report` there.
+# WHEEL_STAGE=venv WHEEL_WORK=DIR only makes the clean venv with torch in DIR, WHEEL_STAGE=check the
+# rest (CI makes the venv in the background while the tests run: .ci/run).
+WHEEL_STAGE ?= all
+WHEEL_WORK ?=
 wheel-check: $(STAMP)
-	bash .ci/wheel-check $(PYTHON) "$(TORCH_SPEC)"
+	bash .ci/wheel-check $(PYTHON) "$(TORCH_SPEC)" $(WHEEL_STAGE) $(WHEEL_WORK)
 
 # On a CUDA machine: the sweep against the peer loop, the monitor's overhead and long-context
 # memory, in under 10 minutes (bench/README.md); elsewhere it says so and exits 0.

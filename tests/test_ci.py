@@ -17,20 +17,22 @@ def test_ci_run_stops_when_chromium_cannot_be_installed(tmp_path):
     assert "OMP_WAIT_POLICY=PASSIVE make versions-newest" in script
     assert "/usr/bin/chromium" in script
     # The same script, in a copy of the tree where chromium is absent and apt-get fails;
-    # `make` is a stub that records that the suite was started.
+    # `make` is a stub that records each target it was asked for.
     (tmp_path / ".ci").mkdir()
     run = tmp_path / ".ci" / "run"
     run.write_text(script.replace("/usr/bin/chromium", str(tmp_path / "no-chromium")))
+    (tmp_path / ".ci" / "kernel-paths").write_text("echo default\n")
     stubs = tmp_path / "bin"
     stubs.mkdir()
-    for name, body in (("apt-get", "exit 100"), ("make", f"echo started >> {tmp_path / 'make.log'}")):
+    for name, body in (("apt-get", "echo apt: no chromium here; exit 100"), ("make", f'echo "$1" >> {tmp_path / "make.log"}')):
         (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
         (stubs / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{stubs}:/usr/bin:/bin"}
     out = subprocess.run(["bash", str(run)], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode != 0
-    assert "could not install chromium" in out.stderr
-    assert not (tmp_path / "make.log").exists()
+    assert "could not install chromium" in out.stderr and "apt: no chromium here" in out.stderr  # its log, printed
+    # it installs beside the main venv; no test starts without it
+    assert "test" not in (tmp_path / "make.log").read_text().split()
 
 
 def _run_ci_with_stub_make(tmp_path, paths: list[str], fail_on: str = "") -> tuple[subprocess.CompletedProcess, list[list[str]]]:
@@ -73,9 +75,12 @@ def test_ci_covers_every_kernel_path_and_version_row_in_three_passes(tmp_path, p
     conflict-marker check, last the demo on each path and the wheel."""
     out, calls = _run_ci_with_stub_make(tmp_path, paths)
     assert out.returncode == 0, out.stderr
-    foreground = [c for c in calls if c[3] not in ("venv-newest", "venv-lowest")]
-    assert [c[3].split()[0] for c in foreground] == [
-        "conflicts", "venv", "test", "versions-newest", "versions-lowest", "demo-paths", "wheel-check"]
+    background = ("venv-newest", "venv-lowest", "wheel-check WHEEL_STAGE=venv")
+    foreground = [c for c in calls if not c[3].startswith(background)]
+    targets = [c[3].split()[0] for c in foreground]
+    assert targets[:5] == ["conflicts", "venv", "test", "versions-newest", "versions-lowest"]
+    assert sorted(targets[5:]) == ["demo-paths", "wheel-check"]  # side by side, in either order
+    assert any(c[3].startswith("wheel-check WHEEL_STAGE=check WHEEL_WORK=/") for c in foreground)  # the venv's folder
     passes = {c[3]: tuple(c[:3]) for c in foreground if c[3] in ("test", "versions-newest", "versions-lowest")}
     assert passes == {"test": (paths[0], "1", "-"), "versions-newest": (paths[1 % len(paths)], "2", "PASSIVE"),
                       "versions-lowest": (paths[2 % len(paths)], "1", "-")}
@@ -85,6 +90,8 @@ def test_ci_covers_every_kernel_path_and_version_row_in_three_passes(tmp_path, p
     assert order.index("venv") < order.index("venv-newest") < order.index("versions-newest")
     assert order.index("venv-newest") < order.index("venv-lowest") < order.index("versions-lowest")
     assert f"demo-paths PATHS={' '.join(paths)}" in order
+    venv = next(i for i, c in enumerate(order) if c.startswith("wheel-check WHEEL_STAGE=venv"))
+    assert order.index("venv-lowest") < venv < next(i for i, c in enumerate(order) if "WHEEL_STAGE=check" in c)
 
 
 def test_a_row_that_fails_to_install_stops_ci_with_its_log(tmp_path):
@@ -93,7 +100,8 @@ def test_a_row_that_fails_to_install_stops_ci_with_its_log(tmp_path):
     assert "installing the lowest row's venv failed (make venv-lowest, exit 3)" in out.stderr, out.stderr
     assert "pip: no matching distribution for venv-lowest" in out.stderr  # the install's own log, printed
     order = [c[3] for c in calls]
-    assert "versions-newest" in order and "versions-lowest" not in order and "wheel-check" not in order
+    assert "versions-newest" in order and "versions-lowest" not in order
+    assert not [c for c in order if "WHEEL_STAGE=check" in c or c.startswith("demo-paths")]
 
 
 def test_the_numerics_target_and_both_version_rows_select_the_marker():
