@@ -32,7 +32,7 @@ def _hf(tmp_path, poison=False, accum=1, **cb):
         gradient_accumulation_steps=accum, eval_strategy="steps", eval_steps=2, report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True,
         disable_tqdm=True)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:8],
-                                   callbacks=[DiagnoseHFCallback(tmp_path / "diag", echo=False, **cb)])
+                                   callbacks=[DiagnoseHFCallback(tmp_path / "diag", every=1, echo=False, **cb)])
     trainer.train()
     return trainer, read_run(tmp_path / "diag")
 
@@ -118,14 +118,14 @@ def test_lightning_forwards_validation_and_stops(tmp_path):
     kw = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
               accelerator="cpu", default_root_dir=str(tmp_path), val_check_interval=2, limit_val_batches=2)
     module = Module()
-    L.Trainer(max_steps=4, callbacks=[DiagnoseCallback(tmp_path / "a", echo=False)], **kw).fit(module, loader, loader)
+    L.Trainer(max_steps=4, callbacks=[DiagnoseCallback(tmp_path / "a", every=1, echo=False)], **kw).fit(module, loader, loader)
     ev = read_run(tmp_path / "a").evals
     assert ev["step"].tolist() == [s for s, _ in module.val] == [2, 4]
     assert ev["loss"].tolist() == [v for _, v in module.val] and ev["val_acc"].tolist() == [0.5, 0.5]  # passed on
     assert "train_loss" not in ev.columns
 
     module = Module(nan_at=1)
-    trainer = L.Trainer(max_steps=6, callbacks=[DiagnoseCallback(tmp_path / "b", echo=False, stop_on="nonfinite")],
+    trainer = L.Trainer(max_steps=6, callbacks=[DiagnoseCallback(tmp_path / "b", every=1, echo=False, stop_on="nonfinite")],
                         **kw)
     trainer.fit(module, loader, loader)
     run = read_run(tmp_path / "b")

@@ -102,7 +102,7 @@ def run_scenario(sc: Scenario, run_dir, attention_every: int = 5) -> list[dict]:
         step[0] = s + 1
 
     try:
-        with TrainingMonitor(model, run_dir, attention_every=attention_every, clip=cfg.clip, echo=False) as mon:
+        with TrainingMonitor(model, run_dir, attention_every=attention_every, clip=cfg.clip, every=1, echo=False) as mon:
             train(model, data, cfg, on_backward=on_backward)
     finally:
         for h in handles:
