@@ -221,8 +221,7 @@ def failures(root: Path, replayed: bool) -> None:
                                                                for k, d in sc.expected.items()}})
             alerts = replay(run_dir)
         else:
-            resolved, _ = run_scenario(sc, run_dir)
-            alerts = replay(run_dir)
+            resolved, alerts = run_scenario(sc, run_dir, every=EVERY["every"])  # live: light steps too
         res[sc.name] = resolved, alerts
         first = {}
         for a in alerts:
