@@ -14,7 +14,7 @@ repetition then holds the same share of logged steps). The load average before a
 printed: the machine may be shared.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_monitor.py [--model reference|hand] [--reps 15]
-        [--steps 50] [--d-model 128] [--layers 4] [--no-wandb]
+        [--steps 50] [--d-model 128] [--layers 4] [--no-wandb] [--step-cost]
 """
 
 from __future__ import annotations
@@ -175,6 +175,28 @@ def _report(args, times, load_before) -> None:
         print(line)
 
 
+def step_cost(data, steps: int = 200) -> None:
+    """--step-cost: CPU time of monitor.step() alone at the defaults, light steps and logged steps apart."""
+    model, opt, sched = make()
+    mon = TrainingMonitor(model, tempfile.mkdtemp(prefix="bench_monitor_"), clip=1.0, echo=False)
+    gen, light, logged = torch.Generator().manual_seed(1), [], []
+    for s in range(steps):
+        idx = torch.randint(0, len(data), (32,), generator=gen)
+        loss = score(model(data.input_ids[idx], attention_mask=data.attention_mask[idx]), data.labels[idx]).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        t = time.process_time()
+        mon.step(loss, optimizer=opt)
+        (logged if s % mon.every == 0 else light).append(time.process_time() - t)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    mon.close()
+    print(f"{KIND['model']} model: monitor.step() CPU median {statistics.median(light) * 1e3:.3f} ms on a light "
+          f"step, {statistics.median(logged) * 1e3:.3f} ms on a logged step ({steps} steps, load average "
+          f"{os.getloadavg()[0]:.2f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=15)
@@ -183,12 +205,15 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=MODEL["n_layers"])
     ap.add_argument("--model", choices=("reference", "hand"), default="reference")
     ap.add_argument("--no-wandb", action="store_true")
+    ap.add_argument("--step-cost", action="store_true", help="time monitor.step() alone, light and logged steps")
     args = ap.parse_args()
     MODEL.update(d_model=args.d_model, n_layers=args.layers)
     KIND["model"] = args.model
     load_before = os.getloadavg()
     torch.set_num_threads(1)
     data = induction(n=2048, length=24, vocab_size=32)
+    if args.step_cost:
+        return step_cost(data)
     tmp = tempfile.mkdtemp(prefix="bench_monitor_")
     os.environ["WANDB_DIR"] = tmp
     variants, monitors, wrun = _variants(tmp, args.no_wandb)
