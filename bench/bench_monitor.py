@@ -1,19 +1,20 @@
-"""Step-time overhead of TrainingMonitor (every step logged) at attention_every 10 and 50, on
+"""Step-time overhead of TrainingMonitor at its defaults (every=10, attention_every=50), at
+attention_every=10, and with every step logged (every=1, attention_every=10: the old defaults' cost), on
 the reference model's training loop or a hand-written nanoGPT-style decoder (--model hand: no
 adapter, found by the generic adapter's traced forward, attention read through the softmax
 intercept), against the same loop unmonitored and the same loop under
-wandb.watch(log="all", log_freq=1) in offline mode. Goals: diagnose <= 3 % at the defaults (every=1,
-attention_every=50), <= 5 % at attention_every=10, and <= 1/5 of wandb's.
+wandb.watch(log="all", log_freq=1) in offline mode. Goals: diagnose <= 3 % at the defaults,
+<= 5 % at attention_every=10, and <= 1/5 of wandb's.
 
-Identical models, one per variant; repetitions are interleaved (plain, diagnose@10,
-diagnose@50, wandb, plain, ...) so that load on the machine hits all alike; each variant's time
+Identical models, one per variant; repetitions are interleaved (plain, diag@50, diag@10,
+every1@10, wandb, plain, ...) so that load on the machine hits all alike; each variant's time
 is divided by the plain loop's time in the same repetition, and the median ratio is reported,
-for wall-clock and for this process's CPU time. `diag@10-old` is the monitor without issue 22's
-signals: diag@10 / diag@10-old per repetition is the signals' own cost. The load average before and after is printed:
-the machine may be shared.
+for wall-clock and for this process's CPU time. --steps should be a multiple of 50 (every
+repetition then holds the same share of logged steps). The load average before and after is
+printed: the machine may be shared.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_monitor.py [--model reference|hand] [--reps 15]
-        [--steps 10] [--d-model 128] [--layers 4] [--no-wandb]
+        [--steps 50] [--d-model 128] [--layers 4] [--no-wandb] [--step-cost]
 """
 
 from __future__ import annotations
@@ -36,12 +37,10 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from diagnose.monitor import TrainingMonitor  # noqa: E402
-from diagnose.monitor._measure import MEASUREMENTS  # noqa: E402
 from diagnose.objectives import score  # noqa: E402
 from diagnose.zoo import ModelConfig, TrainConfig, Transformer, induction, make_optimizer  # noqa: E402
 
 MODEL = dict(n_layers=4, n_heads=4, d_model=128, max_len=32)
-NEW_SIGNALS = ("attention_logit", "logit_z", "optimizer")  # issue 22's measurements
 
 
 class _HandAttention(nn.Module):
@@ -127,23 +126,16 @@ def run_steps(model, opt, sched, data, gen, n, on_backward=None, after_step=None
 
 
 def _variants(tmp: str, no_wandb: bool):
-    """The loops to time: plain, diagnose at attention_every 10 and 50, and wandb.watch when installed."""
+    """The loops to time: plain, diagnose at its defaults, at attention_every=10, every step logged
+    (every=1, attention_every=10), and wandb.watch when installed."""
     variants = {"plain": (make(), {})}
     monitors = []
-    for every in (10, 50):
+    for name, kw in (("diag@50", {}), ("diag@10", {"attention_every": 10}),
+                     ("every1@10", {"every": 1, "attention_every": 10})):
         diag = make()
-        mon = TrainingMonitor(diag[0], os.path.join(tmp, f"run{every}"), every=1, attention_every=every, clip=1.0,
-                              echo=False)
+        mon = TrainingMonitor(diag[0], os.path.join(tmp, name), clip=1.0, echo=False, **kw)
         monitors.append(mon)
-        variants[f"diag@{every}"] = (diag, {"on_backward": lambda loss, opt, mon=mon: mon.step(loss, optimizer=opt)})
-    # the same monitor at attention_every=10 without this issue's signals (max attention logit, z,
-    # update ratio, Adam's sqrt(v)/eps): their own cost, paired with diag@10 in every repetition
-    diag = make()
-    with MEASUREMENTS.without(NEW_SIGNALS):
-        mon = TrainingMonitor(diag[0], os.path.join(tmp, "run10-old"), every=1, attention_every=10, clip=1.0,
-                              echo=False)
-    monitors.append(mon)
-    variants["diag@10-old"] = (diag, {"on_backward": lambda loss, opt, mon=mon: mon.step(loss, optimizer=opt)})
+        variants[name] = (diag, {"on_backward": lambda loss, opt, mon=mon: mon.step(loss, optimizer=opt)})
     wrun = None
     try:
         if no_wandb:
@@ -197,31 +189,55 @@ def _report(args, times, load_before) -> None:
             print(f"  {clock:4s} {k:9s} {statistics.median(t[i] for t in v) * 1e3:8.2f} ms/step   "
                   f"overhead {over[k] * 100:+6.1f} %")
     for (clock, over), i in zip(result.items(), (0, 1)):
-        line = (f"{clock}: diagnose overhead {over['diag@50'] * 100:.1f} % at the defaults (every=1, "
-                f"attention_every=50; goal <= 3 %), {over['diag@10'] * 100:.1f} % at attention_every=10 (goal <= 5 %); "
-                f"the new signals' own share at 10: "
-                f"{(statistics.median(t[i] / o[i] for t, o in zip(times['diag@10'], times['diag@10-old'])) - 1) * 100:.1f} %")
+        line = (f"{clock}: diagnose overhead {over['diag@50'] * 100:.1f} % at the defaults (every=10, "
+                f"attention_every=50; goal <= 3 %), {over['diag@10'] * 100:.1f} % at attention_every=10 (goal <= 5 %), "
+                f"{over['every1@10'] * 100:.1f} % with every step logged (every=1, attention_every=10)")
         if "wandb" in over:
             line += (f"; wandb.watch(log='all', log_freq=1) overhead {over['wandb'] * 100:.1f} %; "
                      f"diagnose@50 / wandb {over['diag@50'] / over['wandb']:.3f} (goal <= 0.2)")
         print(line)
 
 
+def step_cost(data, steps: int = 200) -> None:
+    """--step-cost: CPU time of monitor.step() alone at the defaults, light steps and logged steps apart."""
+    model, opt, sched = make()
+    mon = TrainingMonitor(model, tempfile.mkdtemp(prefix="bench_monitor_"), clip=1.0, echo=False)
+    gen, light, logged = torch.Generator().manual_seed(1), [], []
+    for s in range(steps):
+        idx = torch.randint(0, len(data), (32,), generator=gen)
+        loss = score(model(data.input_ids[idx], attention_mask=data.attention_mask[idx]), data.labels[idx]).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        t = time.process_time()
+        mon.step(loss, optimizer=opt)
+        (logged if s % mon.every == 0 else light).append(time.process_time() - t)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    mon.close()
+    print(f"{KIND['model']} model: monitor.step() CPU median {statistics.median(light) * 1e3:.3f} ms on a light "
+          f"step, {statistics.median(logged) * 1e3:.3f} ms on a logged step ({steps} steps, load average "
+          f"{os.getloadavg()[0]:.2f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--d-model", type=int, default=MODEL["d_model"])
     ap.add_argument("--layers", type=int, default=MODEL["n_layers"])
     ap.add_argument("--model", choices=("reference", "hand"), default="reference")
     ap.add_argument("--no-wandb", action="store_true")
     ap.add_argument("--heads", action="store_true", help="also time the monitor without the per-head signals")
+    ap.add_argument("--step-cost", action="store_true", help="time monitor.step() alone, light and logged steps")
     args = ap.parse_args()
     MODEL.update(d_model=args.d_model, n_layers=args.layers)
     KIND["model"] = args.model
     load_before = os.getloadavg()
     torch.set_num_threads(1)
     data = induction(n=2048, length=24, vocab_size=32)
+    if args.step_cost:
+        return step_cost(data)
     tmp = tempfile.mkdtemp(prefix="bench_monitor_")
     os.environ["WANDB_DIR"] = tmp
     variants, monitors, wrun = _variants(tmp, args.no_wandb)

@@ -1,8 +1,9 @@
 """Does the monitor stay quiet on healthy runs, and still name the planted failures?
 
 The healthy matrix: small runs that train well, none of them the tests' own, from scratch and
-fine-tuned, each under TrainingMonitor with its defaults except attention every 5 steps (more
-samples, more chances of a false alert):
+fine-tuned, each under TrainingMonitor with its defaults except every step logged (--every 1; the
+default logs one step in 10, and its every-step detectors see every step either way) and
+attention every 5 steps (more samples, more chances of a false alert):
 
 - proxy-qk lr L: the byte-level proxy of bench/_proxy.py (qk-layernorm, no z-loss, 20 warmup steps)
 - hf-gpt2: a 2-layer Hugging Face GPT-2 from scratch on the same bytes, AdamW 1e-3, 20 warmup steps
@@ -18,7 +19,7 @@ Then the failure suite of tests/monitor/test_failures.py: per expected kind, the
 at and its deadline; precision and recall over the suite.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/healthy_runs.py [--only proxy-qk,minilm-ft] [--steps 200]
-        [--keep DIR] [--replay DIR] [--no-failures]
+        [--keep DIR] [--replay DIR] [--no-failures] [--every 1]
 
 --keep DIR keeps the run folders; --replay DIR recounts the alerts of folders kept before with
 the detectors as they are now, without training (calibration).
@@ -48,6 +49,7 @@ from diagnose.monitor import Thresholds, TrainingMonitor, read_run  # noqa: E402
 from diagnose.monitor._alerts import AlertEngine  # noqa: E402
 
 ATTENTION_EVERY = 5
+EVERY = {"every": 1}  # --every: 1 logs every step (the layer detectors see the most samples), 10 is the default
 
 
 def cosine_lr(step: int, steps: int, warmup: int, lr: float, min_lr: float) -> float:
@@ -61,7 +63,8 @@ def cosine_lr(step: int, steps: int, warmup: int, lr: float, min_lr: float) -> f
 def _loop(model, opt, run_dir, steps, warmup, lr, min_lr, batch_iter, loss_of, clip=1.0) -> list[float]:
     """A plain loop under TrainingMonitor: the lr set per step, backward, monitor, clip, step."""
     losses = []
-    with TrainingMonitor(model, run_dir, attention_every=ATTENTION_EVERY, clip=clip, echo=False) as mon:
+    with TrainingMonitor(model, run_dir, every=EVERY["every"], attention_every=ATTENTION_EVERY, clip=clip,
+                         echo=False) as mon:
         for step, batch in zip(range(steps), batch_iter):
             for g in opt.param_groups:
                 g["lr"] = cosine_lr(step, steps, warmup, lr, min_lr)
@@ -79,7 +82,7 @@ def _loop(model, opt, run_dir, steps, warmup, lr, min_lr, batch_iter, loss_of, c
 def run_proxy(lr: float):
     def go(run_dir: Path, steps: int, data) -> list[float]:
         losses, _ = train_proxy(lr, qk_norm=True, z_loss=0.0, steps=steps, monitor_dir=run_dir,
-                                attention_every=ATTENTION_EVERY, data=data)
+                                every=EVERY["every"], attention_every=ATTENTION_EVERY, data=data)
         return losses
     return go
 
@@ -183,11 +186,12 @@ def matrix(args, data, root: Path) -> int:
         run_dir = root / name.replace(" ", "_")
         steps = max(20, int(args.steps * k))
         t0 = time.perf_counter()
-        if args.replay:
+        if args.replay:  # the logged steps' records through the detectors as they are now
             losses = [r["loss"] for r in read_run(run_dir).records]
-        else:
+            alerts = replay(run_dir)
+        else:  # what the monitor raised live (between logged steps too)
             losses = fn(run_dir, steps, data)
-        alerts = replay(run_dir)
+            alerts = read_run(run_dir).alerts
         total += len(alerts)
         tail = losses[-20:]
         print(f"| {name} | {recipe} | {len(losses)} | {sum(tail) / len(tail):.3f} | {_alerts_cell(alerts)} "
@@ -217,8 +221,7 @@ def failures(root: Path, replayed: bool) -> None:
                                                                for k, d in sc.expected.items()}})
             alerts = replay(run_dir)
         else:
-            resolved, _ = run_scenario(sc, run_dir)
-            alerts = replay(run_dir)
+            resolved, alerts = run_scenario(sc, run_dir, every=EVERY["every"])  # live: light steps too
         res[sc.name] = resolved, alerts
         first = {}
         for a in alerts:
@@ -238,11 +241,14 @@ def main() -> None:
                                                 "minilm-ft, demo)")
     ap.add_argument("--keep", default="", help="keep the run folders here")
     ap.add_argument("--replay", default="", help="recount the alerts of folders kept before (no training)")
+    ap.add_argument("--every", type=int, default=1, help="TrainingMonitor(every=): 1 logs every step, 10 is "
+                                                           "the default (the every-step detectors see every step)")
     ap.add_argument("--no-failures", action="store_true", help="skip the failure suite")
     ap.add_argument("--failures-only", action="store_true", help="only the failure suite")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}; attention_every={ATTENTION_EVERY}; {args.steps} steps")
+    EVERY["every"] = args.every
+    print(f"torch {torch.__version__}; every={args.every}; attention_every={ATTENTION_EVERY}; {args.steps} steps")
     root = Path(args.keep or args.replay or tempfile.mkdtemp(prefix="healthy-"))
     if not args.failures_only:
         false = matrix(args, corpus(), root)

@@ -6,6 +6,7 @@ every reader of a run walks the fields: record_fields, field_of, record_keys), a
 live trackers: TensorBoardSink, WandbSink, MLflowSink, a plain function).
 """
 
+from ._actions import read_skips
 from ._alerts import Thresholds
 from ._config import MonitorConfig
 from ._detect import Context, Detector, register_detector, unregister_detector
@@ -29,7 +30,7 @@ __all__ = ["TrainingMonitor", "MonitorConfig", "Thresholds", "Run", "read_run", 
            "CallableSink", "TensorBoardSink", "WandbSink", "MLflowSink", "LightningLoggersSink", "Measurement",
            "StepInputs", "register_measurement", "unregister_measurement", "Detector", "Context",
            "register_detector", "unregister_detector", "record_field", "record_fields", "field_of", "record_keys",
-           "MONITOR_FIELDS", "lacking_lines", "lacking_signals",
+           "MONITOR_FIELDS", "lacking_lines", "lacking_signals", "read_skips",
            # the read side `diagnose stats` prints with: a run's summary, one step, live following, TensorBoard
            "summarize", "render_summary", "alert_line", "step_view", "render_step", "follow", "export_tensorboard",
            # a saved spike replayed: what drove it and which cures would have kept the loss down

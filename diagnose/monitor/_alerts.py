@@ -160,16 +160,19 @@ class AlertEngine:
         self.detectors: list[Detector] = [cls() for cls in DETECTORS]
         self.latches = {d.kind: _Latch(thresholds.cooldown) for d in self.detectors}
 
-    def check(self, rec: dict[str, Any], *, amp: bool = False) -> list[dict[str, Any]]:
-        """Alerts for this record; the record's values then join the history."""
+    def check(self, rec: dict[str, Any], *, amp: bool = False, light: bool = False) -> list[dict[str, Any]]:
+        """Alerts for this record; the record's values then join the history.
+
+        light: a step between logged steps ({step, loss, lr, grad_norm} only): only the detectors
+        judged on every step (`Detector.every_step`) see it; the loss trend takes every step's loss."""
         out: list[dict[str, Any]] = []
         self.ctx.amp = amp
-        gates = [d for d in self.detectors if d.gate]
-        for d in gates:
-            if d.check(rec, self.ctx, self._emitter(d, rec, out)):
+        run = [d for d in self.detectors if d.every_step] if light else self.detectors
+        for d in run:
+            if d.gate and d.check(rec, self.ctx, self._emitter(d, rec, out)):
                 return out  # everything downstream of a NaN is NaN: other detectors would only echo it
         self.ctx.trend.push(rec["step"], rec.get("loss"))  # before the others: their hints depend on it
-        for d in self.detectors:
+        for d in run:
             if not d.gate:
                 d.check(rec, self.ctx, self._emitter(d, rec, out))
         return out

@@ -19,8 +19,10 @@ from ._alerts import Thresholds
 class MonitorConfig:
     """How a TrainingMonitor measures and alerts (ConfigError at construction for a bad value).
 
-    every: log one step in `every` (hooks return at once on the others).
-    attention_every: sample attention statistics on steps divisible by it (0: never).
+    every: log one step in `every` (10: what a person reads, at <= 3 % of a step; hooks return at
+        once on the others). Every step, logged or not, still has its loss, lr and gradient norm
+        judged by loss_spike, grad_spike and nonfinite (_light.py): no spike is missed between logs.
+    attention_every: sample attention statistics on logged steps divisible by it (0: never).
     clip: the max norm the loop clips gradients to, to record the clip coefficient.
     thresholds: alert thresholds (None: Thresholds()); echo: print alerts to stderr as they fire.
     settings: extra entries for run.json's "settings" (e.g. how the integration reads norms).
@@ -35,13 +37,15 @@ class MonitorConfig:
         live tracker, or a plain function f(scalars, step)), after the run folder.
     """
 
-    every: int = 1
+    every: int = 10
     attention_every: int = 50
     thresholds: Thresholds | None = None
     clip: float | None = None
     echo: bool = True
     settings: Mapping[str, Any] = field(default_factory=dict)
     raise_on: Iterable[str] = ()
+    skip_on: Iterable[str] = ()
+    stop_on: Iterable[str] = ()
     on_alert: Callable[[dict[str, Any]], Any] | None = None
     save_spikes: bool = False
     spike_bytes: int = 64 << 20
@@ -59,8 +63,10 @@ class MonitorConfig:
             raise ConfigError("spike_bytes and spike_limit must be >= 0")
         if self.thresholds is not None and not isinstance(self.thresholds, Thresholds):
             raise UsageError(f"thresholds must be a diagnose.monitor.Thresholds, got {type(self.thresholds).__name__}")
-        raise_on = (self.raise_on,) if isinstance(self.raise_on, str) else self.raise_on
-        object.__setattr__(self, "raise_on", frozenset(raise_on))
+        for name in ("raise_on", "skip_on", "stop_on"):
+            kinds = getattr(self, name)
+            object.__setattr__(self, name, frozenset((kinds,) if isinstance(kinds, str) else kinds))
+        _check_skip_on(self.skip_on)
         object.__setattr__(self, "settings", dict(self.settings or {}))
         object.__setattr__(self, "sinks", tuple(check_sinks(self.sinks)))
         object.__setattr__(self, "spike_bytes", int(self.spike_bytes))
@@ -86,3 +92,14 @@ class MonitorConfig:
         settings beside the config's, and its trackers' sinks after the config's."""
         return replace(self, clip=self.clip if self.clip is not None else clip,
                        settings={**self.settings, **settings}, sinks=(*self.sinks, *sinks))
+
+
+def _check_skip_on(skip_on: frozenset) -> None:
+    """skip_on may name only kinds judged on every step: a step can be skipped only when it is judged."""
+    from ._detect import DETECTORS
+
+    every_step = {d.kind for d in DETECTORS if d.every_step}
+    bad = sorted(set(skip_on) - every_step)
+    if bad:
+        raise ConfigError(f"skip_on={bad} names kinds that are not judged on every step; skip_on takes "
+                          f"{sorted(every_step)} (the others are seen on logged steps only: use stop_on)")

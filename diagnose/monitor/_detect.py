@@ -123,6 +123,9 @@ class Detector(ABC):
     defaults: ClassVar[Mapping[str, float]] = {}  # thresholds of its own (Thresholds.extra overrides)
     lr_first: ClassVar[bool] = False  # a rising loss puts "lower the lr" first in its hint
     gate: ClassVar[bool] = False  # when its condition holds, the other detectors do not run
+    # judged on every step, logged or not (TrainingMonitor's light steps: loss, lr and grad norm only),
+    # so that a spike between logged steps is still caught; the others see logged steps only
+    every_step: ClassVar[bool] = False
 
     @abstractmethod
     def check(self, rec: dict[str, Any], ctx: Context, emit: Emit) -> bool | None:

@@ -19,7 +19,7 @@ CLIPPING_LOSS_HINT = ("the loop already clips gradients: lower the lr, use a lon
 class Nonfinite(Detector):
     """NaN/Inf in the activations, the loss or (without a GradScaler) the gradients."""
 
-    kind, severity, gate = "nonfinite", "error", True
+    kind, severity, gate, every_step = "nonfinite", "error", True, True
     hint = ("find the first op that overflows: lower the lr, keep gradient clipping on, look for "
             "log/sqrt/div of values that can reach 0, softmax over rows that are fully masked "
             "(-inf everywhere), or fp16 overflow (use bf16, or a GradScaler)")
@@ -49,7 +49,7 @@ def where(rec: dict[str, Any], amp: bool) -> str | None:
 class GradSpike(Detector):
     """The global gradient norm far above its recent median, and large on the run's own scale."""
 
-    kind, severity, lr_first = "grad_spike", "warning", True
+    kind, severity, lr_first, every_step = "grad_spike", "warning", True, True
     hint = ("clip gradients (torch.nn.utils.clip_grad_norm_(params, 1.0)), lower the lr or add "
             "warmup; if it repeats, look for bad batches and for attention logits growing (qk-norm)")
     reads = ("grad_spike_ratio", "grad_spike_mads", "grad_spike_floor", "window", "min_history", "mad_floor")
@@ -91,7 +91,7 @@ def _spiking_block(ctx: Context, layers: dict[str, Any]) -> str:
 class LossSpike(Detector):
     """The loss far above its recent median, by a step that matters on the run's own scale."""
 
-    kind, severity, lr_first = "loss_spike", "warning", True
+    kind, severity, lr_first, every_step = "loss_spike", "warning", True, True
     hint = ("a spike usually follows a gradient spike: lower the lr, clip gradients, use a longer "
             "warmup, and lower Adam's beta2 (0.95) so its second moment reacts faster")
     reads = ("loss_spike_ratio", "loss_spike_mads", "loss_spike_floor", "window", "min_history", "mad_floor")
@@ -112,9 +112,9 @@ class LossSpike(Detector):
 
 
 class Divergence(Detector):
-    """The smoothed loss held far above its best for `diverge_patience` logged steps (_divergence.py)."""
+    """The smoothed loss held far above its best for `diverge_patience` steps (_divergence.py)."""
 
-    kind, severity = "divergence", "error"
+    kind, severity, every_step = "divergence", "error", True  # the loss alone: judged on every step
     hint = divergence_hint(None, False)
     reads = ("diverge_window", "diverge_ratio", "diverge_floor", "diverge_patience")
 

@@ -51,7 +51,23 @@ def _number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+_COMPILED = ("the model ran under torch.compile on torch {torch}, whose dynamo cannot trace the scores' hand-over "
+             "(torch >= 2.13 does), so attention_logit_growth cannot fire; fix: torch >= 2.13, or sample from an "
+             "eager run")
+
+
+def _old_torch(version: Any) -> bool:
+    try:
+        major, minor = (int(x) for x in str(version).split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) < (2, 13)
+
+
 def _reason(key: str, measurement: str, records: list[dict[str, Any]], info: dict[str, Any]) -> str:
+    model = info.get("model") or {}
+    if key == "attention.*.max_logit" and model.get("compiled") and _old_torch(model.get("torch")):
+        return _COMPILED.format(torch=model.get("torch"))
     if key.startswith("attention."):
         if not (info.get("model") or {}).get("attention_sites"):
             return _NO_SITE
@@ -78,6 +94,21 @@ def lacking_signals(run: Any) -> list[dict[str, Any]]:
         keys = [k for k in m.keys if k not in ON_EVENT and not _carried(records, k)]
         if keys:
             out.append({"measurement": m.name, "keys": keys, "reason": _reason(keys[0], m.name, records, run.info)})
+    return out + _site_gaps(records, run.info, {k for x in out for k in x["keys"]})
+
+
+def _site_gaps(records: list[dict[str, Any]], info: dict[str, Any], lacked: set[str]) -> list[dict[str, Any]]:
+    """A signal some attention sites record and others not (run.json's "signals", _declare.py): the
+    sites without it, with the reason (one adapter hands the logits over, another only the probabilities)."""
+    sites = ((info.get("signals") or {}).get("attention")) or {}
+    out = []
+    for m in MEASUREMENTS:
+        for key in m.keys:
+            part, _, field = key.partition(".*.")
+            missing = [s for s, have in sites.items() if field not in have] if part == "attention" else []
+            if missing and key not in lacked:
+                out.append({"measurement": m.name, "keys": [f"attention.{s}.{field}" for s in missing],
+                            "reason": _reason(key, m.name, records, info)})
     return out
 
 

@@ -1,6 +1,7 @@
 """TrainingMonitor: call .step(loss) after backward() and before optimizer.step().
 
-Per logged step it records loss, lr, the global gradient norm (pre-clip, AMP-unscaled), the
+Every step it judges the loss and the gradient norm (_light.py: one host sync of two numbers);
+per logged step (every `every`-th) it records loss, lr, the global gradient norm (pre-clip, AMP-unscaled), the
 clip coefficient, per-block gradient norm and activation statistics, and on every
 `attention_every`-th step per-head attention entropy and max weight. Everything is reduced
 on the device and brought to the host with ONE `.tolist()` per logged step; under
@@ -29,7 +30,10 @@ from ._layout import StepLayout
 from ._measure import MEASUREMENTS, Probe, StepInputs
 from ._records import check_step
 from ._sinks import RunFolderSink, close_all, guest_seconds, guests
-from ._spikes import SPIKE_KINDS
+from ._spikes import SPIKE_KINDS, spike_stem
+from ._actions import SkipList, act_on
+from ._declare import declare
+from ._light import light_record, step_lr
 from ._first_forward import structural_sites, wait_for_first_forward
 from ._signals import find_blocks, find_sites, is_compiled, scaler_divisor, unwrap
 
@@ -80,6 +84,12 @@ class TrainingMonitor:
         self.compiled = is_compiled(model)  # the attention hooks then stay (_probes.AttentionProbe)
         self.every, self.attention_every, self.clip, self.echo = cfg.every, cfg.attention_every, cfg.clip, cfg.echo
         self.raise_on, self.on_alert = cfg.raise_on, cfg.on_alert
+        self.skip_on, self.stop_on = cfg.skip_on, cfg.stop_on
+        self.skipped = False  # whether the last step()'s update was dropped (skip_on)
+        self.skips: list[int] = []  # the steps skipped or stopped at in this session (skips.json: all of them)
+        self._skip_list = SkipList(run_dir if _dist_world()[0] == 0 else None)  # skips.json, read when first written
+        self._declared = False  # run.json lists every part's signals (_declare.py)
+        self._saved: str | None = None  # the spike batch saved at the last step() (its spikes/ stem)
         self.save_spikes, self.spike_bytes, self.spike_limit = cfg.save_spikes, cfg.spike_bytes, cfg.spike_limit
         self._spikes_saved = 0
         self._previous: tuple[int, Any] | None = None  # (step, batch) of the last logged step (_forensics)
@@ -145,10 +155,12 @@ class TrainingMonitor:
         n_params = sum(p.numel() for p in self.model.parameters())
         return {
             "model": {"class": type(self.model).__name__, "n_params": n_params,
-                      "blocks": self.block_names, "attention_sites": self.site_names},
+                      "blocks": self.block_names, "attention_sites": self.site_names,
+                      "compiled": self.compiled, "torch": torch.__version__},
             "settings": {"every": self.every, "attention_every": self.attention_every,
                          "clip": self.clip, "world_size": self.world,
                          "save_spikes": self.save_spikes, "spike_bytes": self.spike_bytes,
+                         "skip_on": sorted(self.skip_on), "stop_on": sorted(self.stop_on),
                          "thresholds": self.thresholds.to_dict(), **self._extra_settings},
             "clip": self.clip,
         }
@@ -194,10 +206,15 @@ class TrainingMonitor:
             self._step = check_step(step)
         s = self._step
         self._step += 1
-        if s % self.every != 0:
+        if s % self.every != 0:  # a light step (_light.py): only the every-step detectors' inputs
             self._discard()  # drop what a forward armed under another numbering left (step= jumped)
-            self._grad_snapshot = None
-            self._arm(self._step)
+            try:
+                record = light_record(self, s, loss, optimizer, lr, scaler)
+            finally:
+                self._grad_snapshot = None
+                self._arm(self._step)
+            self._act(s, None, self._alerts.check(record, amp=scaler is not None, light=True),
+                      optimizer, scaler, batch, per_example_loss)
             return None
         now = time.perf_counter() - guest_seconds(self.sinks)  # a slow sink is not the step's time
         forwards = self._acts.forwards
@@ -208,25 +225,38 @@ class TrainingMonitor:
             self._arm(self._step)
         self._timing(record, s, now, micro_batches if micro_batches is not None else forwards)
         alerts = self._alerts.check(record, amp=scaler is not None)  # every rank: raise_on acts alike
+        self._act(s, record, alerts, optimizer, scaler, batch, per_example_loss)
+        return record
+
+    def _act(self, s: int, record: dict[str, Any] | None, alerts: list[dict[str, Any]], optimizer: Any,
+             scaler: Any, batch: Any, per_example_loss: Any) -> None:
+        """Write the record (a logged step's) and the alerts, save the spike's batch, then the actions:
+        on_alert, skip_on (the update dropped), stop_on and raise_on (TrainingAlertError)."""
         self.last_alerts = alerts
-        for sink in self.sinks:
-            sink.step(record)
+        if record is not None:
+            for sink in self.sinks:
+                sink.step(record)
+            if self._folder is not None and not self._declared:
+                declare(self._folder, record)  # run.json's per-site signals (_declare.py)
+                self._declared = "attention" in (self._folder.writer.info.get("signals") or {})
         for alert in alerts:
             for sink in self.sinks:
                 sink.alert(alert)
             if self.echo and self.rank == 0:
                 print_alert(alert)
+        self._saved = None
         if self.rank == 0 and self._folder is not None:
-            self._forensics(s, alerts, batch, per_example_loss, optimizer)
+            self._saved = self._forensics(s, alerts, batch, per_example_loss, optimizer)
         for alert in alerts:
             if self.on_alert is not None:
                 self.on_alert(alert)
-        stop = [a for a in alerts if a["kind"] in self.raise_on and a["severity"] != "info"]  # events never stop
+        act_on(self, s, {a["kind"] for a in alerts}, optimizer, scaler)
+        stop = [a for a in alerts if a["severity"] != "info"  # events never stop
+                and (a["kind"] in self.raise_on or a["kind"] in self.stop_on)]
         if stop:
             kinds = ", ".join(sorted({a["kind"] for a in stop}))
-            raise TrainingAlertError(f"step {s}: {kinds} (TrainingMonitor raise_on); see {stop[0]['where']}: "
+            raise TrainingAlertError(f"step {s}: {kinds} (TrainingMonitor raise_on/stop_on); see {stop[0]['where']}: "
                                      f"{stop[0]['message']}", stop)
-        return record
 
     def _timing(self, record: dict[str, Any], s: int, now: float, micro_batches: int) -> None:
         """step_time (seconds per step since the last logged step), tokens and tokens/s."""
@@ -241,21 +271,23 @@ class TrainingMonitor:
         record["tokens_per_s"] = (tokens / step_time if tokens is not None and step_time else None)
 
     def _forensics(self, s: int, alerts: list[dict[str, Any]], batch: Any, per_example_loss: Any,
-                   optimizer: Any = None) -> None:
+                   optimizer: Any = None) -> str | None:
         """Save the batch behind a spike alert, with the model and optimizer state and the previous
-        logged step's batch for `diagnose stats --replay` (a reference to it is kept, not a copy)."""
+        logged step's batch for `diagnose stats --replay` (a reference to it is kept, not a copy); its
+        file stem, or None when none was saved."""
         kinds = [a["kind"] for a in alerts if a["kind"] in SPIKE_KINDS]
         previous, self._previous = self._previous, ((s, batch) if self.save_spikes and batch is not None else None)
         if (not self.save_spikes or not kinds or self._spikes_saved >= self.spike_limit
                 or (batch is None and per_example_loss is None)):
-            return
+            return None
         try:
             self._folder.spike(s, kinds, batch, per_example_loss, self.spike_bytes, model=self.model,
                                optimizer=optimizer, previous=previous)
         except OutputError as exc:  # a full disk must not end the training run: say so and go on
-            warnings.warn(f"spike batch at step {s} not saved: {exc}", RuntimeWarning, stacklevel=3)
-            return
+            warnings.warn(f"spike batch at step {s} not saved: {exc}", RuntimeWarning, stacklevel=4)
+            return None
         self._spikes_saved += 1
+        return spike_stem(s)
 
     def log_eval(self, step: int, /, loss: float | torch.Tensor | None = None, **metrics: Any) -> dict[str, Any]:
         """Record an evaluation at `step` to evals.jsonl: {step, time, loss, metrics {name: number}}.
@@ -294,10 +326,7 @@ class TrainingMonitor:
         inputs = StepInputs(s, loss, optimizer, scaler, self._grad_snapshot, self.world)
         measured = [(p.measurement, p.collect(inputs)) for p in self._probes]  # on the device, no sync
         dev = _device(measured)
-        if lr is None and optimizer is not None and getattr(optimizer, "param_groups", None):
-            lr = optimizer.param_groups[0].get("lr")
-        if isinstance(lr, torch.Tensor):
-            lr = float(lr)  # tensor lr (capturable optimizers): rare; costs its own sync
+        lr = step_lr(lr, optimizer)
         layout = StepLayout.of(measured)
         v = layout.pack(measured, dev)  # the parts reduced across ranks first
         if self.world > 1:

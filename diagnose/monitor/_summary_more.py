@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from .._terminal import plain
+from ._actions import read_skips
 from ._runfolder import Run
 
 
@@ -26,7 +27,8 @@ def _f(x: Any) -> float | None:
 def more(run: Run) -> dict[str, Any]:
     """evals (count, last and best loss with their steps), throughput (median seconds per step and
     tokens/s over the logged steps, and at the last one), clipping (the threshold and the share of
-    logged steps whose update it scaled), and the steps with a saved spike batch."""
+    logged steps whose update it scaled), the steps with a saved spike batch, and skips.json's entries
+    (the steps whose update skip_on dropped, or where stop_on stopped the run)."""
     ev, df = run.evals, run.steps
     losses = _col(ev, "loss")
     evals = {"count": int(len(ev)),
@@ -44,7 +46,7 @@ def more(run: Run) -> dict[str, Any]:
     clipping = {"clip": run.info.get("clip", (run.info.get("settings") or {}).get("clip")),
                 "clipped_share": _f((coef < 1.0).mean()) if len(coef) else None}
     return {"evals": evals, "throughput": throughput, "clipping": clipping,
-            "spike_steps": [s["step"] for s in run.spikes]}
+            "spike_steps": [s["step"] for s in run.spikes], "skips": read_skips(run.dir)}
 
 
 def _g(v: Any, fmt: str = ".4g") -> str:
@@ -72,3 +74,8 @@ def render_more(s: dict[str, Any], console) -> None:
     if s.get("spike_steps"):
         steps = ", ".join(str(x) for x in s["spike_steps"])
         console.print(Text(f"spike batches saved at steps {steps} (diagnose stats RUN --step N)"))
+    for e in s.get("skips") or []:
+        batch = f", batch spikes/{plain(e['batch'])}" if e.get("batch") else ""
+        why = f" ({plain(e['why'])})" if e.get("why") else ""
+        console.print(Text(f"step {e['step']} {plain(e['action']).replace('_', ' ')} on "
+                           f"{', '.join(plain(k) for k in e['kinds'])}{batch}{why}", style="yellow"))

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import replace
 from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
 
+from ._actions import note
 from ._config import MonitorConfig
 from ._monitor import TrainingMonitor
 from ._signals import at_end_of_backward
@@ -99,7 +101,9 @@ class DiagnoseHFCallback(_base()):
                  config: MonitorConfig | None = None, **monitor_kwargs: Any):
         self.run_dir, self.trackers = run_dir, trackers
         self.config = MonitorConfig.of(config, monitor_kwargs, caller="DiagnoseHFCallback")  # checked before training
-        self.stop_on = frozenset((stop_on,) if isinstance(stop_on, str) else stop_on)
+        # stop_on ends the trainer's loop (no exception), and writes the step to skips.json as the monitor's would
+        self.stop_on = frozenset((stop_on,) if isinstance(stop_on, str) else stop_on) | self.config.stop_on
+        self.config = replace(self.config, stop_on=())
         self.monitor: TrainingMonitor | None = None
         self._hooks: list = []
         self._scaler = None
@@ -167,7 +171,8 @@ class DiagnoseHFCallback(_base()):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._new_step()
-        self._logging = self.monitor is not None and self.monitor.will_log(state.global_step + 1)
+        # every step, logged or not: its loss, pre-clip grad norm and batch are the every-step detectors' inputs
+        self._logging = self.monitor is not None
 
     def _step_loss(self) -> torch.Tensor | None:
         if not self._losses:
@@ -194,7 +199,9 @@ class DiagnoseHFCallback(_base()):
         except BaseException:  # raise_on fired (or worse): the Trainer has no exception hook, so clean up here
             self.on_train_end(args, state, control)
             raise
-        if self.stop_on and any(a["kind"] in self.stop_on for a in self.monitor.last_alerts):
+        stop = {a["kind"] for a in self.monitor.last_alerts} & self.stop_on
+        if stop:
+            note(self.monitor, self.monitor.last_alerts[0]["step"], stop, "stopped")
             control.should_training_stop = True
         self._new_step()
 

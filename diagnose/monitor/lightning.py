@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import replace
 from typing import Any, Iterable
 
 import torch
 
+from ._actions import note
 from ._config import MonitorConfig
 from ._live_trackers import LightningLoggersSink
 from ._monitor import TrainingMonitor
@@ -46,7 +48,9 @@ class DiagnoseCallback(_base()):
         super().__init__()
         self.run_dir, self.loggers = run_dir, loggers
         self.config = MonitorConfig.of(config, monitor_kwargs, caller="DiagnoseCallback")  # checked before fit
-        self.stop_on = frozenset((stop_on,) if isinstance(stop_on, str) else stop_on)
+        # stop_on ends the trainer's loop (no exception), and writes the step to skips.json as the monitor's would
+        self.stop_on = frozenset((stop_on,) if isinstance(stop_on, str) else stop_on) | self.config.stop_on
+        self.config = replace(self.config, stop_on=())
         self.monitor: TrainingMonitor | None = None
         self._losses: list[torch.Tensor] = []
         self._batches: list[Any] = []
@@ -76,7 +80,9 @@ class DiagnoseCallback(_base()):
         n = len(self._losses) or None
         self._losses, self._batches = [], []
         self.monitor.step(loss, optimizer=optimizer, step=trainer.global_step, micro_batches=n, batch=batch)
-        if self.stop_on and any(a["kind"] in self.stop_on for a in self.monitor.last_alerts):
+        stop = {a["kind"] for a in self.monitor.last_alerts} & self.stop_on
+        if stop:
+            note(self.monitor, self.monitor.last_alerts[0]["step"], stop, "stopped")
             trainer.should_stop = True
 
     def on_validation_start(self, trainer, pl_module) -> None:

@@ -73,7 +73,7 @@ def test_the_monitor_records_the_max_logit_of_hook_attn_scores(bridge, tmp_path)
     ids = torch.randint(0, 50, (2, 7))  # [B, T]
     with torch.no_grad():
         _, cache = bridge.run_with_cache(ids)
-    with TrainingMonitor(bridge, tmp_path / "r", attention_every=1, echo=False) as mon:
+    with TrainingMonitor(bridge, tmp_path / "r", attention_every=1, every=1, echo=False) as mon:
         bridge(ids).sum().backward()
         record = mon.step(1.0)
     bridge.zero_grad(set_to_none=True)

@@ -70,7 +70,7 @@ def _run(tmp_path, warmup: int, clip):
     model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2))
     opt, sched = make_optimizer(model, TrainConfig(warmup=warmup, steps=20))
     ids = torch.randint(1, 32, (4, 8))  # [B, T]
-    with TrainingMonitor(model, tmp_path / "run", attention_every=0, clip=clip, echo=False) as mon:
+    with TrainingMonitor(model, tmp_path / "run", attention_every=0, clip=clip, every=1, echo=False) as mon:
         for _ in range(6):
             loss = model(ids).float().logsumexp(-1).mean()
             opt.zero_grad()

@@ -93,7 +93,7 @@ def test_run_folder_adds_warmup_and_clipping(files, tmp_path):
     model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2))
     opt, sched = make_optimizer(model, TrainConfig(warmup=0, steps=10))
     ids = torch.randint(1, 32, (4, 8))  # [B, T]
-    with TrainingMonitor(model, tmp_path / "run", attention_every=0, clip=1.0, echo=False) as mon:
+    with TrainingMonitor(model, tmp_path / "run", attention_every=0, clip=1.0, every=1, echo=False) as mon:
         for _ in range(4):
             loss = model(ids).logsumexp(-1).mean()
             opt.zero_grad()

@@ -234,7 +234,7 @@ def test_hf_callback_logs_any_metric_name_and_never_raises(tmp_path):
     from diagnose.monitor.hf import DiagnoseHFCallback
 
     cb = DiagnoseHFCallback(tmp_path / "run")
-    cb.monitor = TrainingMonitor(torch.nn.Linear(2, 2), tmp_path / "run", echo=False)
+    cb.monitor = TrainingMonitor(torch.nn.Linear(2, 2), tmp_path / "run", every=1, echo=False)
     metrics = {"eval_loss": 0.5, "eval_step": 3.0, "eval_self": 2.0, "eval_loss_x": "high", "eval_big": 10**400,
                "eval_c": complex(1, 2), "epoch": 1.0}
     cb.on_evaluate(None, SimpleNamespace(global_step=7), None, metrics=metrics)  # inside trainer.evaluate()

@@ -27,7 +27,7 @@ def _train(run_dir, steps=6, nan_at=None, delay=0.0):
     model = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=11))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ids = torch.randint(1, 11, (4, 8))  # [B, T]
-    with TrainingMonitor(model, run_dir, attention_every=2, echo=False) as mon:
+    with TrainingMonitor(model, run_dir, attention_every=2, every=1, echo=False) as mon:
         for s in range(steps):
             loss = F.cross_entropy(model(ids)[:, :-1].reshape(-1, 11), ids[:, 1:].reshape(-1))
             if s == nan_at:

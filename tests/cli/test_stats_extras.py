@@ -28,7 +28,7 @@ def _train(run_dir, steps=6, nan_at=4, **kw):
     model = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=11))
     opt = torch.optim.SGD(model.parameters(), lr=0.3 * 0.0015)  # 0.00045000000000000004 in binary
     ids = torch.randint(1, 11, (4, 8), generator=torch.Generator().manual_seed(3))  # [B, T]
-    with TrainingMonitor(model, run_dir, echo=False, save_spikes=True, clip=0.5, **kw) as mon:
+    with TrainingMonitor(model, run_dir, every=1, echo=False, save_spikes=True, clip=0.5, **kw) as mon:
         for s in range(steps):
             per = F.cross_entropy(model(ids)[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none").mean(1)  # [B]
             loss = per.mean() * (float("nan") if s == nan_at else 1.0)
@@ -95,7 +95,7 @@ def test_piped_tables_keep_long_names(tmp_path):
     long = "a_block_with_a_very_long_descriptive_name_that_goes_well_past_eighty_columns_of_text"
     model = torch.nn.Module()
     setattr(model, long, torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(2)]))
-    with TrainingMonitor(model, tmp_path, echo=False) as mon:
+    with TrainingMonitor(model, tmp_path, every=1, echo=False) as mon:
         x = torch.randn(2, 3, 4)
         for blk in getattr(model, long):
             x = blk(x)

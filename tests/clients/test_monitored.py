@@ -63,7 +63,7 @@ def _train(client: str, run_dir, compiled: bool = False) -> tuple[list[dict], di
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # nothing is lost, so nothing to warn about
-        with diagnose.TrainingMonitor(net, run_dir, attention_every=1, echo=False) as monitor:
+        with diagnose.TrainingMonitor(net, run_dir, attention_every=1, every=1, echo=False) as monitor:
             for _ in range(STEPS):
                 loss = loss_of(net)
                 loss.backward()
@@ -102,7 +102,7 @@ def test_torchvision_block_statistics_read_the_residual_stream(tmp_path):
     outs = {}
     hooks = [b.register_forward_hook(lambda m, _a, out, i=i: outs.setdefault(i, out.detach()))
              for i, b in enumerate(model.encoder.layers)]
-    with diagnose.TrainingMonitor(model, tmp_path, attention_every=0, echo=False) as monitor:
+    with diagnose.TrainingMonitor(model, tmp_path, attention_every=0, every=1, echo=False) as monitor:
         loss = model(x).pow(2).mean()
         loss.backward()
         record = monitor.step(loss)
@@ -130,7 +130,7 @@ def test_compiled_equals_eager(client, tmp_path):
 
 def test_example_finds_them_when_the_monitor_is_made(tmp_path):
     model = timm_vit.make().train()
-    with diagnose.TrainingMonitor(model, tmp_path, example=pixel_values(2), echo=False) as monitor:
+    with diagnose.TrainingMonitor(model, tmp_path, example=pixel_values(2), every=1, echo=False) as monitor:
         run = json.loads((tmp_path / "run.json").read_text())  # written before any training step
         assert run["model"]["attention_sites"] == CLIENTS["timm"][3] == monitor.site_names
         assert run["model"]["blocks"] == CLIENTS["timm"][2]
@@ -138,7 +138,7 @@ def test_example_finds_them_when_the_monitor_is_made(tmp_path):
 
 def test_a_step_before_any_forward_says_what_is_not_watched(tmp_path):
     model = timm_vit.make().train()
-    monitor = diagnose.TrainingMonitor(model, tmp_path, echo=False)
+    monitor = diagnose.TrainingMonitor(model, tmp_path, every=1, echo=False)
     with pytest.warns(RuntimeWarning) as caught:
         monitor.step(torch.tensor(1.0))
     monitor.close()

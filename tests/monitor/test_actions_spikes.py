@@ -70,7 +70,7 @@ def test_throughput_fields(tmp_path):
 def test_explicit_tokens_and_micro_batches(tmp_path):
     model = _model()
     ids = _ids()
-    with TrainingMonitor(model, tmp_path, echo=False) as mon:
+    with TrainingMonitor(model, tmp_path, every=1, echo=False) as mon:
         for _ in range(2):
             _losses(model, ids).mean().backward()
             rec = mon.step(1.0, tokens=torch.tensor(50), micro_batches=2)
@@ -79,7 +79,7 @@ def test_explicit_tokens_and_micro_batches(tmp_path):
 
 def test_log_eval_reads_back(tmp_path):
     model = _model()
-    with TrainingMonitor(model, tmp_path, echo=False) as mon:
+    with TrainingMonitor(model, tmp_path, every=1, echo=False) as mon:
         _train(mon, model, 2)
         mon.log_eval(1, loss=torch.tensor(2.5), accuracy=0.25)
         mon.log_eval(2, loss=None, accuracy=0.5, perplexity=float("nan"))
@@ -94,7 +94,7 @@ def test_log_eval_reads_back(tmp_path):
 
 def test_no_evals_is_an_empty_frame(tmp_path):
     model = _model()
-    with TrainingMonitor(model, tmp_path, echo=False) as mon:
+    with TrainingMonitor(model, tmp_path, every=1, echo=False) as mon:
         _train(mon, model, 1)
     run = read_run(tmp_path)
     assert run.evals.empty and list(run.evals.columns) == ["step", "time", "loss"] and run.spikes == []
@@ -103,7 +103,7 @@ def test_no_evals_is_an_empty_frame(tmp_path):
 def test_raise_on_and_on_alert(tmp_path):
     model = _model()
     seen = []
-    with TrainingMonitor(model, tmp_path, echo=False, raise_on=("nonfinite",), on_alert=seen.append) as mon:
+    with TrainingMonitor(model, tmp_path, every=1, echo=False, raise_on=("nonfinite",), on_alert=seen.append) as mon:
         with pytest.raises(TrainingAlertError, match="step 3: nonfinite") as info:
             _train(mon, model, 6, nan_at=3)
     assert [a["kind"] for a in info.value.alerts] == ["nonfinite"]
@@ -115,7 +115,7 @@ def test_raise_on_and_on_alert(tmp_path):
 def test_spike_batch_saved_and_capped(tmp_path):
     model = _model()
     ids = _ids()  # [8, 8] int64: 512 bytes per tensor, 64 per example
-    with TrainingMonitor(model, tmp_path, echo=False, save_spikes=True, spike_bytes=300) as mon:
+    with TrainingMonitor(model, tmp_path, every=1, echo=False, save_spikes=True, spike_bytes=300) as mon:
         given = _train(mon, model, 5, nan_at=3, ids=ids)
     run = read_run(tmp_path)
     (spike,) = run.spikes
@@ -131,17 +131,17 @@ def test_spike_batch_saved_and_capped(tmp_path):
 
 def test_spikes_off_by_default_and_limited(tmp_path):
     model = _model()
-    with TrainingMonitor(model, tmp_path / "off", echo=False) as mon:
+    with TrainingMonitor(model, tmp_path / "off", every=1, echo=False) as mon:
         _train(mon, model, 5, nan_at=3)
     assert not (tmp_path / "off" / "spikes").exists()
-    with TrainingMonitor(model, tmp_path / "none", echo=False, save_spikes=True, spike_limit=0) as mon:
+    with TrainingMonitor(model, tmp_path / "none", every=1, echo=False, save_spikes=True, spike_limit=0) as mon:
         _train(mon, _model(), 5, nan_at=3)
     assert read_run(tmp_path / "none").spikes == []
 
 
 def test_whole_batch_when_it_fits(tmp_path):
     model = _model()
-    with TrainingMonitor(model, tmp_path, echo=False, save_spikes=True) as mon:
+    with TrainingMonitor(model, tmp_path, every=1, echo=False, save_spikes=True) as mon:
         _train(mon, model, 5, nan_at=2)
     (spike,) = read_run(tmp_path).spikes
     assert spike["truncated"] is False and spike["tensors"]["per_example_loss"]["shape"] == [8]
@@ -151,7 +151,7 @@ def test_a_spike_that_cannot_be_written_warns_and_training_goes_on(tmp_path):
     model = _model()
     tmp_path.mkdir(exist_ok=True)
     (tmp_path / "spikes").write_text("a file where the folder should be")
-    with TrainingMonitor(model, tmp_path, echo=False, save_spikes=True) as mon:
+    with TrainingMonitor(model, tmp_path, every=1, echo=False, save_spikes=True) as mon:
         with pytest.warns(RuntimeWarning, match="spike batch at step 2 not saved"):
             _train(mon, model, 4, nan_at=2)
     assert read_run(tmp_path).steps["step"].tolist() == [0, 1, 2, 3]

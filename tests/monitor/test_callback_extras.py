@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diagnose.monitor import read_run
+from diagnose.monitor import read_run, read_skips
 from diagnose.zoo import ModelConfig, Transformer
 
 from ..tolerance import approx
@@ -32,7 +32,7 @@ def _hf(tmp_path, poison=False, accum=1, **cb):
         gradient_accumulation_steps=accum, eval_strategy="steps", eval_steps=2, report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True,
         disable_tqdm=True)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:8],
-                                   callbacks=[DiagnoseHFCallback(tmp_path / "diag", echo=False, **cb)])
+                                   callbacks=[DiagnoseHFCallback(tmp_path / "diag", every=1, echo=False, **cb)])
     trainer.train()
     return trainer, read_run(tmp_path / "diag")
 
@@ -55,6 +55,8 @@ def test_hf_stops_on_nonfinite_and_saves_the_batch(tmp_path):
     # the two micro-batches joined, with one loss per example (NaN here: the embeddings are NaN)
     assert spike["tensors"]["input_ids"]["shape"] == [8, 12] and spike["tensors"]["labels"]["shape"] == [8, 12]
     assert spike["tensors"]["per_example_loss"]["shape"] == [8]
+    assert read_skips(tmp_path / "diag") == [{"step": 1, "kinds": ["nonfinite"], "action": "stopped",
+                                              "batch": "step_00000001"}]  # the batch to leave out on resuming
 
 
 def test_hf_per_example_loss_agrees_with_the_models_loss():
@@ -118,19 +120,51 @@ def test_lightning_forwards_validation_and_stops(tmp_path):
     kw = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
               accelerator="cpu", default_root_dir=str(tmp_path), val_check_interval=2, limit_val_batches=2)
     module = Module()
-    L.Trainer(max_steps=4, callbacks=[DiagnoseCallback(tmp_path / "a", echo=False)], **kw).fit(module, loader, loader)
+    L.Trainer(max_steps=4, callbacks=[DiagnoseCallback(tmp_path / "a", every=1, echo=False)], **kw).fit(module, loader, loader)
     ev = read_run(tmp_path / "a").evals
     assert ev["step"].tolist() == [s for s, _ in module.val] == [2, 4]
     assert ev["loss"].tolist() == [v for _, v in module.val] and ev["val_acc"].tolist() == [0.5, 0.5]  # passed on
     assert "train_loss" not in ev.columns
 
     module = Module(nan_at=1)
-    trainer = L.Trainer(max_steps=6, callbacks=[DiagnoseCallback(tmp_path / "b", echo=False, stop_on="nonfinite")],
+    trainer = L.Trainer(max_steps=6, callbacks=[DiagnoseCallback(tmp_path / "b", every=1, echo=False, stop_on="nonfinite")],
                         **kw)
     trainer.fit(module, loader, loader)
     run = read_run(tmp_path / "b")
     assert run.steps["step"].tolist() == [0, 1] and trainer.global_step == 2  # stopped after the bad step
     assert [a["kind"] for a in run.alerts if a["kind"] == "nonfinite"] == ["nonfinite"]
+    assert [(e["step"], e["action"]) for e in read_skips(tmp_path / "b")] == [(1, "stopped")]
+
+
+@pytest.mark.slow
+def test_lightning_skips_the_update_of_a_planted_spike(tmp_path):
+    L = pytest.importorskip("lightning.pytorch")
+    from diagnose.monitor.lightning import DiagnoseCallback
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=11))
+
+        def training_step(self, batch, _):
+            loss = F.cross_entropy(self.net(batch[0])[:, :-1].reshape(-1, 11), batch[0][:, 1:].reshape(-1))
+            return loss * (30.0 if self.global_step == 12 else 1.0)  # the planted spike, on a step not logged
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    torch.manual_seed(0)
+    module = Module()
+    ids = torch.randint(1, 11, (4, 8), generator=torch.Generator().manual_seed(0)).repeat(4, 1)  # one batch, 4x
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=4)
+    trainer = L.Trainer(max_steps=14, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu", default_root_dir=str(tmp_path),
+                        callbacks=[DiagnoseCallback(tmp_path / "s", echo=False, skip_on=("loss_spike",))])
+    trainer.fit(module, loader)
+    assert [(e["step"], e["action"]) for e in read_skips(tmp_path / "s")] == [(12, "skipped")]
+    opt = trainer.optimizers[0]
+    # Adam counted 13 updates in 14 steps: the skipped one left its state alone
+    assert {int(opt.state[p]["step"]) for p in module.parameters()} == {13}
 
 
 @pytest.mark.slow

@@ -52,9 +52,9 @@ def _train(run_dir, how: str, backend: str = BACKEND, cfg: ModelConfig = CFG, st
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     if how == "compiled":
         net = torch.compile(model, backend=backend)
-        monitor = TrainingMonitor(net, run_dir, attention_every=ATTENTION_EVERY, echo=False)
+        monitor = TrainingMonitor(net, run_dir, attention_every=ATTENTION_EVERY, every=1, echo=False)
     else:
-        monitor = TrainingMonitor(model, run_dir, attention_every=ATTENTION_EVERY, echo=False)
+        monitor = TrainingMonitor(model, run_dir, attention_every=ATTENTION_EVERY, every=1, echo=False)
         net = torch.compile(model, backend=backend) if how == "before" else model
     gen = torch.Generator().manual_seed(1)
     with monitor:
@@ -174,7 +174,7 @@ def test_graph_traced_without_the_hooks_warns_once(tmp_path):
     ids = torch.randint(0, CFG.vocab_size, (2, CFG.max_len), generator=torch.Generator().manual_seed(1))
     try:
         net(ids).sum().backward()  # traced before the monitor: its hooks are not in the graph
-        with TrainingMonitor(net, tmp_path / "run", attention_every=1, echo=False) as monitor:
+        with TrainingMonitor(net, tmp_path / "run", attention_every=1, every=1, echo=False) as monitor:
             with pytest.warns(RuntimeWarning, match=r"torch\._dynamo\.reset\(\)") as caught:
                 for _ in range(2):
                     net(ids).sum().backward()
@@ -215,7 +215,7 @@ def _lightning_run(run_dir, compiled: bool, make_net=lambda: Transformer(CFG),
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=4)
     trainer = L.Trainer(max_steps=STEPS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, accelerator="cpu", default_root_dir=str(run_dir),
-                        callbacks=[DiagnoseCallback(run_dir / "diag", echo=False, attention_every=ATTENTION_EVERY)])
+                        callbacks=[DiagnoseCallback(run_dir / "diag", every=1, echo=False, attention_every=ATTENTION_EVERY)])
     trainer.fit(torch.compile(module, backend=BACKEND) if compiled else module, loader)
     return _records(run_dir / "diag")
 
@@ -335,7 +335,7 @@ def _train_gpt2(run_dir, how: str, attn: str, checkpointed: bool = False, steps:
     own = [(dict(m._forward_hooks), dict(m._forward_pre_hooks)) for m in model.modules()]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     net = torch.compile(model, backend=BACKEND) if how == "compiled" else model
-    monitor = TrainingMonitor(net, run_dir, attention_every=ATTENTION_EVERY, echo=False)
+    monitor = TrainingMonitor(net, run_dir, attention_every=ATTENTION_EVERY, every=1, echo=False)
     net = torch.compile(model, backend=BACKEND) if how == "before" else net
     gen = torch.Generator().manual_seed(1)
     # a decoder's cache is off (under checkpointing transformers logs that it turns it off: a graph break)
@@ -432,7 +432,7 @@ def _hf_trainer_run(run_dir, compiled: bool) -> list[dict]:
         logging_strategy="no", max_grad_norm=0.0, use_cpu=True, disable_tqdm=True, seed=0,
         **({"torch_compile": True, "torch_compile_backend": BACKEND} if compiled else {}))
     trainer = transformers.Trainer(model=model, args=args, train_dataset=[{"input_ids": x, "labels": x} for x in ids],
-                                   callbacks=[DiagnoseHFCallback(run_dir / "diag", attention_every=2, echo=False)])
+                                   callbacks=[DiagnoseHFCallback(run_dir / "diag", attention_every=2, every=1, echo=False)])
     trainer.train()
     return _records(run_dir / "diag")
 
@@ -490,7 +490,7 @@ def _torch_encoder_run(run_dir, compiled: bool) -> list[dict]:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     net = torch.compile(model, backend=BACKEND) if compiled else model
     gen = torch.Generator().manual_seed(1)
-    with TrainingMonitor(net, run_dir, attention_every=ATTENTION_EVERY, echo=False) as monitor:
+    with TrainingMonitor(net, run_dir, attention_every=ATTENTION_EVERY, every=1, echo=False) as monitor:
         for _ in range(STEPS):
             ids = torch.randint(0, CFG.vocab_size, (4, CFG.max_len), generator=gen)  # [B, T]
             loss = F.cross_entropy(net(ids).reshape(-1, CFG.vocab_size), ids.reshape(-1))

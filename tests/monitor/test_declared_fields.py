@@ -111,7 +111,7 @@ def toy_run(tmp_path_factory):
         seen: dict[int, dict[str, float]] = {}
         ids = torch.randint(1, VOCAB, (4, T), generator=torch.Generator().manual_seed(1))  # [B, T]
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
-        with TrainingMonitor(model, run_dir, echo=False, attention_every=EVERY,
+        with TrainingMonitor(model, run_dir, every=1, echo=False, attention_every=EVERY,
                              sinks=[lambda scalars, step: seen.setdefault(step, {}).update(scalars)]) as mon:
             for _ in range(STEPS):
                 logits = model(input_ids=ids, use_cache=False).logits[:, :-1]  # [B, T-1, V]

@@ -42,7 +42,7 @@ WORKER = textwrap.dedent("""
             fully_shard(block)
         fully_shard(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    mon = TrainingMonitor(model, run_dir if rank == 0 else run_dir + "-rank1", attention_every=1, echo=False)
+    mon = TrainingMonitor(model, run_dir if rank == 0 else run_dir + "-rank1", attention_every=1, every=1, echo=False)
     for s in range(steps):
         ids = torch.randint(1, 11, (8, 8), generator=torch.Generator().manual_seed(s))[rank * 4:(rank + 1) * 4]
         loss = F.cross_entropy(model(ids)[:, :-1].reshape(-1, 11), ids[:, 1:].reshape(-1))
@@ -59,7 +59,7 @@ def _single(run_dir):
     torch.manual_seed(0)
     model = Transformer(ModelConfig(**CFG))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with TrainingMonitor(model, run_dir, attention_every=1, echo=False) as mon:
+    with TrainingMonitor(model, run_dir, attention_every=1, every=1, echo=False) as mon:
         for s in range(STEPS):
             ids = torch.randint(1, 11, (8, 8), generator=torch.Generator().manual_seed(s))  # the global batch
             loss = F.cross_entropy(model(ids)[:, :-1].reshape(-1, 11), ids[:, 1:].reshape(-1))

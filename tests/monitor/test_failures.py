@@ -82,7 +82,7 @@ def doubling_step(run_dir) -> int | None:
     return int(doubled["step"].iloc[0]) if len(doubled) else None
 
 
-def run_scenario(sc: Scenario, run_dir, attention_every: int = 5) -> list[dict]:
+def run_scenario(sc: Scenario, run_dir, attention_every: int = 5, every: int = 1) -> list[dict]:
     torch.manual_seed(0)
     model = Transformer(ModelConfig(**sc.model))
     data = induction(n=512, length=24, vocab_size=32, min_period=12, max_period=12)  # fixed period: sharp attention
@@ -102,7 +102,7 @@ def run_scenario(sc: Scenario, run_dir, attention_every: int = 5) -> list[dict]:
         step[0] = s + 1
 
     try:
-        with TrainingMonitor(model, run_dir, attention_every=attention_every, clip=cfg.clip, echo=False) as mon:
+        with TrainingMonitor(model, run_dir, attention_every=attention_every, clip=cfg.clip, every=every, echo=False) as mon:
             train(model, data, cfg, on_backward=on_backward)
     finally:
         for h in handles:

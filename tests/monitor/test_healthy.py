@@ -119,7 +119,7 @@ def test_a_pretrained_fine_tune_has_no_entropy_collapse_at_step_0(tmp_path):
     model = BertForSequenceClassification.from_pretrained(base, num_labels=2, trust_remote_code=False).train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-5)
     rows = sentences(32, seed=3)
-    with TrainingMonitor(model, tmp_path / "r", attention_every=1, clip=1.0, echo=False) as mon:
+    with TrainingMonitor(model, tmp_path / "r", attention_every=1, clip=1.0, every=1, echo=False) as mon:
         for step in range(2):
             chunk = rows[16 * step:16 * step + 16]
             enc = tok([r["text"] for r in chunk], padding=True, return_tensors="pt")
@@ -148,7 +148,7 @@ def test_attention_logit_growth_fires_on_the_reference_model_at_a_high_lr(tmp_pa
         model = Transformer(ModelConfig(n_layers=2, n_heads=4, d_model=64, max_len=32))
         data = induction(n=512, length=24, vocab_size=32, min_period=12, max_period=12)
         cfg = TrainConfig(batch_size=32, steps=16, warmup=10, lr=lr)
-        with TrainingMonitor(model, tmp_path / str(lr), attention_every=5, clip=cfg.clip, echo=False) as mon:
+        with TrainingMonitor(model, tmp_path / str(lr), attention_every=5, clip=cfg.clip, every=1, echo=False) as mon:
             train(model, data, cfg, on_backward=lambda s, loss, opt: mon.step(loss, optimizer=opt, step=s))
         run = read_run(tmp_path / str(lr))
         logits = [max(max(st["max_logit"]) for st in r["attention"].values()) for r in run.records

@@ -40,7 +40,7 @@ def test_lightning_callback(tmp_path):
     module2 = Module()
     trainer = L.Trainer(max_steps=5, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, accelerator="cpu", gradient_clip_val=0.01,
-                        default_root_dir=str(tmp_path), callbacks=[DiagnoseCallback(cb_run, echo=False)])
+                        default_root_dir=str(tmp_path), callbacks=[DiagnoseCallback(cb_run, every=1, echo=False)])
     trainer.fit(module2, loader)
     run = read_run(cb_run)
     assert run.steps["step"].tolist() == [0, 1, 2, 3, 4] and run.closed
@@ -64,7 +64,7 @@ def test_hf_trainer_callback(tmp_path):
                                           report_to=[], save_strategy="no", logging_strategy="no",
                                           max_grad_norm=0.0, use_cpu=True, disable_tqdm=True)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
-                                   callbacks=[DiagnoseHFCallback(tmp_path / "diag", attention_every=2, echo=False)])
+                                   callbacks=[DiagnoseHFCallback(tmp_path / "diag", attention_every=2, every=1, echo=False)])
     trainer.train()
     run = read_run(tmp_path / "diag")
     assert run.steps["step"].tolist() == [1, 2, 3, 4] and run.closed  # the Trainer's own step numbers

@@ -115,7 +115,7 @@ def test_the_monitor_records_every_statistic_hidden_stats_computes(tmp_path):
 
     assert hidden_stats(torch.randn(2, 3, 8)).shape == (len(STAT_NAMES),)
     model = Transformer(ModelConfig(vocab_size=11, n_layers=2, n_heads=2, d_model=16, max_len=8))
-    with TrainingMonitor(model, tmp_path / "run", echo=False, attention_every=1) as mon:
+    with TrainingMonitor(model, tmp_path / "run", every=1, echo=False, attention_every=1) as mon:
         loss = model(torch.randint(0, 11, (2, 8))).float().pow(2).mean()
         loss.backward()
         record = mon.step(loss)

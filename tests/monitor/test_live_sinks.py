@@ -32,7 +32,7 @@ def _train(run_dir, sinks) -> tuple[list[dict], list[dict]]:
     model = Transformer(CFG)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(1)
-    with TrainingMonitor(model, run_dir, attention_every=2, echo=False, sinks=sinks) as monitor:
+    with TrainingMonitor(model, run_dir, attention_every=2, every=1, echo=False, sinks=sinks) as monitor:
         for s in range(5):
             ids = torch.randint(0, CFG.vocab_size, (4, CFG.max_len), generator=gen)  # [B, T]
             loss = F.cross_entropy(model(ids).reshape(-1, CFG.vocab_size), ids.reshape(-1))
@@ -170,7 +170,7 @@ def test_lightning_callback_streams_into_the_trainers_own_logger(tmp_path):
     logger = CSVLogger(str(tmp_path / "logs"), name="csv")
     trainer = L.Trainer(max_steps=3, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, accelerator="cpu", default_root_dir=str(tmp_path),
-                        callbacks=[DiagnoseCallback(tmp_path / "diag", echo=False, loggers=True)])
+                        callbacks=[DiagnoseCallback(tmp_path / "diag", every=1, echo=False, loggers=True)])
     trainer.fit(Module(), loader)
     records = [json.loads(x) for x in (tmp_path / "diag" / "metrics.jsonl").read_text().splitlines()]
     rows = list(csv.DictReader(open(tmp_path / "logs" / "csv" / "version_0" / "metrics.csv")))
@@ -197,7 +197,7 @@ def test_hf_callback_streams_into_the_trainers_tensorboard(tmp_path):
                                           use_cpu=True, disable_tqdm=True)
     trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(cfg), args=args,
                                    train_dataset=[{"input_ids": x, "labels": x} for x in ids],
-                                   callbacks=[DiagnoseHFCallback(tmp_path / "diag", echo=False, trackers=True)])
+                                   callbacks=[DiagnoseHFCallback(tmp_path / "diag", every=1, echo=False, trackers=True)])
     trainer.train()
     records = [json.loads(x) for x in (tmp_path / "diag" / "metrics.jsonl").read_text().splitlines()]
     (logdir,) = list((tmp_path / "out" / "runs").glob("**/diagnose"))

@@ -57,7 +57,7 @@ def test_record_matches_independent_computation(tmp_path):
     hs = [b.register_forward_hook(lambda m, a, o, i=i: outs.__setitem__(i, o.detach())) for i, b in enumerate(model.blocks)]
     hs += [b.attn.pattern.register_forward_hook(lambda m, a, o, i=i: probs.__setitem__(i, o.detach()))
            for i, b in enumerate(model.blocks)]
-    with TrainingMonitor(model, tmp_path, attention_every=1, clip=0.1, echo=False) as mon:
+    with TrainingMonitor(model, tmp_path, attention_every=1, clip=0.1, every=1, echo=False) as mon:
         loss = _loss(model, ids, mask)
         loss.backward()
         rec = mon.step(loss, optimizer=opt)
@@ -117,7 +117,7 @@ def test_one_host_sync_per_logged_step(tmp_path, monkeypatch):
         calls["item"] += 1
         return real_item(self)
 
-    with TrainingMonitor(model, tmp_path, attention_every=2, echo=False) as mon:
+    with TrainingMonitor(model, tmp_path, attention_every=2, every=1, echo=False) as mon:
         for _ in range(4):
             loss = _loss(model, ids, mask)
             loss.backward()
@@ -153,7 +153,7 @@ def test_every_and_attention_every_and_hooks_removed(tmp_path):
 def test_eval_forward_under_no_grad_is_not_counted(tmp_path):
     model = _model()
     ids, mask = _batch()
-    with TrainingMonitor(model, tmp_path, attention_every=0, echo=False) as mon:
+    with TrainingMonitor(model, tmp_path, attention_every=0, every=1, echo=False) as mon:
         loss = _loss(model, ids, mask)
         loss.backward()
         with torch.no_grad():
@@ -178,7 +178,7 @@ def test_grad_scaler_norms_are_unscaled(tmp_path):
     loss.backward()
     plain = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())).item()
     model.zero_grad()
-    with TrainingMonitor(model, tmp_path / "a", echo=False) as mon:
+    with TrainingMonitor(model, tmp_path / "a", every=1, echo=False) as mon:
         loss = _loss(model, ids, mask)
         scaler.scale(loss).backward()
         rec = mon.step(loss, optimizer=opt, scaler=scaler)
@@ -197,7 +197,7 @@ def test_restart_appends_and_says_so(tmp_path):
     for session in range(2):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with TrainingMonitor(model, tmp_path, echo=False) as mon:
+            with TrainingMonitor(model, tmp_path, every=1, echo=False) as mon:
                 for s in range(3):
                     loss = _loss(model, ids, mask)
                     loss.backward()
@@ -215,7 +215,7 @@ def test_restart_appends_and_says_so(tmp_path):
 def test_nonfinite_names_first_block_and_parameter(tmp_path):
     model = _model()
     ids, mask = _batch()
-    with TrainingMonitor(model, tmp_path, echo=False) as mon:
+    with TrainingMonitor(model, tmp_path, every=1, echo=False) as mon:
         loss = _loss(model, ids, mask)
         loss.backward()
         mon.step(loss)
@@ -235,14 +235,14 @@ def test_hooks_removed_when_construction_fails(tmp_path):
     model = _model()
     (tmp_path / "run.json").write_text("{not json")
     with pytest.raises(Exception):
-        TrainingMonitor(model, tmp_path, echo=False)
+        TrainingMonitor(model, tmp_path, every=1, echo=False)
     assert _no_hooks(model)
 
 
 def test_micro_batches_pool_like_one_batch(tmp_path):
     model = _model()
     ids, _ = _batch(B=4)
-    with TrainingMonitor(model, tmp_path, attention_every=0, echo=False) as mon:
+    with TrainingMonitor(model, tmp_path, attention_every=0, every=1, echo=False) as mon:
         for half in (ids[:2], ids[2:]):  # gradient accumulation: two forwards, one step
             (_loss(model, half, torch.ones_like(half)) / 2).backward()
         rec = mon.step(None)

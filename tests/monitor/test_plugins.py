@@ -95,7 +95,7 @@ def plugins():
 
 def test_a_registered_measurement_reaches_the_record_the_run_and_stats_json(tmp_path, plugins):
     model = _model()
-    with TrainingMonitor(model, tmp_path / "run", echo=False, attention_every=2) as mon:
+    with TrainingMonitor(model, tmp_path / "run", every=1, echo=False, attention_every=2) as mon:
         _train(mon, model, lr=0.0)  # the weights stay as they are: the norms below are the ones measured
     run = read_run(tmp_path / "run")
     want = [torch.cat([p.detach().flatten() for p in b.parameters()]).norm().item() for b in model.blocks]
@@ -111,13 +111,13 @@ def test_a_registered_measurement_reaches_the_record_the_run_and_stats_json(tmp_
 
 def test_a_registered_detector_fires_with_its_own_threshold_and_hint(tmp_path, plugins):
     model = _model()
-    with TrainingMonitor(model, tmp_path / "run", echo=False,
+    with TrainingMonitor(model, tmp_path / "run", every=1, echo=False,
                          thresholds=Thresholds(extra={"weight_norm_max": 0.0})) as mon:
         _train(mon, model)
     alerts = [a for a in read_run(tmp_path / "run").alerts if a["kind"] == "big_weights"]
     assert [(a["step"], a["where"], a["hint"]) for a in alerts] == [(0, "blocks.0", "toy hint: shrink the weights")]
     quiet = tmp_path / "quiet"
-    with TrainingMonitor(_model(), quiet, echo=False) as mon:  # the detector's default: never
+    with TrainingMonitor(_model(), quiet, every=1, echo=False) as mon:  # the detector's default: never
         _train(mon, mon.model)
     assert [a for a in read_run(quiet).alerts if a["kind"] == "big_weights"] == []
 
@@ -156,7 +156,7 @@ class _Memory(Sink):
 def test_an_in_memory_sink_receives_exactly_what_the_run_folder_gets(tmp_path):
     model, sink = _model(), _Memory()
     # lr 30 makes the loss spike: alerts flow too; attention samples ride in the records
-    with TrainingMonitor(model, tmp_path / "run", echo=False, attention_every=2, sinks=[sink]) as mon:
+    with TrainingMonitor(model, tmp_path / "run", every=1, echo=False, attention_every=2, sinks=[sink]) as mon:
         _train(mon, model, steps=12, lr=30.0)
     run = read_run(tmp_path / "run")
     # compared as strict JSON: the run diverges to NaN, and NaN != NaN
@@ -172,7 +172,7 @@ def test_an_in_memory_sink_receives_exactly_what_the_run_folder_gets(tmp_path):
 
 def test_sinks_alone_keep_no_run_folder(tmp_path):
     sink = _Memory()
-    with TrainingMonitor(_model(), None, echo=False, sinks=[sink]) as mon:
+    with TrainingMonitor(_model(), None, every=1, echo=False, sinks=[sink]) as mon:
         _train(mon, mon.model)
     assert len(sink.steps) == 4 and sink.closed == 4
     assert list(tmp_path.iterdir()) == []
@@ -192,7 +192,7 @@ def test_bad_settings_are_diagnose_errors_and_still_the_builtins(tmp_path, make,
 
 
 def test_calls_out_of_order_and_wrong_types_are_diagnose_errors(tmp_path):
-    mon = TrainingMonitor(_model(), tmp_path / "run", echo=False)
+    mon = TrainingMonitor(_model(), tmp_path / "run", every=1, echo=False)
     with pytest.raises(UsageError) as caught:
         mon.log_eval(1.5, loss=1.0)
     assert isinstance(caught.value, TypeError)

@@ -25,7 +25,7 @@ TRAIN = textwrap.dedent("""
     from diagnose.monitor import TrainingMonitor
     from diagnose.zoo import ModelConfig, TrainConfig, Transformer, induction, train
     model = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=32))
-    mon = TrainingMonitor(model, sys.argv[1], attention_every=3, echo=False)
+    mon = TrainingMonitor(model, sys.argv[1], attention_every=3, every=1, echo=False)
 
     def on_backward(step, loss, opt):
         mon.step(loss, optimizer=opt, step=step)

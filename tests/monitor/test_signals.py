@@ -47,7 +47,7 @@ def test_max_attention_logit_is_the_largest_visible_scaled_dot_product(tmp_path,
             want.append([max(float(q[b, i, hd] @ k[b, j, hd]) / math.sqrt(8)
                              for b in range(3) for i in range(8) for j in range(i + 1)) for hd in range(2)])
             x = block(x, None)
-    with TrainingMonitor(model, tmp_path / "r", attention_every=1, echo=False) as mon:
+    with TrainingMonitor(model, tmp_path / "r", attention_every=1, every=1, echo=False) as mon:
         model(ids).sum().backward()
         record = mon.step(1.0)
     got = [record["attention"][site]["max_logit"] for site in mon.site_names]
@@ -64,7 +64,7 @@ def test_the_reference_model_records_its_max_logit_from_its_scores_hook(tmp_path
     inputs = []
     handles = [b.attn.register_forward_pre_hook(lambda m, a: inputs.append(a[0].detach())) for b in model.blocks]
     try:
-        with TrainingMonitor(model, tmp_path / "r", attention_every=1, echo=False) as mon:
+        with TrainingMonitor(model, tmp_path / "r", attention_every=1, every=1, echo=False) as mon:
             model(ids).sum().backward()
             record = mon.step(1.0)
     finally:
@@ -94,7 +94,7 @@ def test_an_adapter_that_hands_over_probabilities_only_has_no_max_logit_and_stat
     model = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=20))
     adapter = register_adapter(_ProbabilitiesOnly())
     try:
-        with TrainingMonitor(model, tmp_path / "r", attention_every=1, echo=False) as mon:
+        with TrainingMonitor(model, tmp_path / "r", attention_every=1, every=1, echo=False) as mon:
             model(_ids()).sum().backward()
             record = mon.step(1.0)
     finally:
@@ -111,7 +111,7 @@ def test_log_partition_statistics_match_a_float64_logsumexp(tmp_path):
     model, ids = _model(), _ids()
     mask = torch.ones(3, 8, dtype=torch.long)
     mask[0, 5:] = 0  # padding stays out of the statistics
-    with TrainingMonitor(model, tmp_path / "r", echo=False) as mon:
+    with TrainingMonitor(model, tmp_path / "r", every=1, echo=False) as mon:
         logits = model(ids, attention_mask=mask)
         logits.sum().backward()
         record = mon.step(1.0)
@@ -125,7 +125,7 @@ def test_log_partition_statistics_match_a_float64_logsumexp(tmp_path):
 def test_update_ratio_is_the_norm_of_the_optimizer_step_over_the_weights(tmp_path):
     model, ids = _model(), _ids()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    with TrainingMonitor(model, tmp_path / "r", attention_every=1, echo=False) as mon:
+    with TrainingMonitor(model, tmp_path / "r", attention_every=1, every=1, echo=False) as mon:
         first = None
         for _ in range(2):
             opt.zero_grad()
@@ -159,7 +159,7 @@ def test_adam_rms_v_over_eps_is_read_from_its_bias_corrected_second_moment(tmp_p
     for _ in range(3):  # a few steps first: the bias correction must use the state's own step count
         backward()
         opt.step()
-    with TrainingMonitor(model, tmp_path / "r", attention_every=0, echo=False) as mon:
+    with TrainingMonitor(model, tmp_path / "r", attention_every=0, every=1, echo=False) as mon:
         backward()
         mon.step(1.0, optimizer=opt)
         opt.step()
@@ -177,7 +177,7 @@ def test_adam_rms_v_over_eps_is_read_from_its_bias_corrected_second_moment(tmp_p
 def test_the_optimizer_hooks_are_removed_on_close(tmp_path):
     model = _model()
     opt = torch.optim.AdamW(model.parameters())
-    mon = TrainingMonitor(model, tmp_path / "r", echo=False)
+    mon = TrainingMonitor(model, tmp_path / "r", every=1, echo=False)
     model(_ids()).sum().backward()
     mon.step(1.0, optimizer=opt)
     assert opt._optimizer_step_pre_hooks and opt._optimizer_step_post_hooks

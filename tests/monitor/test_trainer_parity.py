@@ -49,7 +49,7 @@ def test_hf_matches_trainer_log(tmp_path, accum, clip, bf16):
         logging_strategy="steps", logging_steps=1, max_grad_norm=clip, use_cpu=True, bf16=bf16,
         disable_tqdm=True, seed=0)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
-                                   callbacks=[DiagnoseHFCallback(tmp_path / "diag", echo=False)])
+                                   callbacks=[DiagnoseHFCallback(tmp_path / "diag", every=1, echo=False)])
     trainer.train()
     # transformers 5.0 logs no grad_norm when it does not clip (max_grad_norm=0; 5.24 does): then
     # only the loss and the steps have a reference
@@ -106,7 +106,7 @@ def test_lightning_matches_trainer_log(tmp_path, accum, clip, bf16):
     trainer = L.Trainer(max_steps=4, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, accelerator="cpu", gradient_clip_val=clip,
                         accumulate_grad_batches=accum, precision="bf16-mixed" if bf16 else "32-true",
-                        default_root_dir=str(tmp_path), callbacks=[DiagnoseCallback(tmp_path / "diag", echo=False)])
+                        default_root_dir=str(tmp_path), callbacks=[DiagnoseCallback(tmp_path / "diag", every=1, echo=False)])
     trainer.fit(module, loader)
     run = read_run(tmp_path / "diag")
     steps = sorted({s for s, _ in module.norms})

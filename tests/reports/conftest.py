@@ -47,7 +47,7 @@ def real(tmp_path_factory):
     d = tmp_path_factory.mktemp("real")
     train_d, eval_d = induction(n=320, length=12, vocab_size=16).split(256)
     model = Transformer(ModelConfig(kind="lm", vocab_size=16, max_len=16, n_layers=2, n_heads=2, d_model=32))
-    with TrainingMonitor(model, d / "run", attention_every=5, echo=False) as mon:
+    with TrainingMonitor(model, d / "run", attention_every=5, every=1, echo=False) as mon:
         train(model, train_d, TrainConfig(steps=40, batch_size=32, warmup=5),
               on_backward=lambda step, loss, opt: mon.step(loss, optimizer=opt))
     result = ablate_heads(model, eval_d, task="lm", progress=False, keep=2)
