@@ -226,7 +226,7 @@ def _table(result, corr: str):
     f = by_key()
     # from the registry; a statistic no head has (induction without token ids: NaN, null) takes no column
     stats = [Field(s.name, s.column, s.fmt, per="head") for s in shown("cli")
-             if any(h.attention.get(s.name) is not None for h in result.heads)]
+             if any(_measured(h.attention.get(s.name)) for h in result.heads)]
     diff = "logit_diff" in result.baseline  # the data names wrong answers: Δlogit diff beside Δloss
     # one p: the corrected loss test's, which decides (the accuracy test's is in the JSON, p_value_adjusted)
     columns = [Field("rank", "rank", "s"), Field("label", "head", "s"), f["verdict"], f["role"],
@@ -367,6 +367,10 @@ def _p(h) -> str:
 
     p = h.p_value_loss_adjusted
     return ("" if p is None else by_key()["p_value_loss_adjusted"].format(p)) + (" *" if h.significant else "")
+
+
+def _measured(v) -> bool:
+    return v is not None and v == v  # NaN: the statistic had no rows to measure here
 
 
 def _or_blank(v):

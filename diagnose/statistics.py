@@ -257,6 +257,6 @@ _BUILTINS = (
               denominator="with_duplicate", needs_tokens=True,
               role=Role("duplicate token", "D", "on earlier copies of its own token")),
     Statistic("induction", "mass after earlier copies (induction)", "induction", _mass_on(_induction_targets),
-              denominator="with_induction_target", needs_tokens=True, show=frozenset({"grid", "cli"}),
+              denominator="with_induction_target", needs_tokens=True, show=frozenset({"grid"}),
               role=Role("induction", "I", "on the token after an earlier copy of its own (induction)")),
 )
