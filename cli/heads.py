@@ -182,7 +182,8 @@ def _print(result, json_path: str | None) -> None:
     b = result.baseline
     out.print(text(f"{result.model['family']} model, {result.model['n_layers']} layers; {result.task}, {result.method} "
                    f"ablation, {result.n_examples} examples ({result.n_units} scored units); baseline accuracy "
-                   f"{b['accuracy']:.2%}, loss {b['loss']:.4f}"))
+                   f"{b['accuracy']:.2%}, loss {b['loss']:.4f}"
+                   + (f", logit diff {b['logit_diff']:.3f} (label - wrong answer)" if "logit_diff" in b else "")))
     from diagnose.reports.view_heads import shared_note
 
     if shared_note(result.model):
@@ -230,10 +231,14 @@ def _table(result, corr: str):
     from ._table import table
 
     f = by_key()
-    stats = [Field(s.name, s.column, s.fmt, per="head") for s in shown("cli")]  # from the registry
+    # from the registry; a statistic no head has (induction without token ids: NaN, null) takes no column
+    stats = [Field(s.name, s.column, s.fmt, per="head") for s in shown("cli")
+             if any(_measured(h.attention.get(s.name)) for h in result.heads)]
+    diff = "logit_diff" in result.baseline  # the data names wrong answers: Δlogit diff beside Δloss
     # one p: the corrected loss test's, which decides (the accuracy test's is in the JSON, p_value_adjusted)
     columns = [Field("rank", "rank", "s"), Field("label", "head", "s"), f["verdict"], f["role"],
                Field("delta_accuracy", f"{f['delta_accuracy'].label} [95 % CI]", "s"), _cli(f["delta_loss"]),
+               *([Field("delta_logit_diff", f"{f['delta_logit_diff'].label} [95 % CI]", "s")] if diff else []),
                Field("p", f"p loss ({corr})", "s"), _cli(f["kl"]), Field("direct", f["direct_delta_loss"].label, "s"),
                *stats]
     # each statistic as narrow as its longest header word (a header wraps), so the effect columns keep their room
@@ -244,13 +249,16 @@ def _table(result, corr: str):
     rows = []
     for rank, h in enumerate(result.ranked(), 1):
         row = {"rank": str(rank), "label": head_label(h.layer, h.head), "verdict": h.verdict or "",
-               "role": role_label(h.role), "delta_accuracy": UNVERIFIED, "delta_loss": "", "p": "", "kl": "",
-               "direct": ""}
+               "role": role_label(h.role), "delta_accuracy": UNVERIFIED, "delta_loss": "", "delta_logit_diff": "",
+               "p": "", "kl": "", "direct": ""}
         if h.verified:
             acc = f["delta_accuracy"]
             lo, hi = h.delta_accuracy_ci
             row.update(delta_accuracy=f"{acc.format(h.delta_accuracy)} [{acc.format(lo)}, {acc.format(hi)}]",
                        delta_loss=h.delta_loss, p=_p(h), kl=h.kl, direct=_direct(h))
+            if diff and h.delta_logit_diff is not None:
+                ld, (lo, hi) = f["delta_logit_diff"], h.delta_logit_diff_ci
+                row["delta_logit_diff"] = f"{ld.format(h.delta_logit_diff)} [{ld.format(lo)}, {ld.format(hi)}]"
         row.update({s.key: _or_blank(h.attention.get(s.key)) for s in stats})
         rows.append(row)
     return table(columns, rows, options)
@@ -366,6 +374,10 @@ def _p(h) -> str:
 
     p = h.p_value_loss_adjusted
     return ("" if p is None else by_key()["p_value_loss_adjusted"].format(p)) + (" *" if h.significant else "")
+
+
+def _measured(v) -> bool:
+    return v is not None and v == v  # NaN: the statistic had no rows to measure here
 
 
 def _or_blank(v):

@@ -51,6 +51,8 @@ NUMBERS = (
     _head("direct_p_value_loss", "direct p (Δloss), uncorrected", ".2g"),
     _head("direct_p_value_loss_adjusted", "direct p (Δloss)", ".2g"),
     _head("self_repair", "self-repair", "+.4f", "nats"),
+    _head("logit_diff", "logit diff", ".3f"),
+    _head("delta_logit_diff", "Δlogit diff", "+.3f"),
 )
 FLAGS = (
     _head("significant", "significant", "s"),
@@ -65,6 +67,7 @@ INTERVALS = (
     _head("delta_loss_ci", "Δloss, 95 % CI", "+.4f", "nats"),
     _head("direct_delta_loss_ci", "direct Δloss, 95 % CI", "+.4f", "nats"),
     _head("direct_delta_accuracy_ci", "direct Δacc, 95 % CI", "+.2%"),
+    _head("delta_logit_diff_ci", "Δlogit diff, 95 % CI", "+.3f"),
 )
 
 DOCUMENT_WORDS = ("schema", "task", "method")
@@ -76,8 +79,11 @@ ATTENTION = "attention"  # an object under each head: statistic name -> number (
 HEAD_FIELDS = (*IDS, *NUMBERS, *FLAGS, *WORDS, *INTERVALS)  # every key of one head but `attention`
 HEAD_NUMBERS = tuple(f.key for f in NUMBERS)
 # the report's table of the heads whose removal hurts most, in this order (then the statistics it shows)
-REPORT_TABLE = ("verdict", "delta_accuracy", "delta_accuracy_ci", "delta_loss", "p_value_loss_adjusted",
-                "direct_delta_loss", "self_repair", "kl", "grad_importance")  # the per-head numbers the report draws as layer x head grids
+REPORT_TABLE = ("verdict", "delta_accuracy", "delta_accuracy_ci", "delta_loss", "delta_logit_diff",
+                "delta_logit_diff_ci", "p_value_loss_adjusted", "direct_delta_loss", "self_repair", "kl",
+                "grad_importance")
+# ... of which these only where some head has them (data that names wrong answers: wrong_labels)
+REPORT_TABLE_MEASURED = ("delta_logit_diff", "delta_logit_diff_ci")  # the per-head numbers the report draws as layer x head grids
 
 
 def by_key() -> dict[str, Field]:

@@ -107,11 +107,14 @@ def targets_for(task: str, inputs: Any, labels: torch.Tensor | None) -> torch.Te
 
 @dataclass
 class Scores:
-    """Per-example sums: loss_sum [B], correct [B], count [B] (number of scored units)."""
+    """Per-example sums: loss_sum [B], correct [B], count [B] (number of scored units); with wrong answers
+    named, diff_sum [B] (logit of the label minus logit of the wrong answer, summed) over diff_count [B] units."""
 
     loss_sum: torch.Tensor
     correct: torch.Tensor
     count: torch.Tensor
+    diff_sum: torch.Tensor | None = None
+    diff_count: torch.Tensor | None = None
 
     @property
     def loss(self) -> torch.Tensor:
@@ -122,8 +125,10 @@ class Scores:
         return self.correct.sum() / self.count.sum().clamp_min(1)
 
 
-def score(logits: torch.Tensor, targets: torch.Tensor) -> Scores:
-    """Cross-entropy and argmax correctness, summed per example (token tasks sum over T)."""
+def score(logits: torch.Tensor, targets: torch.Tensor, wrong: torch.Tensor | None = None) -> Scores:
+    """Cross-entropy and argmax correctness, summed per example (token tasks sum over T). wrong: the wrong
+    answer per unit, shaped like targets (IGNORE where none is named): the logit difference label - wrong
+    (Wang et al. 2022's metric for IOI), summed over the units that have both."""
     if logits.dim() == targets.dim() + 1 and logits.shape[:-1] == targets.shape:
         flat_logits = logits.reshape(-1, logits.shape[-1]).float()
         flat_t = targets.reshape(-1)
@@ -136,4 +141,18 @@ def score(logits: torch.Tensor, targets: torch.Tensor) -> Scores:
     loss = F.cross_entropy(flat_logits, safe, reduction="none") * valid
     correct = (flat_logits.argmax(-1) == safe) & valid
     B = targets.shape[0]
-    return Scores(loss.view(B, -1).sum(1), correct.view(B, -1).sum(1).float(), valid.view(B, -1).sum(1).float())
+    out = Scores(loss.view(B, -1).sum(1), correct.view(B, -1).sum(1).float(), valid.view(B, -1).sum(1).float())
+    if wrong is not None:
+        out.diff_sum, out.diff_count = logit_diff(flat_logits, safe, valid, wrong.reshape(-1).to(safe.device), B)
+    return out
+
+
+def logit_diff(flat_logits: torch.Tensor, safe: torch.Tensor, valid: torch.Tensor, flat_wrong: torch.Tensor,
+               B: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per example: the sum of logit[label] - logit[wrong] over units with both, and their number.  -> [B], [B]"""
+    both = valid & (flat_wrong != IGNORE)
+    if bool(((flat_wrong < 0) & both).any()) or bool((flat_wrong[both] >= flat_logits.shape[-1]).any()):
+        raise DataError(f"wrong_labels must lie in [0, {flat_logits.shape[-1]}) or be {IGNORE}")
+    pick = lambda t: flat_logits.gather(1, t.clamp_min(0)[:, None])[:, 0]  # noqa: E731
+    diff = (pick(safe) - pick(flat_wrong)) * both
+    return diff.view(B, -1).sum(1), both.view(B, -1).sum(1).float()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diagnose.display import head_label
-from diagnose.head_fields import INTERVALS, REPORT_TABLE, by_key
+from diagnose.head_fields import INTERVALS, REPORT_TABLE, REPORT_TABLE_MEASURED, by_key
 from diagnose.schema import Field, Section
 from diagnose.statistics import shown
 
@@ -136,13 +136,14 @@ def top_table(v: HeadsView) -> Section:
     """The TOP heads whose removal hurts most, a column per declared head field of REPORT_TABLE and per
     statistic the registry shows in the report's tables; an interval as "low … high"."""
     fields = by_key()
+    keys = [k for k in REPORT_TABLE if k not in REPORT_TABLE_MEASURED or any(h.get(k) is not None for h in v.ranked)]
     columns = [Field("head", "head", "s")]
-    columns += [Field(k, fields[k].label, "s") if fields[k] in INTERVALS else fields[k] for k in REPORT_TABLE]
+    columns += [Field(k, fields[k].label, "s") if fields[k] in INTERVALS else fields[k] for k in keys]
     stats = [Field(f"attention.{s.name}", s.column, s.fmt) for s in shown("table")]
     rows = []
     for h in v.ranked[:TOP]:
         row: dict[str, Any] = {"head": head_label(h["layer"], h["head"])}
-        for k in REPORT_TABLE:
+        for k in keys:
             value = h.get(k)
             if fields[k] in INTERVALS:
                 lo, hi = value if isinstance(value, list) else (None, None)

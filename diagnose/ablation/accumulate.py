@@ -23,6 +23,9 @@ class Accumulator:
         self.n_heads = n_heads
         self.loss_sum, self.correct, self.count = [], [], []
         self.ab_loss, self.ab_correct = [], []  # lists of [B, M] arrays (NaN: head not ablated)
+        # logit difference label - wrong, where the data names wrong answers: per batch [B] sums and units,
+        # and [B, M] ablated sums (empty lists: not measured)
+        self.diff, self.diff_count, self.ab_diff = [], [], []
         self.kl = np.zeros(n_heads)
         self.michel = np.zeros(n_heads)  # sum over examples of |d L_b / d xi_h|, L_b the example's mean loss
         self.linear = np.zeros(n_heads)  # sum over examples of d loss_sum_b / d xi_h
@@ -34,6 +37,9 @@ class Accumulator:
         self.correct.append(clean.correct.double().cpu().numpy())
         count = clean.count.double().cpu().numpy()
         self.count.append(count)
+        if getattr(clean, "diff_sum", None) is not None:
+            self.diff.append(clean.diff_sum.double().cpu().numpy())
+            self.diff_count.append(clean.diff_count.double().cpu().numpy())
         if clean.grads is not None:
             g = torch.cat(clean.grads, dim=1).double().cpu().numpy()  # [B, M]
             scored = count > 0
@@ -45,12 +51,17 @@ class Accumulator:
     def add_ablated(self, ablated: dict, batch_index: int | None = None) -> None:
         B = self.loss_sum[-1 if batch_index is None else batch_index].shape[0]
         loss, correct = np.full((B, self.n_heads), np.nan), np.full((B, self.n_heads), np.nan)
+        diff = np.full((B, self.n_heads), np.nan) if self.diff else None
         for m, a in ablated.items():
             loss[:, m] = a.loss_sum.double().cpu().numpy()
             correct[:, m] = a.correct.double().cpu().numpy()
             self.kl[m] += a.kl_sum
+            if diff is not None and a.diff_sum is not None:
+                diff[:, m] = a.diff_sum.double().cpu().numpy()
         self.ab_loss.append(loss)
         self.ab_correct.append(correct)
+        if diff is not None:
+            self.ab_diff.append(diff)
 
     @property
     def n_examples(self) -> int:
@@ -72,6 +83,12 @@ class Accumulator:
 
     def clean_loss(self) -> float:
         return sum(float(c.sum()) for c in self.loss_sum) / self.units()
+
+    def clean_logit_diff(self) -> float | None:
+        """The clean logit difference per unit that names a wrong answer (None: the data names none)."""
+        if not self.diff:
+            return None
+        return float(np.concatenate(self.diff).sum()) / max(float(np.concatenate(self.diff_count).sum()), 1.0)
 
     def grad_raw(self) -> np.ndarray:
         return self.michel / max(self.n_scored_examples, 1)
@@ -97,10 +114,26 @@ def head_effects(acc: Accumulator, heads: list[tuple[int, int]], n_sites: int, c
     tests = _tests(arrays, idx, alpha=alpha, n_boot=n_boot, seed=seed, correction=correction)
     estimates = _estimates(acc, heads, n_sites)
     exact = {int(m): j for j, m in enumerate(idx)}
+    diffs = _logit_diffs(acc, idx, n_boot=n_boot, seed=seed)
     return [HeadEffect(layer=s, head=h, attention=_stats_for(summary, s, h),
                        **(_exact_fields(acc, arrays, tests, m, exact[m], alpha) if m in exact else _UNVERIFIED),
+                       **(diffs[m] if m in diffs else {}),
                        **{k: float(v[m]) for k, v in estimates.items()})
             for m, (s, h) in enumerate(heads)]
+
+
+def _logit_diffs(acc: Accumulator, idx: np.ndarray, *, n_boot: int, seed: int) -> dict[int, dict[str, Any]]:
+    """Per ablated head m: its logit difference per unit, the change from clean, and the paired bootstrap
+    interval of that change (the resamples of the loss interval); {} when the data names no wrong answers."""
+    if not acc.diff or not acc.ab_diff or not len(idx):
+        return {}
+    clean, count, ablated = np.concatenate(acc.diff), np.concatenate(acc.diff_count), np.concatenate(acc.ab_diff)
+    units = max(float(count.sum()), 1.0)
+    delta = ablated[:, idx] - clean[:, None]  # [N, M_chosen]
+    ci = significance.bootstrap_ci(delta, count, n_boot=n_boot, seed=seed)
+    return {int(m): {"logit_diff": float(ablated[:, m].sum()) / units,
+                     "delta_logit_diff": float(delta[:, j].sum()) / units,
+                     "delta_logit_diff_ci": [float(ci[j, 0]), float(ci[j, 1])]} for j, m in enumerate(idx)}
 
 
 _UNVERIFIED = dict(accuracy=None, delta_accuracy=None, delta_accuracy_ci=None, p_value=None, p_value_adjusted=None,

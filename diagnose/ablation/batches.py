@@ -90,6 +90,20 @@ class Batches(Sequence):
         return (self[i] for i in range(len(self)))
 
 
+def wrong_labels(data: Any) -> torch.Tensor | None:
+    """The data set's wrong answers (`wrong_labels`, shaped like its labels, -100 where none is named), read
+    by each batch's example indices; None for data without them (or given as ready-made batches)."""
+    found = data.get("wrong_labels") if isinstance(data, Mapping) else getattr(data, "wrong_labels", None)
+    if found is None:
+        return None
+    labels = data.get("labels") if isinstance(data, Mapping) else getattr(data, "labels", None)
+    if not isinstance(found, torch.Tensor) or not isinstance(labels, torch.Tensor) or found.shape != labels.shape:
+        what = tuple(found.shape) if isinstance(found, torch.Tensor) else type(found).__name__
+        raise DataError(f"wrong_labels {what} must be a tensor shaped like labels "
+                        f"{tuple(labels.shape) if isinstance(labels, torch.Tensor) else None}")
+    return found.long().cpu()
+
+
 def padding_mask(inputs: Any) -> torch.Tensor | None:
     """attention_mask [B, T] (1 = real token) when the inputs carry one."""
     if isinstance(inputs, Mapping) and isinstance(inputs.get("attention_mask"), torch.Tensor):
@@ -99,7 +113,7 @@ def padding_mask(inputs: Any) -> torch.Tensor | None:
 
 
 def _chunks(fields: dict[str, Any], labels: Any, bs: int) -> list[tuple[Any, Any]]:
-    inputs = {k: v for k, v in fields.items() if k != "labels" and isinstance(v, torch.Tensor)}
+    inputs = {k: v for k, v in fields.items() if k not in ("labels", "wrong_labels") and isinstance(v, torch.Tensor)}
     n = int(inputs["input_ids" if "input_ids" in inputs else "pixel_values"].shape[0])
     return [({k: v[i:i + bs] for k, v in inputs.items()}, None if labels is None else labels[i:i + bs])
             for i in range(0, n, bs)]

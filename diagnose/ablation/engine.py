@@ -31,7 +31,7 @@ from . import contrast, roles, significance, verdict
 from .analyses import AnalysisInput, run_analyses
 from .accumulate import Accumulator, head_effects
 from .attention import summarise
-from .batches import Batches, as_batches, for_last_position
+from .batches import Batches, as_batches, for_last_position, wrong_labels
 from . import direct as _direct
 from .config import DEFAULT_TOP, FAST_RANK, MIN_EFFECT, RANKINGS, AblationConfig
 from .gate import gated
@@ -83,13 +83,14 @@ def _run(model: torch.nn.Module, data: Any, cfgs: list[AblationConfig], sites: S
         known = tokens if tokens is not None else getattr(data, "tokens", None)
         tokens = None if known is None else [list(t)[:-1] for t in known]
         batches, data = scored, scored
+    wrong = wrong_labels(data) if scored is batches else None  # a last-position cut moves the labels
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
     closing = time.perf_counter()
     groups = [[ablate_together(model, data, list(members), config=c, sites=sites, distributed=r.active).to_json()
                for members in c.together] for c in cfgs]
     started += time.perf_counter() - closing  # the timing figures are the sweep's own
     with eval_mode(model), gated(sites) as gates:
-        measured = _sweep(model, sites, gates, batches, cfgs, r, bar, started)
+        measured = _sweep(model, sites, gates, batches, cfgs, r, bar, started, wrong=wrong)
     summary = _attention(model, sites, batches, r, cfg, tokens if tokens is not None else getattr(data, "tokens", None))
     results = []
     for i, (c, m, together) in enumerate(zip(cfgs, measured, groups)):
@@ -151,7 +152,8 @@ class _Measured:
 
 
 def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batches: Batches,
-           cfgs: list[AblationConfig], r: Ranks, bar: Progress, started: float) -> list[_Measured]:
+           cfgs: list[AblationConfig], r: Ranks, bar: Progress, started: float, *,
+           wrong: torch.Tensor | None = None) -> list[_Measured]:
     """Plan the passes, run each method's data pass, then every head (all methods sharing the clean passes)
     or the ranked way (one method after the other; steps.py). The configs differ in the method only."""
     cfg = cfgs[0]
@@ -161,6 +163,7 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
     parts = micro_batches(mine, plan.micro_batch)  # this rank's shard, in the plan's pieces
     bar.note(plan.describe())
     sweep = Sweep(model, sites, gates, cfg.task, reuse=cfg.reuse, replication=plan.replication, scored=scored)
+    sweep.wrong = wrong
     n_top = cfg.n_top(len(sweep.heads))
     methods = [get_method(c.method) for c in cfgs]
     prep = len(mine) * sum(m.prepare is not None for m in methods)  # steps: a data pass per batch, then
@@ -233,6 +236,8 @@ def _assemble(model: torch.nn.Module, sites: list[AttentionSite], batches: Batch
     heads = head_effects(acc, m.heads, len(sites), m.chosen, alpha=cfg.alpha, n_boot=cfg.n_boot,
                          seed=cfg.seed, correction=cfg.correction, summary=summary)
     baseline = {"accuracy": acc.clean_accuracy(), "loss": acc.clean_loss()}
+    if acc.clean_logit_diff() is not None:
+        baseline["logit_diff"] = acc.clean_logit_diff()
     band = contrast.default_band(baseline["loss"], cfg.min_effect)
     for h in heads:
         h.negligible = contrast.negligible(h, band) if h.verified else None

@@ -59,6 +59,11 @@ class HeadEffect:
     direct_significant: bool | None = None
     self_repair: float | None = None  # direct_delta_loss - delta_loss (self_repair.py)
     compensated: bool | None = None  # the direct effect matters, the total does not
+    # the logit difference label - wrong answer (data with wrong_labels, e.g. IOI: indirect object - subject), per
+    # unit with both, the head ablated; its change from clean and 95 % interval. None: the data names no wrong answers
+    logit_diff: float | None = None
+    delta_logit_diff: float | None = None
+    delta_logit_diff_ci: list[float] | None = None
 
 
 @dataclass
@@ -70,7 +75,7 @@ class HeadsResult:
     method: str
     n_examples: int
     n_units: int
-    baseline: dict[str, float]  # accuracy, loss
+    baseline: dict[str, float]  # accuracy, loss, and logit_diff where the data names wrong answers
     heads: list[HeadEffect]
     correlations: dict[str, Any]
     flags: list[dict[str, Any]]

@@ -15,7 +15,7 @@ from ..attention_stats import HeadStats
 from .accumulate import Accumulator
 
 _SUMMED = ("kl", "michel", "linear", "fisher")  # np.ndarray [M] sums over examples
-_LISTED = ("loss_sum", "correct", "count", "ab_loss", "ab_correct")  # one array per batch, in batch order
+_LISTED = ("loss_sum", "correct", "count", "ab_loss", "ab_correct", "diff", "diff_count", "ab_diff")  # one array per batch, in batch order
 
 
 def merge(acc: Accumulator, r: Ranks) -> Accumulator:

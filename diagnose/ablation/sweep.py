@@ -42,6 +42,9 @@ class Clean:
     recorded: dict[int, Any] | None = None  # block index -> its clean output, for prefix replay
     rows: torch.Tensor | None = None  # [B] the data set's index of each example, when known
     index: torch.Tensor | None = None  # [B, S] the scored positions the logits and targets keep (scored.py)
+    wrong: torch.Tensor | None = None  # like targets: the wrong answer per unit, when the data names one
+    diff_sum: torch.Tensor | None = None  # [B] logit(label) - logit(wrong), summed over diff_count [B] units
+    diff_count: torch.Tensor | None = None
 
     def nbytes(self) -> int:
         """Memory this batch holds (to decide whether --fast may keep it for the verification)."""
@@ -56,6 +59,7 @@ class Ablated:
     loss_sum: torch.Tensor  # [B]
     correct: torch.Tensor  # [B]
     kl_sum: float  # sum over scored units of KL(clean || ablated)
+    diff_sum: torch.Tensor | None = None  # [B] logit difference label - wrong, when the data names wrong answers
 
 
 class Sweep:
@@ -79,6 +83,8 @@ class Sweep:
         self.replication = replication or max((site.n_heads for site in self.sites), default=1)
         self.forwards = 0
         self.examples_forwarded = 0
+        # the data set's wrong answers [N] or [N, T] (data.wrong_labels), read by each batch's rows; None: none
+        self.wrong: torch.Tensor | None = None
 
     # ---- passes ----------------------------------------------------------------------------
 
@@ -86,7 +92,11 @@ class Sweep:
         """The forward of one batch with only the base `closed` heads shut (with d loss / d gate when grad).
         rows: [B] the data set's index of each example, for methods whose fill depends on the example."""
         B = batch_size_of(inputs)
-        index, targets = self._scored_positions(inputs, targets_for(self.task, inputs, labels))
+        targets = targets_for(self.task, inputs, labels)
+        wrong = None if self.wrong is None or rows is None else self.wrong[rows.cpu()].to(targets.device)
+        index, targets = self._scored_positions(inputs, targets)
+        if index is not None and wrong is not None:
+            wrong = wrong.gather(1, index)  # the wrong answers at the kept positions, as the targets  # [B, S]
         base = close_heads(self.n_heads, self.closed, B, device=targets.device)
         scales = [(torch.ones(B, site.n_heads, device=targets.device) if s is None else s).requires_grad_(grad)
                   for site, s in zip(self.sites, base)]  # [B, H] per site
@@ -98,7 +108,7 @@ class Sweep:
                 logits = logits_of(call_model(self.model, inputs))
                 require_finite(self.model, logits.detach(), "with heads closed" if self.closed else
                                "on the data, before any head is ablated")
-                sc = score(logits, targets.to(logits.device))
+                sc = score(logits, targets.to(logits.device), wrong)
             silent = [s for s, g in enumerate(self.gates) if g.calls == 0]
             if silent:
                 self.silent(silent[0])
@@ -113,7 +123,8 @@ class Sweep:
         logits = logits.detach()
         return Clean(inputs, targets, B, sc.loss_sum.detach(), sc.correct, sc.count, logits,
                      _unit_logp(logits, targets), grads,
-                     self.recorder.outputs if (record and self.reuse) else None, rows, index)
+                     self.recorder.outputs if (record and self.reuse) else None, rows, index, wrong,
+                     None if sc.diff_sum is None else sc.diff_sum.detach(), sc.diff_count)
 
     def scoring(self, index: torch.Tensor | None) -> Any:
         """Context: the output layer makes logits at positions `index` [B, S] only (None: at every position)."""
@@ -157,7 +168,7 @@ class Sweep:
             if not self._replay_reproduces(clean, s, blocks):
                 self.reuse = False  # a block with side effects or extra outputs: recompute everything
                 blocks = []
-        outcomes = []  # per draw: loss_sum [K, B], correct [K, B], kl [K]
+        outcomes = []  # per draw: loss_sum [K, B], correct [K, B], kl [K], logit difference [K, B] or None
         try:
             for draw in range(self.draws):
                 self.draw = draw
@@ -165,19 +176,23 @@ class Sweep:
         finally:
             self.draw = 0
         if len(outcomes) == 1:
-            loss_sum, correct, kl = outcomes[0]
+            loss_sum, correct, kl, diff = outcomes[0]
         else:  # a random fill's draws, averaged per example
-            loss_sum, correct, kl = (torch.stack([o[i].double() for o in outcomes]).mean(0) for i in range(3))
-        return {m: Ablated(loss_sum[k], correct[k], float(kl[k])) for k, m in enumerate(ms)}
+            loss_sum, correct, kl, diff = (None if outcomes[0][i] is None else
+                                           torch.stack([o[i].double() for o in outcomes]).mean(0) for i in range(4))
+        return {m: Ablated(loss_sum[k], correct[k], float(kl[k]), None if diff is None else diff[k])
+                for k, m in enumerate(ms)}
 
     def _outcome(self, clean: Clean, s: int, ms: list[int], blocks: list[int]) -> tuple[torch.Tensor, ...]:
         """One forward of K = len(ms) replicas, replica k closing head ms[k]: (loss_sum [K, B], correct
-        [K, B], KL sums [K])."""
+        [K, B], KL sums [K], logit difference sums [K, B] or None)."""
         logits = self._forward(clean, clean.inputs, clean.recorded, clean.batch, s, list(ms), blocks)  # [K, B, ...]
         K = len(ms)
         flat = logits.reshape(K * clean.batch, *logits.shape[2:])
-        sc = score(flat, repeat_batch(clean.targets, K, clean.batch))
-        return sc.loss_sum.view(K, clean.batch), sc.correct.view(K, clean.batch), _kl_sums(clean, logits)
+        wrong = None if clean.wrong is None else repeat_batch(clean.wrong, K, clean.batch)
+        sc = score(flat, repeat_batch(clean.targets, K, clean.batch), wrong)
+        diff = None if sc.diff_sum is None else sc.diff_sum.view(K, clean.batch)
+        return sc.loss_sum.view(K, clean.batch), sc.correct.view(K, clean.batch), _kl_sums(clean, logits), diff
 
     def _replay_reproduces(self, clean: Clean, s: int, blocks: list[int]) -> bool:
         """Two clean replicas of the batch's first example, replaying `blocks`, give its clean logits.

