@@ -111,7 +111,7 @@ def head_effects(acc: Accumulator, heads: list[tuple[int, int]], n_sites: int, c
     """One HeadEffect per (site, head) of `heads`; exact fields only for the `chosen` (ablated) ones."""
     idx = np.array(sorted(int(m) for m in chosen), dtype=int)
     arrays = acc.arrays()
-    tests = _tests(arrays, idx, alpha=alpha, n_boot=n_boot, seed=seed, correction=correction)
+    tests = paired_tests(arrays, idx, alpha=alpha, n_boot=n_boot, seed=seed, correction=correction)
     estimates = _estimates(acc, heads, n_sites)
     exact = {int(m): j for j, m in enumerate(idx)}
     diffs = _logit_diffs(acc, idx, n_boot=n_boot, seed=seed)
@@ -140,7 +140,7 @@ _UNVERIFIED = dict(accuracy=None, delta_accuracy=None, delta_accuracy_ci=None, p
                    significant=None, loss=None, delta_loss=None, kl=None, verified=False)
 
 
-def _tests(arrays: tuple, idx: np.ndarray, *, alpha: float, n_boot: int, seed: int,
+def paired_tests(arrays: tuple, idx: np.ndarray, *, alpha: float, n_boot: int, seed: int,
            correction: str) -> dict[str, np.ndarray]:
     """The accuracy and loss tests for the heads `idx`, each array indexed like idx."""
     loss_sum, correct, count, ab_loss, ab_correct = arrays

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .accumulate import Accumulator, _tests
+from .accumulate import Accumulator, paired_tests
 from . import contrast, verdict
 from .result import HeadEffect
 
@@ -22,7 +22,7 @@ def add_direct(heads: list[HeadEffect], acc: Accumulator, covered: list[int], ba
     """Fill the direct fields of the heads whose global index is in `covered` (heads in global order)."""
     idx = np.array(sorted(int(m) for m in covered), dtype=int)
     arrays = acc.arrays()
-    tests = _tests(arrays, idx, alpha=alpha, n_boot=n_boot, seed=seed, correction=correction)
+    tests = paired_tests(arrays, idx, alpha=alpha, n_boot=n_boot, seed=seed, correction=correction)
     loss_sum, correct, _, ab_loss, ab_correct = arrays
     units = acc.units()
     for j, m in enumerate(idx):

@@ -10,6 +10,7 @@ modules (_reference, _torch_mha, _hf_*, _transformer_lens, _generic) and _regist
 
 from ._generic import GenericAdapter, InterceptAdapter, named_sites
 from ._hooks import first_tensor, hooks
+from ._stream import trace_calls
 from ._intercept import mode_inside, sdpa_probs
 from ._probs import LazyProbs, Probs, float32_only, materialise, query_chunks
 from ._stream import StreamPlan, stream_plan
@@ -26,6 +27,6 @@ __all__ = ["BLOCKED", "INTERLEAVED", "LAYER_NORM", "RMS_NORM", "SEPARATE", "Adap
            # what the rest of diagnose uses: every adapter in the order tried, the generic fallback, hooks
            # removed in `finally`, lazily computed probabilities and their chunks, SDPA's probabilities and
            # the mode that intercepts it inside a module, MHA without its fast path, the traced residual stream
-           "all_adapters", "GenericAdapter", "named_sites", "hooks", "first_tensor", "LazyProbs", "Probs",
+           "all_adapters", "GenericAdapter", "named_sites", "hooks", "first_tensor", "trace_calls", "LazyProbs", "Probs",
            "float32_only", "materialise", "query_chunks", "sdpa_probs", "mode_inside", "no_fastpath",
            "StreamPlan", "stream_plan", "stored_in_out", "Called"]

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..adapters._hooks import hooks
+from ..adapters import hooks
 from ..objectives import call_model, logits_of, score, targets_for
 from ..ablation.steps import indexed
 from .patch import Patcher

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
+from ..errors import ConfigError
+
 if TYPE_CHECKING:
     from ..adapters.base import AttentionSite
 
@@ -66,11 +68,11 @@ def all_edges(sites: Sequence["AttentionSite"]) -> list[Edge]:
 
 
 def parse_edge(text: str) -> Edge:
-    """'L0.H1->L1.H0(k)' or 'L1.H0->output' (spaces ignored) as an Edge; ValueError with the form otherwise."""
+    """'L0.H1->L1.H0(k)' or 'L1.H0->output' (spaces ignored) as an Edge; ConfigError with the form otherwise."""
     import re
 
     m = re.fullmatch(r"L(\d+)\.H(\d+)->(?:L(\d+)\.H(\d+)\(([qkv])\)|output)", text.replace(" ", ""))
     if not m:
-        raise ValueError(f"{text!r} is not an edge; write it as L0.H1->L1.H0(k) or L1.H0->output")
+        raise ConfigError(f"{text!r} is not an edge; write it as L0.H1->L1.H0(k) or L1.H0->output")
     sender = (int(m[1]), int(m[2]))
     return Edge(sender, None, OUTPUT) if m[3] is None else Edge(sender, (int(m[3]), int(m[4])), m[5])

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..ablation import contrast
-from ..ablation.accumulate import _tests
+from ..ablation.accumulate import paired_tests
 from ..ablation.verdict import classify
 from .edges import Edge
 
@@ -52,7 +52,7 @@ def edge_effects(measured: Any, edges: Sequence[Edge], *, alpha: float, n_boot: 
                  correction: str, band: dict[str, float]) -> list[EdgeEffect]:
     """One EdgeEffect per edge, column j of the removed sets of `measured` (patch.Measured) being edges[j]."""
     arrays = (measured.loss_sum, measured.correct, measured.count, measured.set_loss, measured.set_correct)
-    tests = _tests(arrays, np.arange(len(edges)), alpha=alpha, n_boot=n_boot, seed=seed, correction=correction)
+    tests = paired_tests(arrays, np.arange(len(edges)), alpha=alpha, n_boot=n_boot, seed=seed, correction=correction)
     loss_sum, correct, count, ab_loss, ab_correct = arrays
     units = float(max(count.sum(), 1.0))
     out = []

@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from ..adapters._hooks import hooks
+from ..adapters import hooks
 from ..objectives import call_model, logits_of, score
 from ..ablation.prefix import repeat_batch
 from ..ablation.sweep import Clean, Sweep

@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import _json
 from .._write import atomic_write
+from ..errors import ConfigError
 from .evidence import EdgeEffect
 from .minimal import Circuit
 
@@ -39,11 +40,12 @@ class CircuitResult:
     timing: dict[str, float] = field(default_factory=dict)
 
     def edge(self, label: str) -> EdgeEffect:
-        """The verified edge called `label` ('L0.H0 -> L1.H0 (k)'); KeyError when none is."""
+        """The verified edge called `label` ('L0.H0 -> L1.H0 (k)'); ConfigError when none is."""
         for e in self.edges:
             if e.edge.label == label:
                 return e
-        raise KeyError(label)
+        known = ", ".join(e.edge.label for e in self.edges[:5])
+        raise ConfigError(f"no verified edge {label!r}; the verified edges are {known}{', ...' if len(self.edges) > 5 else ''}")
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "model": self.model, "task": self.task, "method": self.method,

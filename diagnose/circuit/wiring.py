@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 
-from ..adapters._stream import trace_calls
+from ..adapters import trace_calls
 from ..adapters.base import AttentionSite
 from ..adapters.layout import BLOCKED, INTERLEAVED, layout_of
 from ..adapters.norms import NormForm, declared, infer

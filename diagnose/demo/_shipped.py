@@ -44,7 +44,7 @@ def sha256(path: Path) -> str:
 
 def _read(path: Path) -> bytes:
     """A shipped file's bytes through the bounded regular-file reader (a FIFO or /dev/zero is refused)."""
-    from ..io._read import read_bytes
+    from ..io import read_bytes
 
     return read_bytes(path, "demo model file", limit=MAX_FILE_BYTES)
 
@@ -65,7 +65,7 @@ def recipe(v: Any) -> dict[str, Any]:
 
 def manifest(models_dir: Path = MODELS_DIR) -> dict[str, Any]:
     """The manifest, read through the bounded regular-file reader and checked for its shape."""
-    from ..io._read import read_json
+    from ..io import read_json
 
     path = models_dir / MANIFEST
     data = read_json(path, "demo models manifest", f"the demo's shipped models are missing or damaged: "

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from diagnose import load_model
 from diagnose.cli.main import cli
-from diagnose.zoo import lm_tasks
+from diagnose.io import lm_tasks
 from diagnose.zoo.pretrained import SMOLLM2_PACKAGE, smollm2_path
 
 from ..tolerance import approx

@@ -47,7 +47,7 @@ def run_dir(tmp_path_factory):
 
 
 def test_summary_tables_and_alert_with_hint(run_dir):
-    result = CliRunner().invoke(cli, ["stats", str(run_dir)], terminal_width=200)
+    result = CliRunner().invoke(cli, ["stats", str(run_dir)], terminal_width=200, env={"COLUMNS": "240"})
     assert result.exit_code == 0, result.output
     out = result.output
     for text in ("steps 0..5 (6 logged)", "blocks.0", "blocks.1", "blocks.1.attn", "step 4 nonfinite", "hint:"):

@@ -46,7 +46,7 @@ def _train(run_dir, steps: int = SPIKE + 1, **kw) -> Transformer:
     torch.manual_seed(0)
     model = Transformer(ModelConfig(**CFG))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
-    with TrainingMonitor(model, run_dir, echo=False, save_spikes=True, attention_every=5, **kw) as mon:
+    with TrainingMonitor(model, run_dir, echo=False, save_spikes=True, every=1, attention_every=5, **kw) as mon:
         for s in range(steps):
             x, y = _batch(s, poison=s == SPIKE)
             if s == SPIKE:

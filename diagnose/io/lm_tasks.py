@@ -11,7 +11,7 @@
 Both are written as plain dicts of tensors (`diagnose.io.save_tensors`; they load with
 weights_only=True). Run as a script:
 
-    python -m diagnose.zoo.lm_tasks MODEL --ioi ioi.pt --repeated repeated.pt [--n 64] [--seed 0]
+    python -m diagnose.io.lm_tasks MODEL --ioi ioi.pt --repeated repeated.pt [--n 64] [--seed 0]
 
 MODEL is anything `diagnose.load_model` reads that carries a tokenizer (a .gguf file, a Hugging
 Face folder); only the tokenizer is used.
@@ -94,7 +94,7 @@ def repeated(tokenizer: Any, n: int = 64, *, length: int = 16, seed: int = 0) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Write the IOI and/or repeated-token data files from MODEL's tokenizer."""
-    parser = argparse.ArgumentParser(prog="python -m diagnose.zoo.lm_tasks", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m diagnose.io.lm_tasks", description=main.__doc__)
     parser.add_argument("model", help="a .gguf file or model folder with a tokenizer")
     parser.add_argument("--ioi", type=Path, help="write the IOI prompts here (.pt)")
     parser.add_argument("--repeated", type=Path, help="write the repeated random tokens here (.pt)")
@@ -102,8 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--length", type=int, default=16, help="random tokens per copy (default 16)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    from ..io import save_tensors
-    from ..io._gguf import tokenizer_of_path
+    from . import save_tensors
+    from ._gguf import tokenizer_of_path
 
     tokenizer = tokenizer_of_path(Path(args.model))
     if args.ioi:
