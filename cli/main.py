@@ -100,6 +100,7 @@ def cli() -> None:
     \b
     diagnose demo                                   train demo models, write demo-out/
     diagnose heads MODEL --data DATA                which heads matter (ablation + significance)
+    diagnose heads-over CKPT... --data DATA         each head across checkpoints, what changed
     diagnose stats RUN_DIR                          training health from a TrainingMonitor run
     diagnose report SOURCES... -o report.html       one self-contained HTML report
     diagnose check MODEL                            wiring bugs: masks, scaling, positions
@@ -110,13 +111,14 @@ def cli() -> None:
 
 def _register() -> None:
     # Imported here so that `diagnose --help` stays fast and each command stays in its file.
-    from . import check, demo, heads, info, prune, report, stats
+    from . import check, demo, heads, heads_over, info, prune, report, stats
 
     cli.add_command(demo.demo)
     cli.add_command(stats.stats)
     cli.add_command(info.info)
     cli.add_command(report.report)
     cli.add_command(heads.heads)
+    cli.add_command(heads_over.heads_over)
     cli.add_command(check.check)
     cli.add_command(prune.prune)
 

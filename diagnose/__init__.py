@@ -18,7 +18,7 @@ from .errors import *  # noqa: F403 -- every error class (errors.__all__), so a 
 # that `import diagnose` and `diagnose --help` do not pay for torch, scipy and pandas.
 _EXPORTS = {
     "GroupEffect": ".ablation", "HeadEffect": ".ablation", "HeadsResult": ".ablation", "ablate_heads": ".ablation",
-    "ablate_together": ".ablation",
+    "ablate_together": ".ablation", "CheckpointsResult": ".ablation", "compare_checkpoints": ".ablation",
     "AttentionSite": ".adapters.base", "InterceptAdapter": ".adapters",
     "NormForm": ".adapters.norms", "register_norm": ".adapters.norms", "unregister_norm": ".adapters.norms",
     "AttentionSummary": ".attention_stats", "attention_summary": ".attention_stats",
@@ -35,7 +35,8 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from .ablation import GroupEffect, HeadEffect, HeadsResult, ablate_heads, ablate_together
+    from .ablation import (CheckpointsResult, GroupEffect, HeadEffect, HeadsResult, ablate_heads, ablate_together,
+                           compare_checkpoints)
     from .adapters import InterceptAdapter
     from .adapters.base import AttentionSite
     from .adapters.norms import NormForm, register_norm, unregister_norm
@@ -64,6 +65,7 @@ __all__ = [
     "AttentionSite",
     "AttentionSummary",
     "Capture",
+    "CheckpointsResult",
     "DataSet",
     "Finding",
     "GroupEffect",
@@ -84,6 +86,7 @@ __all__ = [
     "capture",
     "check_model",
     "check_training_setup",
+    "compare_checkpoints",
     "find_heads",
     "load_data",
     "load_data_for",
