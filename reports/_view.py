@@ -11,7 +11,8 @@ from diagnose.head_fields import INTERVALS, REPORT_TABLE, by_key
 from diagnose.schema import Field, Section
 from diagnose.statistics import shown
 
-from . import _plots_heads as plots_heads, _plots_training as plots_training
+from . import _plots_heads as plots_heads, _plots_heads_training as plots_heads_training
+from . import _plots_training as plots_training
 from ._sources import Sources
 from ._summary import Verdict, checks_verdict, format_cell, heads_verdict, lessons_verdict, training_verdict
 from .view_heads import MAP_BYTE_BUDGET, HeadsView, heads_view
@@ -194,6 +195,11 @@ def _training(report: Report, views: list[TrainingView]) -> None:
         images += [(f"{label} through depth over time", plots_training.depth_map(v, label, m))
                    for label, m in v.depth_maps]
         images += [(f"{m.label} per head over time", plots_training.head_map(v, m)) for m in v.head_maps]
+        if v.heads_over is not None:  # the monitor's per-head importance and head events
+            images += [("Importance of every head over training (|dL/dgate|), one map per attention layer",
+                        plots_heads_training.importance_maps(v, v.heads_over)),
+                       ("Loss with the head events marked at their steps; the importance of the heads that "
+                        "matter at the end", plots_heads_training.loss_and_heads(v, v.heads_over))]
         report.training.append(TrainingSection(v, [(c, img) for c, img in images if img]))
 
 
