@@ -76,9 +76,9 @@ def _write(result, json_path: str | None, html_path: str | None) -> None:
         result.save(json_path)
     _print(data)
     if html_path:
-        from diagnose.reports.view_checkpoints import write_checkpoints_report
+        from ._report import write_report_noting
 
-        click.echo(f"report: {plain(write_checkpoints_report(data, html_path))}")
+        click.echo(f"report: {plain(write_report_noting([result], html_path))}")
 
 
 def _interval(c: dict) -> str:

@@ -16,6 +16,7 @@ from . import _plots_training as plots_training
 from ._sources import Sources
 from ._summary import Verdict, checks_verdict, format_cell, heads_verdict, lessons_verdict, training_verdict
 from .view_heads import MAP_BYTE_BUDGET, HeadsView, heads_view
+from .view_checkpoints import CheckpointsSection, checkpoints_verdict_lines
 from .view_prune import PruneSection, prune_section, prune_verdict_lines
 from ._view_training import TrainingView, training_view
 
@@ -92,6 +93,7 @@ class Report:
     checks: list[ChecksSection] = field(default_factory=list)
     lessons: list[LessonsSection] = field(default_factory=list)
     prune: list[PruneSection] = field(default_factory=list)
+    checkpoints: list[CheckpointsSection] = field(default_factory=list)
     blob: dict[str, Any] = field(default_factory=dict)
 
 
@@ -205,7 +207,8 @@ def _training(report: Report, views: list[TrainingView]) -> None:
 
 def build_report(sources: Sources, title: str | None = None) -> Report:
     """Views, verdicts and pictures for every source, in the order given within each kind."""
-    names = [s.name for s in (*sources.heads, *sources.runs, *sources.checks, *sources.lessons, *sources.prune)]
+    names = [s.name for s in (*sources.heads, *sources.runs, *sources.checks, *sources.lessons, *sources.prune,
+                              *sources.checkpoints)]
     report = Report(title or "diagnose report", names)
     budget = MAP_BYTE_BUDGET // max(1, len(sources.heads))
     for src in sources.heads:
@@ -230,5 +233,9 @@ def build_report(sources: Sources, title: str | None = None) -> Report:
         section = prune_section(src.name, src.data)
         report.prune.append(section)
         report.verdicts.append(Verdict(f"Pruning: {src.name}", prune_verdict_lines(section)))
+    for src in sources.checkpoints:
+        cs = CheckpointsSection(src.name, src.data)
+        report.checkpoints.append(cs)
+        report.verdicts.append(Verdict(f"Heads across checkpoints: {src.name}", checkpoints_verdict_lines(cs)))
     report.blob = {"heads": [_heads_blob(s.view) for s in report.heads]}
     return report

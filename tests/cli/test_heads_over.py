@@ -74,9 +74,12 @@ def test_the_zeroed_head_is_the_one_that_stopped_mattering(checkpoints):
     assert change["after"]["delta_loss_ci"] == [0.0, 0.0]  # nothing left to remove
     by = {(h["layer"], h["head"]): [c["verdict"] for c in h["cells"]] for h in data["heads"]}
     assert by == {(0, 0): ["matters", "negligible"], (0, 1): ["negligible", "negligible"]}
-    page = _Changes()
-    page.feed((checkpoints / "over.html").read_text())
-    assert page.changed == [("L0.H0", "stopped mattering")] and page.rows == ["L0.H0", "L0.H1"]
+    made = CliRunner().invoke(cli, ["report", "over.json", "-o", "report.html"])
+    assert made.exit_code == 0, made.output
+    for html in ("over.html", "report.html"):  # heads-over --html, and diagnose report on its JSON
+        page = _Changes()
+        page.feed((checkpoints / html).read_text())
+        assert page.changed == [("L0.H0", "stopped mattering")] and page.rows == ["L0.H0", "L0.H1"]
 
 
 def _one_error_line(args: list[str], *words: str) -> None:
@@ -97,3 +100,15 @@ def test_bad_checkpoints_are_one_line_and_exit_2(checkpoints):
                     "other.pt", "4 heads", "2 heads")
     _one_error_line(["heads-over", "ckpt_100.pt", "--data", "data.pt"], "at least two")
     assert not (checkpoints / "o.json").exists()  # nothing half-written
+
+
+def test_report_refuses_a_damaged_heads_over_json_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cell = {"verdict": "matters", "delta_loss": 0.5, "delta_loss_ci": [0.4, 0.6]}
+    doc = {"schema": "diagnose.heads-over-checkpoints/1", "checkpoints": ["a.pt", "b.pt"],
+           "model": {"family": "reference", "n_layers": 1, "n_heads": 1}, "baselines": [{"loss": 0.1}] * 2,
+           "heads": [{"layer": 0, "head": 0, "cells": [cell, dict(cell, delta_loss="0.5")]}], "changes": []}
+    (tmp_path / "over.json").write_text(json.dumps(doc))
+    _one_error_line(["report", "over.json", "-o", "r.html"], "over.json", "heads[0].cells[1].delta_loss",
+                    "diagnose heads-over --json")
+    assert not (tmp_path / "r.html").exists()
