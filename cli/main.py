@@ -101,6 +101,7 @@ def cli() -> None:
     diagnose demo                                   train demo models, write demo-out/
     diagnose heads MODEL --data DATA                which heads matter (ablation + significance)
     diagnose circuit MODEL --data DATA              which heads feed which (path patching + significance)
+    diagnose heads-over CKPT... --data DATA         each head across checkpoints, what changed
     diagnose stats RUN_DIR                          training health from a TrainingMonitor run
     diagnose report SOURCES... -o report.html       one self-contained HTML report
     diagnose check MODEL                            wiring bugs: masks, scaling, positions
@@ -111,7 +112,7 @@ def cli() -> None:
 
 def _register() -> None:
     # Imported here so that `diagnose --help` stays fast and each command stays in its file.
-    from . import check, circuit, demo, heads, info, prune, report, stats
+    from . import check, circuit, demo, heads, heads_over, info, prune, report, stats
 
     cli.add_command(demo.demo)
     cli.add_command(stats.stats)
@@ -119,6 +120,7 @@ def _register() -> None:
     cli.add_command(report.report)
     cli.add_command(heads.heads)
     cli.add_command(circuit.circuit)
+    cli.add_command(heads_over.heads_over)
     cli.add_command(check.check)
     cli.add_command(prune.prune)
 

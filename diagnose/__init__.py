@@ -19,7 +19,7 @@ from .errors import *  # noqa: F403 -- every error class (errors.__all__), so a 
 # that `import diagnose` and `diagnose --help` do not pay for torch, scipy and pandas.
 _EXPORTS = {
     "GroupEffect": ".ablation", "HeadEffect": ".ablation", "HeadsResult": ".ablation", "ablate_heads": ".ablation",
-    "ablate_together": ".ablation",
+    "ablate_together": ".ablation", "CheckpointsResult": ".ablation", "compare_checkpoints": ".ablation",
     "AttentionSite": ".adapters.base", "InterceptAdapter": ".adapters",
     "NormForm": ".adapters.norms", "register_norm": ".adapters.norms", "unregister_norm": ".adapters.norms",
     "AttentionSummary": ".attention_stats", "attention_summary": ".attention_stats",
@@ -37,7 +37,8 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from .ablation import GroupEffect, HeadEffect, HeadsResult, ablate_heads, ablate_together
+    from .ablation import (CheckpointsResult, GroupEffect, HeadEffect, HeadsResult, ablate_heads, ablate_together,
+                           compare_checkpoints)
     from .adapters import InterceptAdapter
     from .adapters.base import AttentionSite
     from .adapters.norms import NormForm, register_norm, unregister_norm
@@ -68,6 +69,7 @@ __all__ = [
     "AttentionSummary",
     "Capture",
     "CircuitResult",
+    "CheckpointsResult",
     "DataSet",
     "Finding",
     "GroupEffect",
@@ -89,6 +91,7 @@ __all__ = [
     "check_model",
     "check_training_setup",
     "find_circuit",
+    "compare_checkpoints",
     "find_heads",
     "load_data",
     "load_data_for",

@@ -27,6 +27,7 @@ CHECKS_SCHEMA = "diagnose.checks/1"
 LESSONS_SCHEMA = "diagnose.lessons/1"  # the demo's measured design lessons
 PRUNE_SCHEMA = "diagnose.prune/1"  # diagnose prune (checked in view_prune.py)
 CIRCUIT_SCHEMA = "diagnose.circuit/1"  # diagnose circuit (checked in view_circuit.py)
+CHECKPOINTS_SCHEMA = "diagnose.heads-over-checkpoints/1"  # diagnose heads-over (checked in view_checkpoints.py)
 
 
 @dataclass
@@ -68,6 +69,12 @@ class CircuitSource:
 
 
 @dataclass
+class CheckpointsSource:
+    name: str
+    data: dict[str, Any]  # checked by view_checkpoints.check_checkpoints
+
+
+@dataclass
 class Sources:
     heads: list[HeadsSource] = field(default_factory=list)
     runs: list[RunSource] = field(default_factory=list)
@@ -75,6 +82,7 @@ class Sources:
     lessons: list[LessonsSource] = field(default_factory=list)
     prune: list[PruneSource] = field(default_factory=list)
     circuit: list[CircuitSource] = field(default_factory=list)
+    checkpoints: list[CheckpointsSource] = field(default_factory=list)  # diagnose heads-over (view_checkpoints.py)
 
 
 def _read_run(path: Path):
@@ -235,9 +243,14 @@ def _add_document(out: Sources, data: Any, name: str, where: str) -> None:
         from .view_circuit import check_circuit
 
         out.circuit.append(CircuitSource(name, check_circuit(data, where), read_sections(data, where)))
+    elif schema == CHECKPOINTS_SCHEMA:
+        from .view_checkpoints import check_checkpoints
+
+        out.checkpoints.append(CheckpointsSource(name, check_checkpoints(data, where)))
     else:
         raise InputFileError(f"{where}: not a report source (schema {schema!r}); give "
-                             f"{HEADS_SCHEMA}, {CHECKS_SCHEMA}, {PRUNE_SCHEMA} or {CIRCUIT_SCHEMA} JSON files, or run folders")
+                             f"{HEADS_SCHEMA}, {CHECKS_SCHEMA}, {PRUNE_SCHEMA}, {CIRCUIT_SCHEMA} or {CHECKPOINTS_SCHEMA} "
+                             "JSON files, or run folders")
 
 
 def _load_path(out: Sources, path: Path) -> None:
@@ -263,7 +276,8 @@ def _object_name(data: Any, i: int) -> str:
     model = model if isinstance(model, dict) else {}
     what = str(model.get("family") or model.get("class") or "model")
     kind = {"diagnose.heads/1": "heads", HEADS_SCHEMA: "heads", CHECKS_SCHEMA: "checks", LESSONS_SCHEMA: "lessons",
-            PRUNE_SCHEMA: "prune", CIRCUIT_SCHEMA: "circuit"}.get(data.get("schema") if isinstance(data, dict) else "")
+            PRUNE_SCHEMA: "prune", CIRCUIT_SCHEMA: "circuit", CHECKPOINTS_SCHEMA: "checkpoints"}.get(
+                data.get("schema") if isinstance(data, dict) else "")
     return f"{what} {kind or 'source'} (source {i + 1})"
 
 
@@ -288,6 +302,6 @@ def load_sources(sources: Any) -> Sources:
         else:
             raise InputFileError(f"source {i + 1} ({type(src).__name__}) is not a report source: give "
                                  f"heads JSON paths or results, run folders, or checks JSON")
-    if not (out.heads or out.runs or out.checks or out.lessons or out.prune or out.circuit):
+    if not (out.heads or out.runs or out.checks or out.lessons or out.prune or out.circuit or out.checkpoints):
         raise InputFileError("no sources given: name at least one heads JSON file or run folder")
     return out

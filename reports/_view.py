@@ -11,11 +11,13 @@ from diagnose.head_fields import INTERVALS, REPORT_TABLE, REPORT_TABLE_MEASURED,
 from diagnose.schema import Field, Section
 from diagnose.statistics import shown
 
-from . import _plots_heads as plots_heads, _plots_training as plots_training
+from . import _plots_heads as plots_heads, _plots_heads_training as plots_heads_training
+from . import _plots_training as plots_training
 from ._sources import Sources
 from ._summary import Verdict, checks_verdict, format_cell, heads_verdict, lessons_verdict, training_verdict
 from .view_heads import MAP_BYTE_BUDGET, HeadsView, heads_view
 from .view_circuit import CircuitSection, circuit_section
+from .view_checkpoints import CheckpointsSection, checkpoints_verdict_lines
 from .view_prune import PruneSection, prune_section, prune_verdict_lines
 from ._view_training import TrainingView, training_view
 
@@ -93,6 +95,7 @@ class Report:
     lessons: list[LessonsSection] = field(default_factory=list)
     prune: list[PruneSection] = field(default_factory=list)
     circuit: list[CircuitSection] = field(default_factory=list)
+    checkpoints: list[CheckpointsSection] = field(default_factory=list)
     blob: dict[str, Any] = field(default_factory=dict)
 
 
@@ -197,13 +200,18 @@ def _training(report: Report, views: list[TrainingView]) -> None:
         images += [(f"{label} through depth over time", plots_training.depth_map(v, label, m))
                    for label, m in v.depth_maps]
         images += [(f"{m.label} per head over time", plots_training.head_map(v, m)) for m in v.head_maps]
+        if v.heads_over is not None:  # the monitor's per-head importance and head events
+            images += [("Importance of every head over training (|dL/dgate|), one map per attention layer",
+                        plots_heads_training.importance_maps(v, v.heads_over)),
+                       ("Loss with the head events marked at their steps; the importance of the heads that "
+                        "matter at the end", plots_heads_training.loss_and_heads(v, v.heads_over))]
         report.training.append(TrainingSection(v, [(c, img) for c, img in images if img]))
 
 
 def build_report(sources: Sources, title: str | None = None) -> Report:
     """Views, verdicts and pictures for every source, in the order given within each kind."""
     names = [s.name for s in (*sources.heads, *sources.runs, *sources.checks, *sources.lessons, *sources.prune,
-                                *sources.circuit)]
+                                *sources.circuit, *sources.checkpoints)]
     report = Report(title or "diagnose report", names)
     budget = MAP_BYTE_BUDGET // max(1, len(sources.heads))
     for src in sources.heads:
@@ -230,5 +238,9 @@ def build_report(sources: Sources, title: str | None = None) -> Report:
         report.verdicts.append(Verdict(f"Pruning: {src.name}", prune_verdict_lines(section)))
     for src in sources.circuit:
         report.circuit.append(circuit_section(src.name, src.data, src.sections))
+    for src in sources.checkpoints:
+        cs = CheckpointsSection(src.name, src.data)
+        report.checkpoints.append(cs)
+        report.verdicts.append(Verdict(f"Heads across checkpoints: {src.name}", checkpoints_verdict_lines(cs)))
     report.blob = {"heads": [_heads_blob(s.view) for s in report.heads]}
     return report

@@ -21,6 +21,7 @@ from diagnose.schema import Section
 from ._decimate import bin_mean, minmax
 from ._run_extras import Clipping, Evals, Spike, clipping, evals, spikes
 from ._run_fields import field_tables
+from ._view_heads_training import HeadsOverTraining, heads_over_training
 
 MAX_POINTS = 2000  # per line, min/max preserving
 MAX_BINS = 400  # columns of the depth-over-time maps and samples per entropy curve
@@ -110,6 +111,7 @@ class TrainingView:
     head_maps: list[HeadEntropy] = field(default_factory=list)  # the other per-head fields declared for plots
     depth_maps: list[tuple[str, tuple[np.ndarray, np.ndarray]]] = field(default_factory=list)  # (header, map)
     xlim: tuple[float, float] = (0.0, 1.0)  # the report's shared step axis
+    heads_over: HeadsOverTraining | None = None  # every head's importance and the head events (the monitor's)
     prefix: str = ""  # "2." before alert numbers when the report holds several runs
     color: str = "#1565c0"  # this run's colour where runs are overlaid
 
@@ -210,9 +212,10 @@ def _depth_maps(run: Any, df: pd.DataFrame, steps: np.ndarray, names: list[str])
 
 
 def _head_maps(run: Any) -> list[HeadEntropy]:
-    """The per-head fields other than the entropy whose declaration asks for a plot."""
+    """The per-head fields other than the entropy and the importance (each drawn on its own: the importance
+    per layer, _view_heads_training.py) whose declaration asks for a plot."""
     att = getattr(run, "attention", None)
-    keys = [c for c in att.columns if c not in ("step", "site", "head", "entropy")] if isinstance(
+    keys = [c for c in att.columns if c not in ("step", "site", "head", "entropy", "importance")] if isinstance(
         att, pd.DataFrame) else []
     maps = [_head_map(run, k) for k in keys if "plot" in field_of("head", k).show]
     return [m for m in maps if m is not None]
@@ -311,4 +314,4 @@ def training_view(name: str, run: Any) -> TrainingView:
         tokens_per_s_median=float(np.median(tps[np.isfinite(tps)])) if np.isfinite(tps).any() else None,
         step_time=_series(steps, step_time) if np.isfinite(step_time).any() else None,
         clipping=clipping(run, _column(df, "clip_coef")), spikes=spikes(run), fields=field_tables(run),
-        head_maps=_head_maps(run), depth_maps=_depth_maps(run, df, steps, names), xlim=(lo, max(hi, lo + 1.0)))
+        head_maps=_head_maps(run), heads_over=heads_over_training(run), depth_maps=_depth_maps(run, df, steps, names), xlim=(lo, max(hi, lo + 1.0)))

@@ -44,9 +44,11 @@ from .methods import METHODS, AblationMethod, register_method
 _EXPORTS = {"AblationConfig": ".config", "ProgressEvent": ".progress", "ProgressLog": ".progress", "ablate_heads": ".engine",
             "ablate_methods": ".engine",
             "SCHEMA": ".result", "HeadEffect": ".result", "HeadsResult": ".result",
-            "GroupEffect": ".together", "ablate_together": ".together"}
+            "GroupEffect": ".together", "ablate_together": ".together",
+            "CheckpointsResult": ".checkpoints", "compare_checkpoints": ".checkpoints"}
 
 if TYPE_CHECKING:
+    from .checkpoints import CheckpointsResult, compare_checkpoints
     from .config import AblationConfig
     from .engine import ablate_heads, ablate_methods
     from .progress import ProgressEvent, ProgressLog
@@ -58,5 +60,6 @@ __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
 
 
 __all__ = ["ANALYSES", "METHODS", "SCHEMA", "AblationConfig", "AblationMethod", "Analysis", "AnalysisInput",
+           "CheckpointsResult", "compare_checkpoints",
            "GroupEffect", "HeadEffect", "HeadsResult", "ProgressEvent", "ProgressLog", "ablate_heads", "ablate_methods",
            "ablate_together", "register_analysis", "register_method", "unregister_analysis"]
