@@ -98,7 +98,8 @@ def train(lr: float, *, qk_norm: bool, z_loss: float, head_bias: bool = True, ln
           seq: int = 64, seed: int = 0, monitor_dir=None, every: int = 1, attention_every: int = 5,
           data: torch.Tensor | None = None, softmax: bool = False):
     """Train one proxy with AdamW (no weight decay, Adam's `eps`, linear warmup then constant lr);
-    returns (losses [steps] floats, the monitor's alerts as (step, kind) in order).
+    returns (losses [steps] floats, the monitor's alerts as (step, kind) in order; its info events,
+    the heads' milestones, are not alerts and are left out).
     ln_bias=False with head_bias=False leaves no bias anywhere, as in Wortsman et al. 2023.
     softmax=True computes the attention with an explicit softmax instead of SDPA."""
     from diagnose.monitor import TrainingMonitor
@@ -112,7 +113,7 @@ def train(lr: float, *, qk_norm: bool, z_loss: float, head_bias: bool = True, ln
     mon = None
     if monitor_dir is not None:
         mon = TrainingMonitor(model, monitor_dir, every=every, attention_every=attention_every, echo=False,
-                              on_alert=lambda a: alerts.append((a["step"], a["kind"])))
+                              on_alert=lambda a: None if a["severity"] == "info" else alerts.append((a["step"], a["kind"])))
     try:
         for x, y in batches(data, steps, batch, seq, seed):
             logits = model(x)  # [B, T, 256]

@@ -191,7 +191,7 @@ def matrix(args, data, root: Path) -> int:
             alerts = replay(run_dir)
         else:  # what the monitor raised live (between logged steps too)
             losses = fn(run_dir, steps, data)
-            alerts = read_run(run_dir).alerts
+            alerts = [a for a in read_run(run_dir).alerts if a.get("severity") != "info"]  # events are not alerts
         total += len(alerts)
         tail = losses[-20:]
         print(f"| {name} | {recipe} | {len(losses)} | {sum(tail) / len(tail):.3f} | {_alerts_cell(alerts)} "

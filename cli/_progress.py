@@ -27,7 +27,7 @@ def progress_bar(label: str, shown: bool = True) -> Iterator[Callable | None]:
 
         log = ProgressLog(lambda line: click.echo(line, err=True), label, clock)
         yield log
-        log.finish()  # the totals, once the sweep is done (an error leaves only its own line)
+        log.finish()  # the totals of a log that was started (a quick sweep writes none; an error, only its line)
         return
     with _bar(console, label, clock) as show:
         yield show

@@ -92,7 +92,7 @@ def circuit(model: str, factory: str | None, forward: str | None, trust_pickle: 
 def _print(result) -> None:
     from rich.console import Console
 
-    from diagnose.display import text
+    from diagnose.display import head_label, text
 
     from ._table import print_sections
 
@@ -112,4 +112,4 @@ def _print(result) -> None:
         out.print(text(f"{a['estimator']}: ranked {a['n_edges']} edges, verified the top {a['n_verified']}"
                        + ("" if rho is None else f" (Spearman to exact {rho:+.2f})")))
     for h in result.heads:
-        out.print(text(f"L{h['layer']}.H{h['head']}: {h['role'] or 'no named pattern'}"))
+        out.print(text(f"{head_label(h['layer'], h['head'])}: {h['role'] or 'no named pattern'}"))

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from diagnose.monitor._heads_summary import heads_summary
+from diagnose.monitor import heads_summary
 
 TOP_SHARE = 0.25  # the heads that matter at the end: the top quarter by importance at the last sample (as head_vital)
 MAX_LINES = 8  # lines drawn, most important at the end first

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from diagnose.display import head_label
 from diagnose.errors import InputFileError
 from diagnose.files import kind, number
 from diagnose.schema import Section
@@ -68,7 +69,7 @@ def _edge(e: Any, where: str, heads: list[int]) -> dict[str, Any]:
             continue
         layer, head = _pair(e.get(name), where, name)
         if layer >= len(heads) or head >= heads[layer]:
-            raise InputFileError(f"{where}: `{name}` L{layer}.H{head} is not a head of the model; {_FIX}")
+            raise InputFileError(f"{where}: `{name}` {head_label(layer, head)} is not a head of the model; {_FIX}")
     for name in ("delta_loss",):
         if e.get(name) is not None and number(e[name]) is None:
             raise InputFileError(f"{where}: `{name}` is {kind(e[name])}, not a number; {_FIX}")
@@ -116,7 +117,7 @@ def circuit_section(name: str, data: dict[str, Any], sections: list[Section]) ->
     used = {tuple(e["sender"]) for e in drawn} | {tuple(e["receiver"]) for e in drawn if e["receiver"]}
     in_circuit = {tuple(e["sender"]) for e in data["circuit"]["edges"]} | \
                  {tuple(e["receiver"]) for e in data["circuit"]["edges"] if e["receiver"]}
-    nodes = [Node(x, y, f"L{l}.H{h}", (l, h) in in_circuit) for (l, h), (x, y) in at.items()
+    nodes = [Node(x, y, head_label(l, h), (l, h) in in_circuit) for (l, h), (x, y) in at.items()
              if (l, h) in used or len(at) <= 64]
     lines = []
     for e in drawn:

@@ -93,7 +93,9 @@ def duration(seconds: float) -> str:
 
 class ProgressLog:
     """A ProgressCallback writing plain lines: `label: <note>; <describe>`. The first line comes with the first
-    step done after `every` seconds, then one at most every `every` seconds, and `finish()` writes the last.
+    step done after `every` seconds, then one at most every `every` seconds, and `finish()` writes the last
+    (the totals), which only closes a log that was started: a sweep done within `every` seconds writes
+    nothing at all, so a quick run stays silent and an error after it (a failed write) stays one line.
     Nothing is written before a step is done, so a sweep that fails at once leaves only its error."""
 
     def __init__(self, write: Callable[[str], None], label: str, clock: Callable[[], float],
@@ -117,8 +119,8 @@ class ProgressLog:
             self._line(now)
 
     def finish(self) -> None:
-        """The last line (the totals), unless the last event was written already."""
-        if self.pending:
+        """The last line (the totals), once a line was written and unless the last event was written already."""
+        if self.pending and self.last is not None:
             self._line(self.clock())
 
     def _line(self, now: float) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
+from .._head_label import head_label
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -39,10 +40,10 @@ class Edge:
     @property
     def label(self) -> str:
         """'L0.H1 -> L1.H0 (k)', 'L1.H0 -> output'."""
-        s = f"L{self.sender[0]}.H{self.sender[1]}"
+        s = head_label(*self.sender)
         if self.receiver is None:
             return f"{s} -> output"
-        return f"{s} -> L{self.receiver[0]}.H{self.receiver[1]} ({self.part})"
+        return f"{s} -> {head_label(*self.receiver)} ({self.part})"
 
     def to_json(self) -> dict:
         return {"sender": list(self.sender), "receiver": None if self.receiver is None else list(self.receiver),

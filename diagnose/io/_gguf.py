@@ -96,8 +96,8 @@ def _detach_quantizer(model: nn.Module) -> None:
 
 def _tokenizer(file: Path, transformers: Any) -> Any:
     try:
-        return transformers.AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True,
-                                                          trust_remote_code=False)
+        return transformers.AutoTokenizer.from_pretrained(  # trust_remote_code=False: nothing from the folder runs
+            file.parent, gguf_file=file.name, local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # a GGUF without tokenizer metadata, or one transformers cannot convert
         raise InputFileError(f"{file}: its tokenizer cannot be read ({one_line(exc)}); pass token ids "
                              "(.pt data) instead of text") from None

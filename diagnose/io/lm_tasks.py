@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+
+from ..errors import DataError
 
 IGNORE = -100
 TEMPLATES = (  # {A} and {B}: the two names in either order; {S}: the subject, repeated
@@ -52,7 +55,7 @@ def ioi(tokenizer: Any, n: int = 64, *, seed: int = 0) -> dict[str, torch.Tensor
     names = _one_token(tokenizer, NAMES)
     places, objects = _one_token(tokenizer, PLACES), _one_token(tokenizer, OBJECTS)
     if len(names) < 2 or not places or not objects:
-        raise ValueError("the tokenizer splits the built-in names, places and objects: no IOI prompt can be made")
+        raise DataError("the tokenizer splits the built-in names, places and objects: no IOI prompt can be made")
     rows = []
     for i in range(n):
         io, s = rng.sample(names, 2)
@@ -114,4 +117,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

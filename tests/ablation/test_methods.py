@@ -188,12 +188,19 @@ def test_options_live_in_one_config(model, data):
 
 
 def test_progress_events_count_every_step_and_say_the_plan(model, data):
+    """A step (progress.ProgressEvent): a batch's data pass for the mean, then one head ablated on one batch,
+    told a layer's heads at a time (Sweep.ablate ticks len(heads) at once)."""
     events = []
     ablate_heads(model, data, task="lm", method="mean", batch_size=5, attention=False, progress=events.append)
     notes = [e.note for e in events if e.note is not None]
     steps = [e for e in events if e.note is None]
-    assert len(notes) == 1 and "head(s) per forward" in notes[0]
-    assert [e.done for e in steps] == list(range(1, len(steps) + 1)) and steps[-1].done == steps[-1].total
+    assert len(notes) == 1 and "head(s) per forward" in notes[0] and "micro-batch 5 of 5" in notes[0]
+    batches, n_layers = -(-N // 5), len(model.blocks)
+    data_pass = list(range(1, batches + 1))  # a step per batch
+    per_layer = [batches + H * k for k in range(1, batches * n_layers + 1)]  # then H steps per layer per batch
+    assert [e.done for e in steps] == data_pass + per_layer
+    assert steps[-1].done == steps[-1].total == batches * (1 + n_layers * H)
+    assert {e.first for e in steps} == {batches + n_layers * H}  # the data pass and the first batch's heads
 
 
 class _Deaf:

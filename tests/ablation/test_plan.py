@@ -95,9 +95,12 @@ def test_cli_max_memory(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     import diagnose
+    from diagnose.cli import _progress
     from diagnose.cli.main import cli
 
     monkeypatch.chdir(tmp_path)
+    readings = iter(range(0, 10**6, 10))  # every reading 10 s on: a log line per step, then the totals
+    monkeypatch.setattr(_progress, "CLOCK", lambda: float(next(readings)))
     torch.manual_seed(0)
     lm = Transformer(ModelConfig(kind="lm", vocab_size=12, max_len=8, n_layers=2, n_heads=2, d_model=16, init_std=0.3))
     diagnose.save_checkpoint(lm, tmp_path / "lm.pt", meta={"task": "lm"})

@@ -52,6 +52,17 @@ def test_nothing_is_written_before_a_step_nor_twice_at_the_end():
     assert lines == ["x: plan; 4/4 steps (100%), 1m40s elapsed"]
 
 
+def test_a_sweep_done_within_the_cadence_writes_no_line_at_all():
+    """The totals only close a log that was started: a quick run stays silent (an error after it, one line)."""
+    lines: list[str] = []
+    log = ProgressLog(lines.append, "x", FakeClock(1.0), every=5.0)
+    log(ProgressEvent(0, 3, note="plan"))
+    for done in range(1, 4):
+        log(ProgressEvent(done, 3))
+    log.finish()
+    assert lines == []
+
+
 def test_words():
     assert [duration(s) for s in (4.4, 130, 3900)] == ["4s", "2m10s", "1h05m"]
     assert time_left(ProgressEvent(5, 20, first=10), 50.0) is None  # the first batch is not done yet

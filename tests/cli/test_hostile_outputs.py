@@ -398,7 +398,7 @@ def test_check_and_heads_print_names_from_the_model_as_text(capsys, monkeypatch)
     check_cli._print(findings, hostile)
     result = SimpleNamespace(
         model={"family": hostile, "n_layers": 1}, task="lm", method="zero", n_examples=2, n_units=2,
-        baseline={"accuracy": 0.5, "loss": 1.0}, ranked=lambda: [], significance={
+        baseline={"accuracy": 0.5, "loss": 1.0}, heads=[], ranked=lambda: [], significance={
             "n_significant": 0, "n_tested": 0, "correction": "holm", "alpha": 0.05}, fast=None,
         flags=[{"kind": hostile, "layer": 0, "head": 0, "reason": hostile}], together=[],
         timing={"seconds": 1.0, "forward_passes": 2},

@@ -78,10 +78,10 @@ STATISTIC = Recipe(
      insert("docs/heads.md", "The built-in `second_token` statistic is the mass on the second position (a second "
             "sink some models keep).\n"),
      # the shipped lists are pinned on purpose (what each table showed before the registry): a built-in moves them
-     replace(REGISTRY_TEST, '"last_token", "local")', '"last_token", "local", "second_token")'),
+     replace(REGISTRY_TEST, '"induction")', '"induction", "second_token")'),
      replace(REGISTRY_TEST, '[s.name for s in shown("cli")] == [s.name for s in shown("table")] == [',
              '[s.name for s in shown("table")][:-1] == [s.name for s in shown("cli")] == ['),
-     replace(REGISTRY_TEST, '"self", "prev_token"]', '"self", "prev_token", "second_token"]'),
+     replace(REGISTRY_TEST, '"prev_token", "induction"]', '"prev_token", "induction", "second_token"]'),
      replace(REGISTRY_TEST, '{"entropy", "max_weight", "first_token"}', '{"entropy", "max_weight", "first_token", '
              '"second_token"}'),
 ),
@@ -157,7 +157,7 @@ ROLE = Recipe(
      new("tests/ablation/test_three_back.py", ROLE_TEST),
      insert("docs/heads.md", "The `three back` role: most of a head's weight three tokens back "
             "(statistic `three_back`).\n"),
-     replace(REGISTRY_TEST, '"last_token", "local")', '"last_token", "local", "three_back")')),
+     replace(REGISTRY_TEST, '"induction")', '"induction", "three_back")')),
     "tests/ablation/test_three_back.py",
     guards=(REGISTRY_TEST, "tests/ablation/test_role_statistic.py"),
     note="the pin of the shipped statistics' order moves (counted).")
