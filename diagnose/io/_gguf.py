@@ -43,7 +43,26 @@ def _transformers() -> Any:
             raise ConfigError(f"reading a .gguf file needs the {module} package, which is not installed: {EXTRA}")
     import transformers
 
+    blind = gguf_unseen(transformers)
+    if blind:
+        raise ConfigError(f"reading a .gguf file: {blind}")
     return transformers
+
+
+def gguf_unseen(transformers: Any) -> str | None:
+    """Why this transformers cannot use the installed gguf package, or None when it can.
+
+    transformers 5.0 reads gguf's version from the distribution metadata; on Python 3.10 that lookup
+    (importlib.metadata.packages_distributions, top_level.txt only) misses gguf's wheel, the version
+    reads as 'N/A' and every GGUF load fails with "Invalid version: 'N/A'"."""
+    try:
+        seen = transformers.utils.import_utils.is_gguf_available()
+    except Exception as exc:  # packaging's InvalidVersion, from the lookup above
+        return (f"transformers {transformers.__version__} cannot read the gguf package's version "
+                f"({one_line(exc)}); upgrade transformers (pip install -U transformers) or use Python 3.11+")
+    if not seen:
+        return f"transformers {transformers.__version__} does not see a usable gguf package: {EXTRA}"
+    return None
 
 
 def load_gguf(file: Path, *, attn_implementation: str | None = None) -> nn.Module:

