@@ -13,14 +13,19 @@
   quarter, position 0 left out), from the model's [B, T, V] output against its own input ids shifted
   by one (a causal LM). It drops when induction heads form (the phase change, _head_events.py).
 
-Under torch.compile neither is sampled (the intervene hook and the tensor hooks would break the
-graph); the monitor warns once.
+Under torch.compile neither is sampled: the intervene hook and the tensor hooks would break the
+graph, and the icl hook on the output logits would be a graph of its own. A model given compiled
+gets no hook of these at all; a model compiled after the monitor was attached keeps one model
+pre-hook and one forward hook that return at once while dynamo traces them (nothing in the graph,
+no guard that changes), and nothing is sampled once a forward was traced (ActivationWatch.traced).
+The hooks on the heads are put in place by that pre-hook, at the start of a sampled step's first
+eager forward, never before a forward whose compilation is not yet known. No warning: the signals
+the run lacks, and why, are what `diagnose stats` says (_lacking.py).
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from contextlib import ExitStack
 from typing import Any
 
@@ -44,17 +49,22 @@ class HeadProbe:
 
         self.model, self.sites, self.site_names = monitor.model, monitor.sites, monitor.site_names
         self._acts = monitor.probe("activations").watch  # its pre-hook keeps the attention_mask
-        self.off = bool(monitor.compiled) and bool(self.sites)
-        if self.off:
-            warnings.warn("diagnose: per-head importance, roles and the in-context loss are not sampled under "
-                          "torch.compile (their hooks on the heads' outputs would break the graph). Lost: "
-                          "attention.<site>.importance and the role shares, icl_score and the head events. "
-                          "Fix: sample them from an eager run of the model.", RuntimeWarning, stacklevel=3)
-        monitor.probe("attention").watch.readers.append(self._read)
-        self._stats = lambda: [HeadStats(s.n_heads, names=ROLE_STATS) for s in self.sites]
+        self.off = bool(monitor.compiled)  # a model given compiled: no hook of this measurement at all
         self._stack: ExitStack | None = None
         self.ids: torch.Tensor | None = None  # [B, T] token ids of the current forward, or None
+        self.want = False  # this step is sampled: the pre-hook puts the heads' hooks in place
+        self._handle = None
+        self._stats = lambda: [HeadStats(s.n_heads, names=ROLE_STATS) for s in self.sites]
         self._reset()
+        if self.off:
+            return
+        monitor.probe("attention").watch.readers.append(self._read)
+        self._handle = self.model.register_forward_pre_hook(self._pre, with_kwargs=True)
+
+    @property
+    def traced(self) -> bool:
+        """Whether a forward was traced by dynamo (compiled after the monitor was attached): then never sampled."""
+        return self.off or self._acts.traced
 
     def _reset(self) -> None:
         self._imp: list[torch.Tensor | None] = [None] * len(self.sites)  # per site [H] on the device
@@ -63,21 +73,27 @@ class HeadProbe:
         self.ran: list[bool] = []
 
     def arm(self, step: int, logged: bool, sampled: bool) -> None:
-        if not sampled or self.off or self._stack is not None:
-            return
+        self.want = bool(sampled) and not self.off  # the hooks come with the step's first eager forward
+
+    def _pre(self, _module, args, kwargs) -> None:
+        if torch.compiler.is_compiling():
+            return  # traced by dynamo: nothing in the graph (and the block hooks mark the model traced)
+        if self._stack is None:
+            if not self.want or self.traced:
+                return
+            self._enter()
+        inputs = kwargs if "input_ids" in kwargs else (args[0] if args else None)
+        self.ids = BatchContext.of(inputs).input_ids
+
+    def _enter(self) -> None:
         stack = ExitStack()
         try:
-            stack.callback(self.model.register_forward_pre_hook(self._catch_ids, with_kwargs=True).remove)
             for i, site in enumerate(self.sites):
                 stack.enter_context(site.adapter.intervene(site, self._watch(i)))
         except BaseException:
             stack.close()
             raise
         self._stack = stack
-
-    def _catch_ids(self, _module, args, kwargs) -> None:
-        inputs = kwargs if "input_ids" in kwargs else (args[0] if args else None)
-        self.ids = BatchContext.of(inputs).input_ids
 
     def _watch(self, i: int):
         def fn(heads: torch.Tensor) -> torch.Tensor:  # [B, T, H, D]
@@ -110,10 +126,12 @@ class HeadProbe:
     def discard(self) -> None:
         self._close()
         self._reset()
+        self.want = False
 
     def collect(self, inputs: StepInputs) -> list[torch.Tensor | None]:
         sampled = self._stack is not None
         self._close()
+        self.want = False
         out: list[torch.Tensor | None] = []
         for site, imp, roles, ran in zip(self.sites, self._imp, self._roles, self._ran):
             if not sampled or not ran:
@@ -141,6 +159,9 @@ class HeadProbe:
 
     def remove(self) -> None:
         self._close()
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.remove()
 
 
 class IclProbe:
@@ -150,14 +171,16 @@ class IclProbe:
         self.model = monitor.model
         self.heads: HeadProbe = monitor.probe("heads")
         self._acts = monitor.probe("activations").watch
-        self._handle = None
         self._seen: list[torch.Tensor] = []
+        # one hook for good (not one per sampled step) that does nothing while dynamo traces it
+        self._handle = None if self.heads.off else self.model.register_forward_hook(self._hook)
 
     def arm(self, step: int, logged: bool, sampled: bool) -> None:
-        if sampled and not self.heads.off and self._handle is None:
-            self._handle = self.model.register_forward_hook(self._hook)
+        pass  # sampled with the heads: while their hooks are in place (HeadProbe._pre)
 
     def _hook(self, _module, _args, out) -> None:
+        if torch.compiler.is_compiling() or self.heads._stack is None:
+            return
         logits, ids = _logits(out), self.heads.ids
         if not torch.is_grad_enabled():
             return  # an evaluation inside a sampled step: not the training batch
@@ -174,11 +197,9 @@ class IclProbe:
             handle.remove()
 
     def discard(self) -> None:
-        self._close()
         self._seen = []
 
     def collect(self, inputs: StepInputs) -> torch.Tensor | None:
-        self._close()
         seen, self._seen = self._seen, []
         if not seen:
             return None

@@ -56,6 +56,13 @@ _COMPILED = ("the model ran under torch.compile on torch {torch}, whose dynamo c
              "eager run")
 
 
+_COMPILED_HEADS = ("the model ran under torch.compile, where the per-head importance, the role shares and the "
+                   "in-context loss are not sampled (their hooks on the heads' outputs and on the output logits "
+                   "would break or multiply the graphs), so the head events (induction_phase_change and the "
+                   "heads' own) cannot fire; fix: sample them from an eager run of the model")
+_COMPILED_LACKS = ("heads", "icl")  # the measurements a compiled run never samples (_head_importance.py)
+
+
 def _old_torch(version: Any) -> bool:
     try:
         major, minor = (int(x) for x in str(version).split(".")[:2])
@@ -66,6 +73,8 @@ def _old_torch(version: Any) -> bool:
 
 def _reason(key: str, measurement: str, records: list[dict[str, Any]], info: dict[str, Any]) -> str:
     model = info.get("model") or {}
+    if measurement in _COMPILED_LACKS and model.get("compiled"):
+        return _COMPILED_HEADS
     if key == "attention.*.max_logit" and model.get("compiled") and _old_torch(model.get("torch")):
         return _COMPILED.format(torch=model.get("torch"))
     if key.startswith("attention."):

@@ -236,9 +236,10 @@ class TrainingMonitor:
         if record is not None:
             for sink in self.sinks:
                 sink.step(record)
-            if self._folder is not None and not self._declared:
+            if self.rank == 0 and self._folder is not None and not self._declared:  # rank != 0 writes nothing
                 declare(self._folder, record)  # run.json's per-site signals (_declare.py)
-                self._declared = "attention" in (self._folder.writer.info.get("signals") or {})
+                writer = getattr(self._folder, "writer", None)
+                self._declared = writer is None or "attention" in (writer.info.get("signals") or {})
         for alert in alerts:
             for sink in self.sinks:
                 sink.alert(alert)

@@ -170,3 +170,28 @@ def test_stats_prints_the_heads_section_and_table_and_the_json_carries_it(tmp_pa
     js = json.loads(CliRunner().invoke(cli, ["stats", str(tmp_path / "run"), "--json"]).output)
     assert js["heads"]["schema"] == "diagnose.run-heads/1" and js["heads"]["steps"] == [0]
     assert [h["label"] for h in js["heads"]["heads"]] == ["L0.H0", "L0.H1", "L1.H0", "L1.H1"]
+
+
+def test_a_compiled_model_gets_no_head_hooks_and_stats_says_why(tmp_path):
+    """Under torch.compile the heads and the in-context loss are not sampled: no hook of theirs, no
+    warning at run time; the run's lacking signals name them, the reason and the fix."""
+    import warnings
+
+    from diagnose.monitor._lacking import lacking_lines
+
+    model = _model()
+    net = torch.compile(model, backend="eager")  # never called: the monitor only sees the wrapper
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        mon = diagnose.TrainingMonitor(net, tmp_path / "run", every=1, attention_every=1, echo=False)
+    heads, icl = mon.probe("heads"), mon.probe("icl")
+    assert heads.off and heads._handle is None and icl._handle is None
+    assert heads._read not in mon.probe("attention").watch.readers
+    logits = model(torch.randint(0, V, (2, T)))  # eager, as if traced: nothing armed, nothing written
+    logits.pow(2).mean().backward()
+    assert heads._stack is None
+    mon.step(logits.pow(2).mean().detach())
+    mon.close()
+    said = "\n".join(lacking_lines(diagnose.read_run(tmp_path / "run")))
+    assert "attention.*.importance" in said and "icl_score" in said
+    assert "torch.compile" in said and "eager run" in said
