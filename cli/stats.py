@@ -76,11 +76,10 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, rep
     from rich.console import Console
     from rich.text import Text
 
-    from diagnose import files as _json  # dumps: the one strict JSON policy
     from diagnose.display import plain as clean
     from diagnose.monitor import follow as follow_run
     from diagnose.monitor import read_run
-    from diagnose.monitor import alert_line, render_summary as render, summarize
+    from diagnose.monitor import alert_line, summarize
 
     console = Console(highlight=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
@@ -101,21 +100,30 @@ def stats(run_dir: str, follow_: bool, tb_dir: str | None, step: int | None, rep
         n = export_tensorboard(run, tb_dir)
         if not as_json:
             console.print(Text(f"wrote {n} scalars to {clean(tb_dir)}"))
-    from diagnose.monitor import heads_summary, lacking_lines, lacking_signals
-
-    heads = heads_summary(run)
-    if as_json:
-        click.echo(_json.dumps({**summary, "lacking_signals": lacking_signals(run), "heads": heads}, indent=1))
-    else:
-        from ._stats_heads import print_heads
-
-        render(summary, console)
-        print_heads(heads, console, heads_)
-        for line in lacking_lines(run):  # a signal missing says so, with the reason (issue 33)
-            console.print(Text(clean(line)))
+    _print_summary(run, summary, console, as_json, heads_)
     if html_path:
         from diagnose.reports import write_report
 
         path = write_report([run], html_path)
         if not as_json:
             console.print(Text(f"report: {clean(path)}"))
+
+
+def _print_summary(run, summary: dict, console, as_json: bool, heads_: bool) -> None:
+    """The summary as JSON or tables, its heads section, and the signals the run lacks with why (issue 33)."""
+    from rich.text import Text
+
+    from diagnose import files as _json  # dumps: the one strict JSON policy
+    from diagnose.display import plain as clean
+    from diagnose.monitor import heads_summary, lacking_lines, lacking_signals, render_summary
+
+    heads = heads_summary(run)
+    if as_json:
+        click.echo(_json.dumps({**summary, "lacking_signals": lacking_signals(run), "heads": heads}, indent=1))
+        return
+    from ._stats_heads import print_heads
+
+    render_summary(summary, console)
+    print_heads(heads, console, heads_)
+    for line in lacking_lines(run):  # a signal missing says so, with the reason
+        console.print(Text(clean(line)))

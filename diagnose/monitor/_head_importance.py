@@ -176,7 +176,8 @@ class IclProbe:
         self._handle = None if self.heads.off else self.model.register_forward_hook(self._hook)
 
     def arm(self, step: int, logged: bool, sampled: bool) -> None:
-        pass  # sampled with the heads: while their hooks are in place (HeadProbe._pre)
+        """Nothing to arm: the in-context loss is sampled with the heads, while their hooks are in place
+        (HeadProbe._pre)."""
 
     def _hook(self, _module, _args, out) -> None:
         if torch.compiler.is_compiling() or self.heads._stack is None:
