@@ -37,7 +37,7 @@ def gguf_file(path: Path) -> Path | None:
     return found[0] if found else None
 
 
-def _transformers() -> Any:
+def _transformers(file: Path) -> Any:
     for module in ("transformers", "gguf", "accelerate"):
         if importlib.util.find_spec(module) is None:
             raise ConfigError(f"reading a .gguf file needs the {module} package, which is not installed: {EXTRA}")
@@ -45,7 +45,7 @@ def _transformers() -> Any:
 
     blind = gguf_unseen(transformers)
     if blind:
-        raise ConfigError(f"reading a .gguf file: {blind}")
+        raise ConfigError(f"reading {file}: {blind}")
     return transformers
 
 
@@ -69,7 +69,7 @@ def load_gguf(file: Path, *, attn_implementation: str | None = None) -> nn.Modul
     """The causal LM in `file`, dequantised to float32, with its tokenizer as model.diagnose_tokenizer."""
     from ._hf import _quiet, model_class
 
-    transformers = _transformers()
+    transformers = _transformers(file)
     where = {"pretrained_model_name_or_path": file.parent, "gguf_file": file.name}
     with _quiet(transformers):
         try:
@@ -128,7 +128,7 @@ def tokenizer_of_path(path: Path) -> Any:
 
     file = gguf_file(path)
     if file is not None:
-        transformers = _transformers()
+        transformers = _transformers(file)
         from ._hf import _quiet
 
         with _quiet(transformers):

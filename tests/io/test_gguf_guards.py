@@ -42,4 +42,5 @@ def test_a_file_that_is_not_gguf_is_one_line(tmp_path):
     pytest.importorskip("gguf")
     (tmp_path / "m.gguf").write_bytes(b"not a gguf file at all" * 4)
     out = _one_line(CliRunner().invoke(cli, ["info", str(tmp_path / "m.gguf")]))
-    assert "m.gguf" in out and "cannot read its configuration" in out
+    assert "m.gguf" in out  # the file is named, whichever part refuses it
+    assert "cannot read its configuration" in out or "cannot read the gguf package's version" in out

@@ -181,9 +181,11 @@ def test_a_compiled_model_gets_no_head_hooks_and_stats_says_why(tmp_path):
 
     model = _model()
     net = torch.compile(model, backend="eager")  # never called: the monitor only sees the wrapper
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)
+    with warnings.catch_warnings(record=True) as said_now:
+        warnings.simplefilter("always")
         mon = diagnose.TrainingMonitor(net, tmp_path / "run", every=1, attention_every=1, echo=False)
+    # torch < 2.13 warns that the max logit is not sampled; nothing may speak of the heads or in-context loss
+    assert not [w for w in said_now if "importance" in str(w.message) or "icl" in str(w.message)]
     heads, icl = mon.probe("heads"), mon.probe("icl")
     assert heads.off and heads._handle is None and icl._handle is None
     assert heads._read not in mon.probe("attention").watch.readers
