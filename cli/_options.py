@@ -33,6 +33,17 @@ max_length_option = click.option(
          "(default: the model's maximum positions, e.g. max_position_embeddings or block_size).")
 
 
+batch_size_option = click.option("--batch-size", type=click.IntRange(min=1), default=None,
+                                 help="Examples per batch (default 32).")
+
+
+def min_effect_option(of: str = "the baseline loss") -> Callable:
+    """--min-effect: the negligible band of the verdicts, a fraction of `of`."""
+    return click.option("--min-effect", type=click.FloatRange(min=0), default=0.05, show_default=True,
+                        help=f"Negligible band, as a fraction of {of}: a head is called inert only when the 95 % "
+                             "CI of its delta loss lies inside it (and that of its delta accuracy within 2 points).")
+
+
 def data_option(required: bool = False) -> Callable:
     """--data DATA: .pt/.safetensors/.npz tensors or .jsonl/.csv text."""
     return click.option("--data", "data", metavar="DATA", type=click.Path(path_type=str), required=required,

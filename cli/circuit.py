@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from ._options import (
+    batch_size_option,
+    min_effect_option,
     attention_options,
     check_outputs,
     data_option,
@@ -41,9 +43,8 @@ ESTIMATORS = ("eap", "eap-ig")  # literal so that --help needs no torch; a test 
                    "for saturated models whose clean gradient is near 0).")
 @click.option("--correction", type=click.Choice(("holm", "bh")), default="holm", show_default=True,
               help="Multiple-testing correction across the edges tested.")
-@click.option("--min-effect", type=click.FloatRange(min=0), default=0.05, show_default=True,
-              help="Negligible band, as a fraction of the baseline loss (as diagnose heads).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per batch (default 32).")
+@min_effect_option()
+@batch_size_option
 @click.option("--json", "json_path", type=click.Path(path_type=str), default=None,
               help="Write the diagnose.circuit/1 JSON here (atomically).")
 @html_option

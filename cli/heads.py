@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from ._options import (
+    batch_size_option,
+    min_effect_option,
     attention_options,
     check_outputs,
     data_option,
@@ -40,7 +42,7 @@ UNVERIFIED = "not verified"  # a --fast head's effect cell
               help="Seed of resample's donors and of the bootstrap intervals (0 to 2**63 - 1).")
 @click.option("--json", "json_path", type=click.Path(path_type=str), default=None,
               help="Write the diagnose.heads/2 JSON here (atomically).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per batch (default 32).")
+@batch_size_option
 @click.option("--fast", is_flag=True, default=False,
               help="Rank heads by a second-order estimate of their delta loss (one clean pass with "
                    "per-example gradients); ablate only the --top ones exactly.")
@@ -50,9 +52,7 @@ UNVERIFIED = "not verified"  # a --fast head's effect cell
 @click.option("--correction", type=click.Choice(("holm", "bh")), default="holm", show_default=True,
               help="Multiple-testing correction across heads: holm (family-wise) or bh (Benjamini-Hochberg, "
                    "false discovery rate).")
-@click.option("--min-effect", type=click.FloatRange(min=0), default=0.05, show_default=True,
-              help="Negligible band, as a fraction of the baseline loss: a head is called inert only when the "
-                   "95 % CI of its delta loss lies inside it (and that of its delta accuracy within 2 points).")
+@min_effect_option()
 @click.option("--top", type=click.IntRange(min=0), default=None, help="Heads to verify with --fast (default 5).")
 @click.option("--together", "groups", multiple=True, metavar="HEADS",
               help="Also close these heads at once, e.g. L0.H3,L0.H0 (repeatable): a head that costs nothing "

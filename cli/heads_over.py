@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from ._options import (
+    batch_size_option,
+    min_effect_option,
     attn_implementation_option,
     check_outputs,
     data_option,
@@ -27,9 +29,8 @@ from ._options import (
 @max_length_option
 @method_option()
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap intervals.")
-@click.option("--min-effect", type=click.FloatRange(min=0), default=0.05, show_default=True,
-              help="Negligible band, as a fraction of each checkpoint's baseline loss (as in `diagnose heads`).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per batch (default 32).")
+@min_effect_option("each checkpoint's baseline loss")
+@batch_size_option
 @click.option("--json", "json_path", type=click.Path(path_type=str), default=None,
               help="Write the diagnose.heads-over-checkpoints/1 JSON here (atomically).")
 @html_option

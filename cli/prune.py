@@ -6,7 +6,15 @@ import click
 
 from diagnose.ablation.methods import FOLDABLE as METHODS  # the registry's methods a cut model reproduces; no torch
 
-from ._options import check_outputs, data_option, html_option, max_length_option, method_option, model_options
+from ._options import (
+    batch_size_option,
+    check_outputs,
+    data_option,
+    html_option,
+    max_length_option,
+    method_option,
+    model_options,
+)
 
 TASKS = ("classification", "lm")  # literal so that --help needs no torch
 
@@ -28,7 +36,7 @@ TASKS = ("classification", "lm")  # literal so that --help needs no torch
 @click.option("--candidates", type=click.IntRange(min=1), default=4, show_default=True,
               help="Heads verified exactly each round (the best by the --fast estimate).")
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Remove at most this many heads.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per batch (default 32).")
+@batch_size_option
 @click.option("--out", "out_dir", type=click.Path(path_type=str), default=None,
               help="Write the pruned model here (a new or empty folder, outside the input folders), in the "
                    "form it came in.")

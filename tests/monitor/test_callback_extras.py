@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from diagnose.monitor import read_run, read_skips
-from diagnose.zoo import ModelConfig, Transformer
 
 from ..tolerance import approx
+from .lightning_lm import tiny_lm
 
 pytestmark = pytest.mark.numerics
 
@@ -88,22 +87,18 @@ def test_lightning_forwards_validation_and_stops(tmp_path):
     L = pytest.importorskip("lightning.pytorch")
     from diagnose.monitor.lightning import DiagnoseCallback
 
-    class Module(L.LightningModule):
+    class Module(tiny_lm(L)):
         def __init__(self, nan_at=None):
             super().__init__()
-            self.net = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=11))
             self.nan_at, self.val = nan_at, []
 
-        def _loss(self, ids):
-            return F.cross_entropy(self.net(ids)[:, :-1].reshape(-1, 11), ids[:, 1:].reshape(-1))
-
         def training_step(self, batch, _):
-            loss = self._loss(batch[0])
+            loss = self.lm_loss(batch[0])
             self.log("train_loss", loss)  # a training metric: not an evaluation
             return loss * float("nan") if self.global_step == self.nan_at else loss
 
         def validation_step(self, batch, _):
-            loss = self._loss(batch[0])
+            loss = self.lm_loss(batch[0])
             self.log("val_loss", loss)
             self.log("val_acc", torch.tensor(0.5))
             return loss
@@ -141,17 +136,10 @@ def test_lightning_skips_the_update_of_a_planted_spike(tmp_path):
     L = pytest.importorskip("lightning.pytorch")
     from diagnose.monitor.lightning import DiagnoseCallback
 
-    class Module(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=11))
-
+    class Module(tiny_lm(L, torch.optim.Adam, lr=1e-3)):
         def training_step(self, batch, _):
-            loss = F.cross_entropy(self.net(batch[0])[:, :-1].reshape(-1, 11), batch[0][:, 1:].reshape(-1))
+            loss = self.lm_loss(batch[0])
             return loss * (30.0 if self.global_step == 12 else 1.0)  # the planted spike, on a step not logged
-
-        def configure_optimizers(self):
-            return torch.optim.Adam(self.parameters(), lr=1e-3)
 
     torch.manual_seed(0)
     module = Module()

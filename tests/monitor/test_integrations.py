@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from diagnose.monitor import read_run
-from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import approx
+from .lightning_lm import tiny_lm
 
 pytestmark = pytest.mark.numerics
 
@@ -22,18 +21,7 @@ def test_lightning_callback(tmp_path):
     L = pytest.importorskip("lightning.pytorch")
     from diagnose.monitor.lightning import DiagnoseCallback
 
-    class Module(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=11))
-
-        def training_step(self, batch, _):
-            (ids,) = batch
-            return F.cross_entropy(self.net(ids)[:, :-1].reshape(-1, 11), ids[:, 1:].reshape(-1))
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
+    Module = tiny_lm(L)
     ids = torch.randint(1, 11, (20, 8), generator=torch.Generator().manual_seed(0))  # [N, T]
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=4)
     cb_run = tmp_path / "diag"

@@ -16,6 +16,7 @@ from diagnose.monitor._live import flatten
 from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import approx
 from ..versions import required
+from .lightning_lm import tiny_lm
 
 pytestmark = pytest.mark.numerics
 
@@ -153,18 +154,7 @@ def test_lightning_callback_streams_into_the_trainers_own_logger(tmp_path):
 
     from diagnose.monitor.lightning import DiagnoseCallback
 
-    class Module(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = Transformer(CFG)
-
-        def training_step(self, batch, _):
-            (ids,) = batch
-            return F.cross_entropy(self.net(ids)[:, :-1].reshape(-1, 11), ids[:, 1:].reshape(-1))
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
+    Module = tiny_lm(L)
     ids = torch.randint(1, 11, (12, 8), generator=torch.Generator().manual_seed(0))  # [N, T]
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=4)
     logger = CSVLogger(str(tmp_path / "logs"), name="csv")

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from diagnose.monitor import read_run
-from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import tol
+from .lightning_lm import tiny_lm
 
 pytestmark = pytest.mark.numerics
 
@@ -81,23 +80,18 @@ def test_lightning_matches_trainer_log(tmp_path, accum, clip, bf16):
 
     from diagnose.monitor.lightning import DiagnoseCallback
 
-    class Module(L.LightningModule):
+    class Module(tiny_lm(L)):
         def __init__(self):
             super().__init__()
-            self.net = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=11))
             self.losses, self.norms = [], []  # per micro-batch, per optimizer step
 
         def training_step(self, batch, _):
-            (ids,) = batch
-            loss = F.cross_entropy(self.net(ids)[:, :-1].reshape(-1, 11).float(), ids[:, 1:].reshape(-1))
+            loss = self.lm_loss(batch[0])
             self.losses.append((self.global_step, loss.item()))
             return loss
 
         def on_before_optimizer_step(self, optimizer):
             self.norms.append((self.global_step, grad_norm(self, norm_type=2)["grad_2.0_norm_total"].item()))
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
 
     torch.manual_seed(0)
     ids = torch.randint(1, 11, (64, 8), generator=torch.Generator().manual_seed(0))  # [N, T]
