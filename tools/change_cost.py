@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the copy (its path is printed)")
     parser.add_argument("--list", action="store_true", help="list the recipes and exit")
     parser.add_argument("--verbose", action="store_true", help="print each recipe's pytest output")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the policy scans on the unchanged copy (for a tree whose scans are known to "
+                             "pass, as in the test suite, which runs them itself): half the time")
     args = parser.parse_args(argv)
     chosen = [r for r in recipes() if not args.only or any(o in r.name for o in args.only)]
     if args.list:
@@ -163,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         copy_repository(args.repo.resolve(), copy)
         check_imports(copy, sys.executable)
-        known = failing_before(copy, sys.executable)
+        known = [] if args.no_baseline else failing_before(copy, sys.executable)
         outcomes = []
         for recipe in chosen:
             outcomes.append(run_recipe(recipe, copy, sys.executable, args.verbose, known))

@@ -1,8 +1,7 @@
 """End to end on the small-scale proxy of bench/bench_proxies.py: at a high lr on real text,
 attention_logit_growth fires without qk-layernorm and stays quiet with it (margins, not one
 CPU's rounding: the logits reach the thousands without qk-norm and stay in the tens with it), also
-over 1,000 steps at lr 0.3, where the qk-normed logits drift up (past the 200 level on torch 2.13) but
-do not run away."""
+over 600 steps at lr 0.3, where the qk-normed logits drift up (about 26x) but do not run away."""
 
 from __future__ import annotations
 
@@ -44,10 +43,11 @@ def test_high_lr_without_qk_norm_alerts_on_attention_logits_and_with_it_does_not
 @pytest.mark.slow
 def test_qk_norm_drifting_past_the_level_at_lr_0_3_is_not_alerted(tmp_path):
     # with qk-layernorm the largest logit creeps up while the loss keeps up with the stable run: a drift of at
-    # most 3.5x per 100 steps, not the runaway the detector names. How far it creeps in 1,000 steps depends on
-    # the rounding of a chaotic run (measured: past 200 at step 505 and 484 at its peak on torch 2.13; a peak
-    # of 97 on torch 2.4), so only the drift itself is asserted, with a wide margin
-    losses, alerts = proxy.train(0.3, qk_norm=True, z_loss=0.0, steps=1000, seed=1, monitor_dir=tmp_path / "on",
+    # most 3.5x per 100 steps, not the runaway the detector names. How far it creeps depends on the rounding of
+    # a chaotic run (measured in 600 steps on torch 2.13: 5x by step 80, 93 at step 545 from 3.6; over 1,000
+    # steps it once passed 200), so only the drift itself is asserted, with a wide margin. 600 steps, not
+    # 1,000: the drift is there by step 80, and every CI pass pays for each step
+    losses, alerts = proxy.train(0.3, qk_norm=True, z_loss=0.0, steps=600, seed=1, monitor_dir=tmp_path / "on",
                                  attention_every=5)
     logits = _max_logits(tmp_path / "on")
     assert max(logits) > 5 * logits[0]  # it does grow (from about 3.6 at step 0)
