@@ -522,17 +522,18 @@ def test_compiled_torch_mha_samples_attention_as_eager(tmp_path):
     _assert_same_run(got, eager, graphs, breaks, ["encoder.layers.0", "encoder.layers.1"])
 
 
-@pytest.mark.parametrize("torch_traces_the_hooks", [True, False])
-def test_gpt2_under_an_older_dynamo_warns_once_and_keeps_the_rest(tmp_path, monkeypatch, torch_traces_the_hooks):
+def test_gpt2_under_an_older_dynamo_warns_once_and_keeps_the_rest(tmp_path, monkeypatch):
     """On a torch whose dynamo cannot trace the adapters' hooks (TRACED_HOOKS False: before 2.13) a
-    compiled GPT-2 is monitored without attention samples, said once; the flag is what decides."""
+    compiled GPT-2 is monitored without attention samples, said once; the flag is what decides. (The
+    flag's other value is test_compiled_hf_gpt2_run_equals_eager's: samples, and any RuntimeWarning an
+    error there, so nothing said.)"""
     import diagnose.adapters.base as base
 
-    monkeypatch.setattr(base, "TRACED_HOOKS", torch_traces_the_hooks)
+    monkeypatch.setattr(base, "TRACED_HOOKS", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         records = _train_gpt2(tmp_path, "compiled", "sdpa")
     said = [w for w in caught if "not sampled under torch.compile for hf-gpt2" in str(w.message)]
-    assert len(said) == (0 if torch_traces_the_hooks else 1)
-    assert any("attention" in r for r in records) == torch_traces_the_hooks
+    assert len(said) == 1
+    assert not any("attention" in r for r in records)
     assert all(list(r["layers"]) == ["transformer.h.0", "transformer.h.1"] for r in records)
