@@ -10,7 +10,9 @@ model is a plain float32 model: it saves with save_pretrained and reloads in pla
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +73,7 @@ def load_gguf(file: Path, *, attn_implementation: str | None = None) -> nn.Modul
 
     transformers = _transformers(file)
     where = {"pretrained_model_name_or_path": file.parent, "gguf_file": file.name}
-    with _quiet(transformers):
+    with _quiet(transformers), _no_dequantise_bar(transformers):
         try:
             config = transformers.AutoConfig.from_pretrained(**where, local_files_only=True, trust_remote_code=False)
         except Exception as exc:  # ValueError (an architecture transformers cannot read from GGUF), OSError
@@ -95,6 +97,25 @@ def load_gguf(file: Path, *, attn_implementation: str | None = None) -> nn.Modul
         model.diagnose_tokenizer = _tokenizer(file, transformers)
     model.diagnose_format = "GGUF file (dequantised to float32)"
     return model.eval()
+
+
+@contextlib.contextmanager
+def _no_dequantise_bar(transformers: Any) -> Iterator[None]:
+    """transformers' GGUF reader draws its own tqdm bar ("Converting and de-quantizing GGUF tensors"), which
+    its disable_progress_bar() does not reach: silenced here, so that the CLI prints only its own lines."""
+    import functools
+
+    name = f"{transformers.__name__}.modeling_gguf_pytorch_utils"
+    reader = importlib.import_module(name) if importlib.util.find_spec(name) else None
+    bar = getattr(reader, "tqdm", None)
+    if bar is None:  # a transformers whose reader draws no module-level bar: nothing to silence
+        yield
+        return
+    reader.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        reader.tqdm = bar
 
 
 def _detach_quantizer(model: nn.Module) -> None:

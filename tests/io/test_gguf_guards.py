@@ -44,3 +44,19 @@ def test_a_file_that_is_not_gguf_is_one_line(tmp_path):
     out = _one_line(CliRunner().invoke(cli, ["info", str(tmp_path / "m.gguf")]))
     assert "m.gguf" in out  # the file is named, whichever part refuses it
     assert "cannot read its configuration" in out or "cannot read the gguf package's version" in out
+
+
+def test_the_dequantising_bar_of_transformers_is_silenced_and_put_back():
+    """transformers' GGUF reader draws its own tqdm bar, out of reach of its disable_progress_bar()."""
+    import io
+
+    transformers = pytest.importorskip("transformers")
+    reader = pytest.importorskip("transformers.modeling_gguf_pytorch_utils")
+    from diagnose.io._gguf import _no_dequantise_bar
+
+    if not hasattr(reader, "tqdm"):
+        pytest.skip(f"transformers {transformers.__version__}'s GGUF reader draws no module-level bar")
+    before, said = reader.tqdm, io.StringIO()
+    with _no_dequantise_bar(transformers):
+        list(reader.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors...", file=said))
+    assert said.getvalue() == "" and reader.tqdm is before
