@@ -162,13 +162,9 @@ class Direct(Passes):
 
     def _batch(self, clean: Clean, outs: dict[int, torch.Tensor], normed: dict[int, torch.Tensor],
                heads: Sequence[int]) -> dict[int, Ablated]:
-        by_site: dict[int, list[int]] = {}
-        for m in heads:
-            by_site.setdefault(self.sweep.heads[m][0], []).append(m)
-        k, out = self.sweep.replication, {}
-        for s, ms in by_site.items():
-            for i in range(0, len(ms), k):
-                out.update(self._chunk(clean, outs[s], normed, s, ms[i:i + k]))
+        out: dict[int, Ablated] = {}
+        for s, ms in self._site_chunks(heads):
+            out.update(self._chunk(clean, outs[s], normed, s, ms))
         return out
 
     def _chunk(self, clean: Clean, head_out: torch.Tensor, normed: dict[int, torch.Tensor], s: int,

@@ -16,7 +16,7 @@ site sees its clean input and gives its clean output either way.
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 import torch.nn as nn
@@ -59,6 +59,16 @@ class Passes:
         self.seconds += time.perf_counter() - started
         return merge(acc, r)
 
+    def _site_chunks(self, heads: Sequence[int]) -> Iterator[tuple[int, list[int]]]:
+        """(site, up to `replication` of its heads) for every head of `heads`, site by site."""
+        by_site: dict[int, list[int]] = {}
+        for m in heads:
+            by_site.setdefault(self.sweep.heads[m][0], []).append(m)
+        k = self.sweep.replication
+        for s, ms in by_site.items():
+            for i in range(0, len(ms), k):
+                yield s, ms[i:i + k]
+
 
 class Clamped(Passes):
     """The clamped direct-effect passes of one sweep; `run` returns an Accumulator as Direct.run does."""
@@ -95,13 +105,9 @@ class Clamped(Passes):
         return clean, {kind: [v[0] for v in values] for kind, values in record.items()}
 
     def _batch(self, clean: Clean, record: dict, heads: Sequence[int]) -> dict[int, Ablated]:
-        by_site: dict[int, list[int]] = {}
-        for m in heads:
-            by_site.setdefault(self.sweep.heads[m][0], []).append(m)
-        k, out = self.sweep.replication, {}
-        for s, ms in by_site.items():
-            for i in range(0, len(ms), k):
-                out.update(self._chunk(clean, record, s, ms[i:i + k]))
+        out: dict[int, Ablated] = {}
+        for s, ms in self._site_chunks(heads):
+            out.update(self._chunk(clean, record, s, ms))
         return out
 
     def _chunk(self, clean: Clean, record: dict, s: int, ms: list[int]) -> dict[int, Ablated]:
