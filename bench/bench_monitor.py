@@ -6,10 +6,11 @@ intercept), against the same loop unmonitored and the same loop under
 wandb.watch(log="all", log_freq=1) in offline mode. Goals: diagnose <= 3 % at the defaults,
 <= 5 % at attention_every=10, and <= 1/5 of wandb's.
 
-Identical models, one per variant; repetitions are interleaved (plain, diag@50, diag@10,
-every1@10, wandb, plain, ...) so that load on the machine hits all alike; each variant's time
-is divided by the plain loop's time in the same repetition, and the median ratio is reported,
-for wall-clock and for this process's CPU time. --steps should be a multiple of 50 (every
+Identical models, one per variant; the variants are interleaved step by step (plain's step, diag@50's
+step, diag@10's, every1@10's, wandb's, then plain's next step, ...) so that load on the machine hits
+all alike; a repetition is --steps steps of each, each variant's time in it is divided by the plain
+loop's time in the same repetition, and the median ratio over the repetitions is reported, for
+wall-clock and for this process's CPU time. --steps should be a multiple of 50 (every
 repetition then holds the same share of logged steps). The load average before and after is
 printed: the machine may be shared.
 
@@ -37,6 +38,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from diagnose.monitor import TrainingMonitor  # noqa: E402
+from diagnose.monitor._measure import MEASUREMENTS  # noqa: E402  (the registry, to time the monitor without two entries)
 from diagnose.objectives import score  # noqa: E402
 from diagnose.zoo import ModelConfig, TrainConfig, Transformer, induction, make_optimizer  # noqa: E402
 
@@ -106,23 +108,35 @@ def make(seed: int = 0):
     return model, opt, sched
 
 
-def run_steps(model, opt, sched, data, gen, n, on_backward=None, after_step=None) -> tuple[float, float]:
-    """(wall, CPU) seconds per step over n steps of the zoo training loop (batch 32, clip 1.0)."""
+def one_step(model, opt, sched, data, gen, on_backward=None, after_step=None) -> tuple[float, float]:
+    """(wall, CPU) seconds of one step of the zoo training loop (batch 32, clip 1.0)."""
     start, cpu = time.perf_counter(), time.process_time()
+    idx = torch.randint(0, len(data), (32,), generator=gen)
+    logits = model(data.input_ids[idx], attention_mask=data.attention_mask[idx])  # [B, T, V]
+    loss = score(logits, data.labels[idx]).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if on_backward is not None:
+        on_backward(loss, opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    if after_step is not None:
+        after_step(loss)
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+def run_rep(variants: dict, gens: dict, data, n: int) -> dict[str, tuple[float, float]]:
+    """One repetition: n steps of every variant, interleaved step by step (plain's step 0, diag@50's step
+    0, ..., plain's step 1, ...), so that a change of the machine's load within the repetition falls on
+    every variant alike; (wall, CPU) seconds per step of each."""
+    sums = {k: [0.0, 0.0] for k in variants}
     for _ in range(n):
-        idx = torch.randint(0, len(data), (32,), generator=gen)
-        logits = model(data.input_ids[idx], attention_mask=data.attention_mask[idx])  # [B, T, V]
-        loss = score(logits, data.labels[idx]).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if on_backward is not None:
-            on_backward(loss, opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if after_step is not None:
-            after_step(loss)
-    return (time.perf_counter() - start) / n, (time.process_time() - cpu) / n
+        for name, ((model, opt, sched), hooks) in variants.items():
+            wall, cpu = one_step(model, opt, sched, data, gens[name], **hooks)
+            sums[name][0] += wall
+            sums[name][1] += cpu
+    return {k: (w / n, c / n) for k, (w, c) in sums.items()}
 
 
 def _variants(tmp: str, no_wandb: bool):
@@ -139,15 +153,15 @@ def _variants(tmp: str, no_wandb: bool):
     wrun = None
     try:
         if no_wandb:
-            raise ImportError
+            raise ImportError("--no-wandb")
         import wandb
 
         wb = make()
         wrun = wandb.init(project="diagnose-bench", dir=tmp, mode="offline")
         wandb.watch(wb[0], log="all", log_freq=1)
         variants["wandb"] = (wb, {"after_step": lambda loss: wandb.log({"loss": float(loss.detach())})})
-    except ImportError:
-        print("wandb is not installed: its column is skipped", file=sys.stderr)
+    except ImportError as exc:
+        print(f"wandb is skipped ({exc})", file=sys.stderr)
     return variants, monitors, wrun
 
 
@@ -160,7 +174,7 @@ def _heads_variants(tmp: str, variants: dict, monitors: list) -> None:
     for every in (10, 50):
         diag = make()
         with MEASUREMENTS.without(HEAD_SIGNALS):
-            mon = TrainingMonitor(diag[0], os.path.join(tmp, f"run{every}-noheads"), every=1, attention_every=every,
+            mon = TrainingMonitor(diag[0], os.path.join(tmp, f"run{every}-noheads"), attention_every=every,
                                   clip=1.0, echo=False)
         monitors.append(mon)
         variants[f"diag@{every}-noheads"] = (diag, {"on_backward": lambda loss, opt, mon=mon: mon.step(loss, optimizer=opt)})
@@ -245,12 +259,11 @@ def main() -> None:
         _heads_variants(tmp, variants, monitors)
 
     gens = {k: torch.Generator().manual_seed(1) for k in variants}
-    for name, ((model, opt, sched), hooks) in variants.items():  # warm-up, not timed
-        run_steps(model, opt, sched, data, gens[name], 5, **hooks)
+    run_rep(variants, gens, data, 5)  # warm-up, not timed
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
     for _ in range(args.reps):
-        for name, ((model, opt, sched), hooks) in variants.items():
-            times[name].append(run_steps(model, opt, sched, data, gens[name], args.steps, **hooks))
+        for name, t in run_rep(variants, gens, data, args.steps).items():
+            times[name].append(t)
     for mon in monitors:
         mon.close()
     if wrun is not None:
