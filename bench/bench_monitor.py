@@ -12,10 +12,16 @@ all alike; a repetition is --steps steps of each, each variant's time in it is d
 loop's time in the same repetition, and the median ratio over the repetitions is reported, for
 wall-clock and for this process's CPU time. --steps should be a multiple of 50 (every
 repetition then holds the same share of logged steps). The load average before and after is
-printed: the machine may be shared.
+printed: the machine may be shared. Beside the repetitions' ratios, "paired steps": each step of a
+variant against the plain loop's step taken just before it, the median CPU difference per kind of step
+(light, logged, logged with attention) weighted by how often each comes (step_pairs).
+
+--heads adds the monitor without the per-head signals (importance, roles, in-context score: issue 35)
+at attention_every 50 and 10, and prints their own share: paired repetitions, and the sampled steps of
+diag@10 against the same steps of diag@10-noheads.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_monitor.py [--model reference|hand] [--reps 15]
-        [--steps 50] [--d-model 128] [--layers 4] [--no-wandb] [--step-cost]
+        [--steps 50] [--d-model 128] [--layers 4] [--no-wandb] [--heads] [--step-cost]
 """
 
 from __future__ import annotations
@@ -126,16 +132,18 @@ def one_step(model, opt, sched, data, gen, on_backward=None, after_step=None) ->
     return time.perf_counter() - start, time.process_time() - cpu
 
 
-def run_rep(variants: dict, gens: dict, data, n: int) -> dict[str, tuple[float, float]]:
+def run_rep(variants: dict, gens: dict, data, n: int, each: dict | None = None) -> dict[str, tuple[float, float]]:
     """One repetition: n steps of every variant, interleaved step by step (plain's step 0, diag@50's step
     0, ..., plain's step 1, ...), so that a change of the machine's load within the repetition falls on
-    every variant alike; (wall, CPU) seconds per step of each."""
+    every variant alike; (wall, CPU) seconds per step of each. each: {variant: [CPU s of each step]}, appended."""
     sums = {k: [0.0, 0.0] for k in variants}
     for _ in range(n):
         for name, ((model, opt, sched), hooks) in variants.items():
             wall, cpu = one_step(model, opt, sched, data, gens[name], **hooks)
             sums[name][0] += wall
             sums[name][1] += cpu
+            if each is not None:
+                each.setdefault(name, []).append(cpu)
     return {k: (w / n, c / n) for k, (w, c) in sums.items()}
 
 
@@ -180,12 +188,45 @@ def _heads_variants(tmp: str, variants: dict, monitors: list) -> None:
         variants[f"diag@{every}-noheads"] = (diag, {"on_backward": lambda loss, opt, mon=mon: mon.step(loss, optimizer=opt)})
 
 
-def _report_heads(times) -> None:
+def _report_heads(times, each: dict, first: int) -> None:
+    """The per-head signals' share of the step time: from the repetitions' paired ratios, and from the
+    sampled steps alone (each sampled step of diag@10 against the same step of diag@10-noheads, taken one
+    after the other: their median CPU difference, over the plain loop's median step, is the cost of one
+    sample; at the default sampling it is paid once in 50 steps)."""
+    sampled = [i for i in range(len(each["plain"])) if (first + i) % 10 == 0]
+    extra = statistics.median(each["diag@10"][i] - each["diag@10-noheads"][i] for i in sampled)
+    plain = statistics.median(each["plain"])
+    print(f"cpu, sampled steps alone ({len(sampled)} pairs): one sample of the per-head signals costs {extra * 1e3:.2f} ms "
+          f"= {extra / plain * 100:.1f} % of a plain step ({plain * 1e3:.1f} ms): {extra / plain / 50 * 100:.2f} % "
+          f"of the step time at attention_every=50 (the default; goal <= 1 point), {extra / plain / 10 * 100:.2f} % at 10")
     for clock, i in (("wall", 0), ("cpu", 1)):
         share = {e: (statistics.median(t[i] / o[i] for t, o in zip(times[f"diag@{e}"], times[f"diag@{e}-noheads"]))
                      - 1) * 100 for e in (50, 10)}
         print(f"{clock}: per-head importance, roles and in-context score, their own share of the step time: "
               f"{share[50]:.2f} % at attention_every=50 (the default; goal <= 1 point), {share[10]:.2f} % at 10")
+
+
+SCHEDULE = {"diag@50": (10, 50), "diag@10": (10, 10), "every1@10": (1, 10), "diag@50-noheads": (10, 50),
+            "diag@10-noheads": (10, 10), "wandb": (1, 1)}  # (every, attention_every) of each variant
+
+
+def step_pairs(each: dict, first: int) -> dict[str, float]:
+    """Each variant's overhead from its steps paired one by one with the plain loop's step taken just before
+    it: per kind of step (light; logged; logged with attention), the median CPU difference over those pairs,
+    weighted by how often that kind comes, over the plain loop's median step. Steps of one kind cost alike,
+    so a median per kind drops the steps another job's burst hit, which a repetition's sum keeps."""
+    plain = each["plain"]
+    out = {}
+    for name, (every, att) in SCHEDULE.items():
+        if name not in each:
+            continue
+        kinds: dict[int, list[float]] = {}
+        for i, t in enumerate(each[name]):
+            s = first + i
+            kinds.setdefault((s % every == 0) + (s % att == 0), []).append(t - plain[i])
+        share = {k: (1 / att if k == 2 else 1 / every - 1 / att if k == 1 else 1 - 1 / every) for k in kinds}
+        out[name] = sum(share[k] * statistics.median(v) for k, v in kinds.items()) / statistics.median(plain)
+    return out
 
 
 def _report(args, times, load_before) -> None:
@@ -259,18 +300,22 @@ def main() -> None:
         _heads_variants(tmp, variants, monitors)
 
     gens = {k: torch.Generator().manual_seed(1) for k in variants}
-    run_rep(variants, gens, data, 5)  # warm-up, not timed
+    run_rep(variants, gens, data, 5)  # warm-up, not timed: the monitors' steps 0-4
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
+    each: dict[str, list[float]] = {}
     for _ in range(args.reps):
-        for name, t in run_rep(variants, gens, data, args.steps).items():
+        for name, t in run_rep(variants, gens, data, args.steps, each).items():
             times[name].append(t)
     for mon in monitors:
         mon.close()
     if wrun is not None:
         wrun.finish()
     _report(args, times, load_before)
+    pairs = step_pairs(each, first=5)
+    print("cpu, paired steps (median per kind of step, weighted by how often it comes): " + ", ".join(
+        f"{k} {v * 100:+.1f} %" for k, v in pairs.items()))
     if args.heads:
-        _report_heads(times)
+        _report_heads(times, each, first=5)
 
 
 if __name__ == "__main__":
