@@ -6,15 +6,22 @@ intercept), against the same loop unmonitored and the same loop under
 wandb.watch(log="all", log_freq=1) in offline mode. Goals: diagnose <= 3 % at the defaults,
 <= 5 % at attention_every=10, and <= 1/5 of wandb's.
 
-Identical models, one per variant; repetitions are interleaved (plain, diag@50, diag@10,
-every1@10, wandb, plain, ...) so that load on the machine hits all alike; each variant's time
-is divided by the plain loop's time in the same repetition, and the median ratio is reported,
-for wall-clock and for this process's CPU time. --steps should be a multiple of 50 (every
+Identical models, one per variant; the variants are interleaved step by step (plain's step, diag@50's
+step, diag@10's, every1@10's, wandb's, then plain's next step, ...) so that load on the machine hits
+all alike; a repetition is --steps steps of each, each variant's time in it is divided by the plain
+loop's time in the same repetition, and the median ratio over the repetitions is reported, for
+wall-clock and for this process's CPU time. --steps should be a multiple of 50 (every
 repetition then holds the same share of logged steps). The load average before and after is
-printed: the machine may be shared.
+printed: the machine may be shared. Beside the repetitions' ratios, "paired steps": each step of a
+variant against the plain loop's step taken just before it, the median CPU difference per kind of step
+(light, logged, logged with attention) weighted by how often each comes (step_pairs).
+
+--heads adds the monitor without the per-head signals (importance, roles, in-context score: issue 35)
+at attention_every 50 and 10, and prints their own share: paired repetitions, and the sampled steps of
+diag@10 against the same steps of diag@10-noheads.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_monitor.py [--model reference|hand] [--reps 15]
-        [--steps 50] [--d-model 128] [--layers 4] [--no-wandb] [--step-cost]
+        [--steps 50] [--d-model 128] [--layers 4] [--no-wandb] [--heads] [--step-cost]
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from diagnose.monitor import TrainingMonitor  # noqa: E402
+from diagnose.monitor._measure import MEASUREMENTS  # noqa: E402  (the registry, to time the monitor without two entries)
 from diagnose.objectives import score  # noqa: E402
 from diagnose.zoo import ModelConfig, TrainConfig, Transformer, induction, make_optimizer  # noqa: E402
 
@@ -106,23 +114,37 @@ def make(seed: int = 0):
     return model, opt, sched
 
 
-def run_steps(model, opt, sched, data, gen, n, on_backward=None, after_step=None) -> tuple[float, float]:
-    """(wall, CPU) seconds per step over n steps of the zoo training loop (batch 32, clip 1.0)."""
+def one_step(model, opt, sched, data, gen, on_backward=None, after_step=None) -> tuple[float, float]:
+    """(wall, CPU) seconds of one step of the zoo training loop (batch 32, clip 1.0)."""
     start, cpu = time.perf_counter(), time.process_time()
+    idx = torch.randint(0, len(data), (32,), generator=gen)
+    logits = model(data.input_ids[idx], attention_mask=data.attention_mask[idx])  # [B, T, V]
+    loss = score(logits, data.labels[idx]).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if on_backward is not None:
+        on_backward(loss, opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    if after_step is not None:
+        after_step(loss)
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+def run_rep(variants: dict, gens: dict, data, n: int, each: dict | None = None) -> dict[str, tuple[float, float]]:
+    """One repetition: n steps of every variant, interleaved step by step (plain's step 0, diag@50's step
+    0, ..., plain's step 1, ...), so that a change of the machine's load within the repetition falls on
+    every variant alike; (wall, CPU) seconds per step of each. each: {variant: [CPU s of each step]}, appended."""
+    sums = {k: [0.0, 0.0] for k in variants}
     for _ in range(n):
-        idx = torch.randint(0, len(data), (32,), generator=gen)
-        logits = model(data.input_ids[idx], attention_mask=data.attention_mask[idx])  # [B, T, V]
-        loss = score(logits, data.labels[idx]).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if on_backward is not None:
-            on_backward(loss, opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if after_step is not None:
-            after_step(loss)
-    return (time.perf_counter() - start) / n, (time.process_time() - cpu) / n
+        for name, ((model, opt, sched), hooks) in variants.items():
+            wall, cpu = one_step(model, opt, sched, data, gens[name], **hooks)
+            sums[name][0] += wall
+            sums[name][1] += cpu
+            if each is not None:
+                each.setdefault(name, []).append(cpu)
+    return {k: (w / n, c / n) for k, (w, c) in sums.items()}
 
 
 def _variants(tmp: str, no_wandb: bool):
@@ -139,15 +161,15 @@ def _variants(tmp: str, no_wandb: bool):
     wrun = None
     try:
         if no_wandb:
-            raise ImportError
+            raise ImportError("--no-wandb")
         import wandb
 
         wb = make()
         wrun = wandb.init(project="diagnose-bench", dir=tmp, mode="offline")
         wandb.watch(wb[0], log="all", log_freq=1)
         variants["wandb"] = (wb, {"after_step": lambda loss: wandb.log({"loss": float(loss.detach())})})
-    except ImportError:
-        print("wandb is not installed: its column is skipped", file=sys.stderr)
+    except ImportError as exc:
+        print(f"wandb is skipped ({exc})", file=sys.stderr)
     return variants, monitors, wrun
 
 
@@ -160,18 +182,51 @@ def _heads_variants(tmp: str, variants: dict, monitors: list) -> None:
     for every in (10, 50):
         diag = make()
         with MEASUREMENTS.without(HEAD_SIGNALS):
-            mon = TrainingMonitor(diag[0], os.path.join(tmp, f"run{every}-noheads"), every=1, attention_every=every,
+            mon = TrainingMonitor(diag[0], os.path.join(tmp, f"run{every}-noheads"), attention_every=every,
                                   clip=1.0, echo=False)
         monitors.append(mon)
         variants[f"diag@{every}-noheads"] = (diag, {"on_backward": lambda loss, opt, mon=mon: mon.step(loss, optimizer=opt)})
 
 
-def _report_heads(times) -> None:
+def _report_heads(times, each: dict, first: int) -> None:
+    """The per-head signals' share of the step time: from the repetitions' paired ratios, and from the
+    sampled steps alone (each sampled step of diag@10 against the same step of diag@10-noheads, taken one
+    after the other: their median CPU difference, over the plain loop's median step, is the cost of one
+    sample; at the default sampling it is paid once in 50 steps)."""
+    sampled = [i for i in range(len(each["plain"])) if (first + i) % 10 == 0]
+    extra = statistics.median(each["diag@10"][i] - each["diag@10-noheads"][i] for i in sampled)
+    plain = statistics.median(each["plain"])
+    print(f"cpu, sampled steps alone ({len(sampled)} pairs): one sample of the per-head signals costs {extra * 1e3:.2f} ms "
+          f"= {extra / plain * 100:.1f} % of a plain step ({plain * 1e3:.1f} ms): {extra / plain / 50 * 100:.2f} % "
+          f"of the step time at attention_every=50 (the default; goal <= 1 point), {extra / plain / 10 * 100:.2f} % at 10")
     for clock, i in (("wall", 0), ("cpu", 1)):
         share = {e: (statistics.median(t[i] / o[i] for t, o in zip(times[f"diag@{e}"], times[f"diag@{e}-noheads"]))
                      - 1) * 100 for e in (50, 10)}
         print(f"{clock}: per-head importance, roles and in-context score, their own share of the step time: "
               f"{share[50]:.2f} % at attention_every=50 (the default; goal <= 1 point), {share[10]:.2f} % at 10")
+
+
+SCHEDULE = {"diag@50": (10, 50), "diag@10": (10, 10), "every1@10": (1, 10), "diag@50-noheads": (10, 50),
+            "diag@10-noheads": (10, 10), "wandb": (1, 1)}  # (every, attention_every) of each variant
+
+
+def step_pairs(each: dict, first: int) -> dict[str, float]:
+    """Each variant's overhead from its steps paired one by one with the plain loop's step taken just before
+    it: per kind of step (light; logged; logged with attention), the median CPU difference over those pairs,
+    weighted by how often that kind comes, over the plain loop's median step. Steps of one kind cost alike,
+    so a median per kind drops the steps another job's burst hit, which a repetition's sum keeps."""
+    plain = each["plain"]
+    out = {}
+    for name, (every, att) in SCHEDULE.items():
+        if name not in each:
+            continue
+        kinds: dict[int, list[float]] = {}
+        for i, t in enumerate(each[name]):
+            s = first + i
+            kinds.setdefault((s % every == 0) + (s % att == 0), []).append(t - plain[i])
+        share = {k: (1 / att if k == 2 else 1 / every - 1 / att if k == 1 else 1 - 1 / every) for k in kinds}
+        out[name] = sum(share[k] * statistics.median(v) for k, v in kinds.items()) / statistics.median(plain)
+    return out
 
 
 def _report(args, times, load_before) -> None:
@@ -245,19 +300,22 @@ def main() -> None:
         _heads_variants(tmp, variants, monitors)
 
     gens = {k: torch.Generator().manual_seed(1) for k in variants}
-    for name, ((model, opt, sched), hooks) in variants.items():  # warm-up, not timed
-        run_steps(model, opt, sched, data, gens[name], 5, **hooks)
+    run_rep(variants, gens, data, 5)  # warm-up, not timed: the monitors' steps 0-4
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
+    each: dict[str, list[float]] = {}
     for _ in range(args.reps):
-        for name, ((model, opt, sched), hooks) in variants.items():
-            times[name].append(run_steps(model, opt, sched, data, gens[name], args.steps, **hooks))
+        for name, t in run_rep(variants, gens, data, args.steps, each).items():
+            times[name].append(t)
     for mon in monitors:
         mon.close()
     if wrun is not None:
         wrun.finish()
     _report(args, times, load_before)
+    pairs = step_pairs(each, first=5)
+    print("cpu, paired steps (median per kind of step, weighted by how often it comes): " + ", ".join(
+        f"{k} {v * 100:+.1f} %" for k, v in pairs.items()))
     if args.heads:
-        _report_heads(times)
+        _report_heads(times, each, first=5)
 
 
 if __name__ == "__main__":

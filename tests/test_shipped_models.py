@@ -76,3 +76,15 @@ def test_make_models_writes_what_the_loader_accepts(tmp_path: Path, monkeypatch)
         model, entry = _shipped.load(v, _split(v, {})[1], tmp_path)
         assert set(entry["files"]) == {f"{v.name}.safetensors", *(f"{v.name}-run/{f}" for f in _shipped.RUN_FILES)}
         assert sum(p.numel() for p in model.parameters()) > 0
+    # --only remakes the one named and keeps every file and entry of the others as they were
+    kept = {v.name: (tmp_path / f"{v.name}.safetensors").read_bytes() for v in short}
+    again = [replace(v, train=replace(v.train, steps=21)) if v.name == "padding" else v for v in short]
+    monkeypatch.setattr(mm, "demo_variants", lambda: again)
+    remade = json.loads(mm.make(tmp_path, only=["padding"]).read_text())
+    assert remade["made"] == made["made"] and remade["models"]["padding"]["made"]["torch"]
+    assert {k: v for k, v in remade["models"].items() if k != "padding"} == {k: v for k, v in made["models"].items()
+                                                                           if k != "padding"}
+    assert all((tmp_path / f"{n}.safetensors").read_bytes() == b for n, b in kept.items() if n != "padding")
+    assert remade["models"]["padding"]["recipe"]["train"]["steps"] == 21
+    with pytest.raises(DiagnoseError, match="--only 'nope': no demo model of that name"):
+        mm.make(tmp_path, only=["nope"])

@@ -21,6 +21,7 @@ from ..monitor import TrainingMonitor, read_run
 from ..zoo import ModelConfig, TaskData, TrainConfig, Transformer, induction, order, padded_majority, train
 from ..zoo.train import evaluate
 from . import _head_lesson as head_lesson
+from . import _induction_lesson as induction_lesson
 from . import _shipped
 
 SCHEMA = "diagnose.lessons/1"
@@ -252,6 +253,8 @@ LESSONS = [
     Lesson("heads", head_lesson.TITLE, "A head that puts its weight on the first token may do nothing at all; "
            "only removing heads shows which carry the task.", "order", "order",
            lambda a, _: heads_lesson(a)),
+    Lesson("induction", induction_lesson.TITLE, induction_lesson.CLAIM, "induction", "induction",
+           lambda a, _: induction_lesson.measure(a.model, a.eval_data.tensors(), a.eval_data.task, a.run_dir)),
 ]
 
 
