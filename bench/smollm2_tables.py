@@ -1,18 +1,19 @@
 """The tables of docs/real-model.md's SmolLM2 section, from the JSONs `diagnose heads` wrote (issue 32, item 4).
 
 Nothing here measures: it reads what the CLI wrote and prints Markdown, so that anyone who reruns the
-commands gets the tables from their own files. Every file is optional; a missing one prints a line saying
-which command makes it. DIR holds (the names the docs' commands use):
+commands gets the tables from their own files. The files (each optional; the docs' commands write them):
 
-- ioi.json:          diagnose heads smol --data ioi.pt --json ioi.json           (exact, direct effects)
-- ioi-fast.json:     diagnose heads smol --data ioi.pt --fast --top 10 --json ioi-fast.json
-- ioi-methods.json:  diagnose heads smol --data ioi-m.pt --methods zero,mean,resample --no-direct --json ...
-- repeated.json:     diagnose heads smol --data repeated.pt --json repeated.json
+- --ioi:      diagnose heads smol --data ioi.pt --methods zero,mean,resample --json ioi.json: the exact sweep
+              under zero ablation with direct effects, attention statistics and the --fast estimate of every
+              head, and each head's verdict under the three methods (agreement); without --methods the
+              agreement table is left out
+- --fast:     diagnose heads smol --data ioi.pt --fast --top 10 --json ioi-fast.json (the same data)
+- --repeated: diagnose heads smol --data repeated.pt --json repeated.json
 
 Where `/usr/bin/time -v` wrote its report beside a JSON as <name>.err (the docs' commands do), its CPU time
 and peak memory are printed with the JSON's own timing.
 
-Run: .venv/bin/python bench/smollm2_tables.py DIR
+Run: .venv/bin/python bench/smollm2_tables.py --ioi ioi.json --fast ioi-fast.json --repeated repeated.json
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 from scipy.stats import spearmanr
 
@@ -101,6 +101,9 @@ def _listed(title: str, heads: list[dict], show) -> None:
 
 def fast_table(exact: dict, fast: dict, path: Path) -> None:
     """--fast's estimate for every head against the exact Δloss, and the exact top 10 among its verified top."""
+    if fast["n_examples"] != exact["n_examples"] or len(fast["heads"]) != len(exact["heads"]):
+        raise SystemExit(f"{path}: {fast['n_examples']} examples and {len(fast['heads'])} heads, against the exact "
+                         f"sweep's {exact['n_examples']} and {len(exact['heads'])}: run both on the same data")
     est = {name(h): h[fast["fast"]["ranked_by"]] for h in fast["heads"]}
     true = {name(h): h["delta_loss"] for h in exact["heads"]}
     keys = sorted(true)
@@ -171,31 +174,20 @@ def _stat_row(h: dict, loss_rank: dict[str, int]) -> str:
             f"{h['verdict']} | {h['role']} |")
 
 
-def load(folder: Path, file: str, command: str) -> dict[str, Any] | None:
-    path = folder / file
-    if not path.exists():
-        print(f"\n({file} is missing: {command})")
-        return None
-    return json.loads(path.read_text())
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path, help="the folder holding the JSONs (see the module's docstring)")
-    folder = parser.parse_args(argv).folder
-    exact = load(folder, "ioi.json", "diagnose heads smol --data ioi.pt --json ioi.json")
-    if exact is not None:
-        ioi_tables(folder / "ioi.json", exact)
-    fast = load(folder, "ioi-fast.json", "diagnose heads smol --data ioi.pt --fast --top 10 --json ioi-fast.json")
-    if exact is not None and fast is not None:
-        fast_table(exact, fast, folder / "ioi-fast.json")
-    methods = load(folder, "ioi-methods.json", "diagnose heads smol --data ioi-m.pt --methods zero,mean,resample "
-                   "--no-direct --json ioi-methods.json")
-    if methods is not None:
-        methods_table(folder / "ioi-methods.json", methods)
-    repeated = load(folder, "repeated.json", "diagnose heads smol --data repeated.pt --json repeated.json")
-    if repeated is not None:
-        repeated_table(folder / "repeated.json", repeated)
+    for option in ("ioi", "fast", "repeated"):
+        parser.add_argument(f"--{option}", type=Path, help="a diagnose.heads JSON (see the module's docstring)")
+    args = parser.parse_args(argv)
+    docs = {k: json.loads(v.read_text()) for k, v in vars(args).items() if v is not None}
+    if "ioi" in docs:
+        ioi_tables(args.ioi, docs["ioi"])
+        if docs["ioi"].get("agreement"):
+            methods_table(args.ioi, docs["ioi"])
+    if "ioi" in docs and "fast" in docs:
+        fast_table(docs["ioi"], docs["fast"], args.fast)
+    if "repeated" in docs:
+        repeated_table(args.repeated, docs["repeated"])
 
 
 if __name__ == "__main__":
