@@ -165,6 +165,12 @@ def repeated_table(path: Path, doc: dict) -> None:
     for h in by_loss[:TOP]:
         print(f"| {name(h)} | {ci(h['delta_loss'], h['delta_loss_ci'])} | {h['attention'].get('induction', 0):.3f} "
               f"| {ind_rank[name(h)]} | {ci(h['direct_delta_loss'], None)} | {h['verdict']} | {h['role']} |")
+    _listed("Compensated (direct effect matters, total does not)", [h for h in heads if h["compensated"]],
+            lambda h: f"{name(h)} (direct {h['direct_delta_loss']:+.3f}, total {h['delta_loss']:+.3f})")
+    fast = doc["correlations"].get("second_order_delta_loss") or {}
+    if fast.get("rho") is not None:
+        print(f"\nThe --fast estimate (second order) against the exact Δloss over all {fast['n']} heads, Spearman: "
+              f"{fast['rho']:+.3f}.")
 
 
 def _stat_row(h: dict, loss_rank: dict[str, int]) -> str:
