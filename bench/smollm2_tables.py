@@ -72,8 +72,8 @@ def ioi_tables(path: Path, doc: dict) -> None:
           "| verdict | role |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
     for h in sorted(heads, key=lambda h: -h["delta_loss"])[:TOP]:
         print(_effect_row(h))
-    print(f"\nThe {TOP} largest direct effects:\n\n| head | direct Δloss [95 % CI] | total Δloss [95 % CI] | self_repair "
-          "| compensated | verdict |\n| --- | --- | --- | --- | --- | --- |")
+    print(f"\nThe {TOP} largest direct effects:\n\n| head | direct Δloss [95 % CI] | total Δloss [95 % CI] "
+          "| self_repair | compensated | verdict |\n| --- | --- | --- | --- | --- | --- |")
     measured = [h for h in heads if h["direct_delta_loss"] is not None]
     for h in sorted(measured, key=lambda h: -h["direct_delta_loss"])[:TOP]:
         print(f"| {name(h)} | {ci(h['direct_delta_loss'], h['direct_delta_loss_ci'])} | "
