@@ -16,6 +16,8 @@ Parts (each its own child process, so that its peak memory, VmHWM, is its own):
   per head does not depend on the layer); the differences to ours are checked on the heads it ran.
 - probe: one forward's CPU time per sequence at 2 to 64 sequences, logits at every position against the last
   only (transformers' logits_to_keep=1): what the unembedding costs, and how rows per forward pay.
+- profile: the default sweep under cProfile (CPU-time clock) on the first --profile-layers layers: CPU seconds
+  per stage (ablation, heads closed together, direct effects, attention statistics, roles, the rest).
 - growth: the sweep (attention off) on the first --growth-layers layers and on 32/64 examples (cost per head),
   and a random-init model of SmolLM2's width with 6 layers and vocabulary 8,192 / 49,152, logits cut to the
   scored position (ours) or made at every position (the adapter's output layer hidden).
@@ -217,6 +219,34 @@ def part_growth(folder: Path, layers: list[int], examples: list[int]) -> dict:
     return out
 
 
+STAGES = {"ablation (every head, prefix replay)": ("sweep.py", "ablate"),
+          "heads closed together (look-alike groups, flags)": ("contrast.py", "flags_with_groups"),
+          "direct effects": ("engine.py", "_direct_effects"), "attention statistics": ("engine.py", "_attention"),
+          "roles (clustering)": ("roles.py", "assign")}
+
+
+def part_profile(folder: Path, n: int, n_layers: int) -> dict:
+    """Where the default sweep's CPU time goes: ablate_heads (CLI defaults) under cProfile with a CPU-time clock,
+    on the first n_layers layers (ablation grows with layers squared, the other stages linearly)."""
+    import cProfile
+    import pstats
+
+    from diagnose.ablation import ablate_heads
+
+    model, data = load(folder), ioi(folder, n)
+    model.model.layers = model.model.layers[:n_layers]
+    model.config.num_hidden_layers = n_layers
+    profile = cProfile.Profile(time.process_time)
+    result = profile.runcall(lambda: ablate_heads(model, data, task="lm", batch_size=BATCH, progress=False))
+    stats = pstats.Stats(profile).stats  # {(file, line, name): (calls, primitive, tottime, cumtime, callers)}
+    total = sum(v[2] for v in stats.values())
+    cpu = {stage: sum(v[3] for (file, _, name), v in stats.items() if file.endswith("/ablation/" + f) and name == fn)
+           for stage, (f, fn) in STAGES.items()}
+    cpu["other (clean passes with gradients, baseline, analyses)"] = total - sum(cpu.values())
+    return {"part": "profile", "layers": n_layers, "examples": n, "cpu_s": total, "stages_cpu_s": cpu,
+            "forward_passes": result.timing["forward_passes"], "peak_mb": peak_bytes() / 2 ** 20}
+
+
 def part_probe(folder: Path) -> dict:
     """CPU seconds per sequence of one forward (no grad), logits at every position or at the last only."""
     model, ids = load(folder), ioi(folder, 64)["input_ids"]
@@ -238,6 +268,8 @@ def child(args) -> None:
         out = part_sweep(folder, args.examples, args.part == "fast")
     elif args.part == "probe":
         out = part_probe(folder)
+    elif args.part == "profile":
+        out = part_profile(folder, args.examples, args.profile_layers)
     elif args.part == "peer":
         out = part_peer(folder, args.examples, [int(x) for x in args.peer_layers.split(",")])
     else:
@@ -250,10 +282,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--parts", default="sweep,fast,peer", help="comma-separated: sweep, fast, peer, probe, "
-                        "growth")
+                        "growth, profile")
     parser.add_argument("--examples", type=int, default=128)
     parser.add_argument("--peer-layers", default="0,15,29", help="layers whose heads the peer loop runs")
     parser.add_argument("--growth-layers", default="10,20,30")
+    parser.add_argument("--profile-layers", type=int, default=6, help="layers the profile part keeps")
     parser.add_argument("--folder", default="/tmp/diagnose-smollm2", help="where the converted model is kept")
     parser.add_argument("--out", default=None, help="also write every part's result to this JSON file")
     parser.add_argument("--part", default=None, help=argparse.SUPPRESS)  # a child's one part
@@ -265,7 +298,7 @@ def main() -> None:
     for part in args.parts.split(","):
         cmd = [sys.executable, __file__, "--part", part, "--threads", str(args.threads), "--examples",
                str(args.examples), "--peer-layers", args.peer_layers, "--growth-layers", args.growth_layers,
-               "--folder", args.folder]
+               "--profile-layers", str(args.profile_layers), "--folder", args.folder]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         run = subprocess.run(cmd, env=env, capture_output=True, text=True)
         line = next((x for x in run.stdout.splitlines() if x.startswith("RESULT ")), None)

@@ -6,15 +6,16 @@ features of the output projection. nn.Linear stores weight [out, in]; Hugging Fa
 (GPT-2) stores weight [in, out], the transpose.
 
 Grouped-query attention: query head q reads key/value head q // n_rep. A key/value head goes only
-when its whole group of query heads goes. The groups left must be the same size (transformers
-repeats every key/value head n_rep times); when they are not, each surviving key/value head is
-repeated (its k/v rows copied) so that every group has r = gcd(group sizes) queries: exact, at the
-cost of some key/value rows.
+when its whole group of query heads goes; one whose group keeps any query is kept whole, once. The
+groups left must be the same size (transformers repeats every key/value head num_key_value_groups
+times); when they are not, each smaller group is padded to the largest with empty query slots (a
+removed query's place, its q rows and output-projection columns zeroed, so it adds exactly 0). The
+padding costs what copying key/value heads would, but the layer never grows: at most n_rep query
+slots per key/value head kept, as the original had.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
@@ -30,21 +31,30 @@ def cut_heads(attn: nn.Module, out_proj: nn.Module, layout: ProjectionLayout, ke
     """Keep only the query heads `keep` of one attention module (in place), as `layout` declares it.
 
     fill [H * D]: the removed heads' mean outputs (mean ablation), folded into the output bias.
-    Returns what the result notes (grouped-query attention: key/value heads kept and copied), else {}.
+    Returns what the result notes (grouped-query attention: key/value heads kept, query slots, of them padding),
+    else {}.
     """
     keep = sorted(keep)
-    kv, r = _kv_heads(keep, n_heads, n_kv_heads)
+    kv, slots = _groups(keep, n_heads, n_kv_heads) if any(p.kv for p in layout.inputs) else ([], keep)
+    blank = [i for i, h in enumerate(slots) if h not in keep]  # padding slots: zeroed, they add nothing
     for proj in layout.inputs:
-        heads = kv if proj.kv else keep
+        heads = kv if proj.kv else slots
         keep_outputs(attn.get_submodule(proj.path), _rows(proj.kind, heads, n_heads, head_dim), conv1d=layout.conv1d)
-    keep_inputs(out_proj, head_index(keep, head_dim), conv1d=layout.conv1d, fold=fill)
-    for paths, value in ((layout.heads, len(keep)), (layout.widths, len(keep) * head_dim), (layout.kv_groups, r)):
+        if not proj.kv and blank:
+            _zero(attn.get_submodule(proj.path), head_index(blank, head_dim), conv1d=layout.conv1d, outputs=True)
+    if fill is not None:
+        fold_inputs(out_proj, head_index(keep, head_dim), fill, conv1d=layout.conv1d)
+    keep_inputs(out_proj, head_index(slots, head_dim), conv1d=layout.conv1d)
+    if blank:
+        _zero(out_proj, head_index(blank, head_dim), conv1d=layout.conv1d, outputs=False)
+    r = len(slots) // max(len(kv), 1)
+    for paths, value in ((layout.heads, len(slots)), (layout.widths, len(slots) * head_dim), (layout.kv_groups, r)):
         for path in paths:
             owner, _, name = path.rpartition(".")
             setattr(attn.get_submodule(owner), name, value)
     if not any(p.kv for p in layout.inputs):
         return {}
-    return {"kv_heads": len(kv), "kv_copies": len(kv) - len(set(kv))}
+    return {"kv_heads": len(kv), "query_slots": len(slots), "padded": len(blank)}
 
 
 def _rows(kind: str, heads: Sequence[int], n_heads: int, head_dim: int) -> torch.Tensor:
@@ -56,14 +66,19 @@ def _rows(kind: str, heads: Sequence[int], n_heads: int, head_dim: int) -> torch
     return head_index(heads, head_dim)
 
 
-def _kv_heads(keep: list[int], n_heads: int, n_kv_heads: int) -> tuple[list[int], int]:
-    """The key/value heads to keep, a head repeated for each r queries it serves, and r."""
+def _groups(keep: list[int], n_heads: int, n_kv_heads: int) -> tuple[list[int], list[int]]:
+    """The key/value heads kept (each once: those whose group keeps a query) and the query slots, group by
+    group: its kept queries, then removed ones of the same group as padding up to the largest group left."""
     n_rep = n_heads // n_kv_heads
-    sizes: dict[int, int] = {}
+    groups: dict[int, list[int]] = {}
     for q in keep:
-        sizes[q // n_rep] = sizes.get(q // n_rep, 0) + 1  # kv head -> query heads kept in its group
-    r = math.gcd(*sizes.values()) if sizes else 1
-    return [g for g, n in sorted(sizes.items()) for _ in range(n // r)], r  # each copy serves r queries
+        groups.setdefault(q // n_rep, []).append(q)
+    r = max((len(g) for g in groups.values()), default=0)
+    slots = []
+    for g, kept in sorted(groups.items()):
+        spare = [q for q in range(g * n_rep, (g + 1) * n_rep) if q not in kept]
+        slots += sorted(kept + spare[:r - len(kept)])
+    return sorted(groups), slots
 
 
 def head_index(heads: Sequence[int], head_dim: int, offset: int = 0) -> torch.Tensor:
@@ -83,25 +98,38 @@ def keep_outputs(layer: nn.Module, index: torch.Tensor, *, conv1d: bool = False)
     _set_features(layer, out=len(index), conv1d=conv1d)
 
 
-def keep_inputs(layer: nn.Module, index: torch.Tensor, *, conv1d: bool = False,
-                fold: torch.Tensor | None = None) -> None:
-    """Keep only the input features `index` of a Linear (or Conv1D) in place.
-
-    fold [in]: a constant input the removed features are replaced by (mean ablation); its
-    contribution W[:, removed] @ fold moves into the bias, so the output is unchanged.
-    """
+def fold_inputs(layer: nn.Module, kept: torch.Tensor, fold: torch.Tensor, *, conv1d: bool = False) -> None:
+    """Move the contribution W[:, removed] @ fold of the input features not in `kept` into the bias (in
+    place): fold [in] is the constant those features are replaced by (mean ablation), so once they are cut
+    the output is unchanged."""
     with torch.no_grad():
         w = layer.weight.detach()
-        if fold is not None:
-            dropped = torch.ones(w.shape[0] if conv1d else w.shape[1], dtype=torch.bool)
-            dropped[index] = False
-            full = w.t() if conv1d else w  # [out, in]
-            shift = full[:, dropped].double() @ fold[dropped].double().to(w.device)  # [out]
-            layer.bias = nn.Parameter((layer.bias.detach().double() + shift).to(w.dtype),
-                                      requires_grad=layer.bias.requires_grad)
+        dropped = torch.ones(w.shape[0] if conv1d else w.shape[1], dtype=torch.bool)
+        dropped[kept] = False
+        full = w.t() if conv1d else w  # [out, in]
+        shift = full[:, dropped].double() @ fold[dropped].double().to(w.device)  # [out]
+        layer.bias = nn.Parameter((layer.bias.detach().double() + shift).to(w.dtype),
+                                  requires_grad=layer.bias.requires_grad)
+
+
+def keep_inputs(layer: nn.Module, index: torch.Tensor, *, conv1d: bool = False) -> None:
+    """Keep only the input features `index` of a Linear (or Conv1D) in place."""
+    with torch.no_grad():
+        w = layer.weight.detach()
         new_w = (w[index] if conv1d else w[:, index]).clone()
         layer.weight = nn.Parameter(new_w, requires_grad=layer.weight.requires_grad)
     _set_features(layer, inp=len(index), conv1d=conv1d)
+
+
+def _zero(layer: nn.Module, index: torch.Tensor, *, conv1d: bool, outputs: bool) -> None:
+    """Zero the output (or input) features `index` of a Linear (or Conv1D) in place, bias included."""
+    with torch.no_grad():
+        if outputs != conv1d:  # nn.Linear holds [out, in]: outputs are its rows; Conv1D the transpose
+            layer.weight[index] = 0
+        else:
+            layer.weight[:, index] = 0
+        if outputs and getattr(layer, "bias", None) is not None:
+            layer.bias[index] = 0
 
 
 def _set_features(layer: nn.Module, *, out: int | None = None, inp: int | None = None, conv1d: bool) -> None:

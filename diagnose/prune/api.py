@@ -172,9 +172,10 @@ def _result(run: _Pruned) -> PruneResult:
         notes.append("layers left with no heads keep their output projection's bias: their attention output is "
                      "exactly that bias, as in the gated model")
     for layer, note in sorted(pruned.notes.items()):
-        if note.get("kv_copies"):
-            notes.append(f"layer {layer}: the query groups left differ in size, so {note['kv_copies']} key/value "
-                         f"head(s) were copied to keep grouped-query attention exact")
+        if note.get("padded"):
+            notes.append(f"layer {layer}: the query groups left differ in size, so {note['padded']} empty query "
+                         f"slot(s) (zero weights, adding exactly 0) pad them to {note['query_slots']} for "
+                         f"{note['kv_heads']} key/value head(s): transformers needs equal groups")
     info = ModelInfo(family_of(sites), type(model).__name__, len(sites), [s.n_heads for s in sites],
                      getattr(model, "diagnose_format", None))
     return PruneResult(

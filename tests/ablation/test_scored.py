@@ -109,3 +109,24 @@ def test_most_positions_scored_keeps_every_logit(lm, ioi):
     data = {"input_ids": ioi["input_ids"][:4]}  # no labels: every next token is scored
     result = ablate_heads(lm, data, task="lm", progress=False, attention=False, direct=False)
     assert result.timing["logits"]["used"] is False and "positions are scored" in result.timing["logits"]["reason"]
+
+
+def test_heads_closed_together_make_logits_at_the_scored_positions_only(lm, ioi):
+    from diagnose import ablate_together
+
+    sites, shapes = find_heads(lm), []
+    hook = lm.get_output_embeddings().register_forward_hook(lambda m, args, out: shapes.append(tuple(out.shape)))
+    try:
+        group = ablate_together(lm, ioi, [(0, 1), (1, 2)], task="lm", batch_size=N)
+    finally:
+        hook.remove()
+    assert shapes and all(s[1] <= 2 for s in shapes[-2:])  # the clean and the closed pass: 2 scored positions
+    n_units = float((ioi["labels"] != IGNORE).sum())
+
+    def loss() -> float:  # both heads removed by hand: o_proj's input slices zeroed, full logits
+        with torch.no_grad():
+            return float(score(lm(input_ids=ioi["input_ids"]).logits, ioi["labels"]).loss_sum.sum()) / n_units
+    removed = with_head_weights_zeroed(sites[0].out_proj.weight, 1, 1, sites[0].head_dim,
+                                       lambda: with_head_weights_zeroed(sites[1].out_proj.weight, 1, 2,
+                                                                        sites[1].head_dim, loss))
+    assert group.loss == pytest.approx(removed, abs=loss_tol(removed, **size_of(lm)))

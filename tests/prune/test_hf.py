@@ -97,22 +97,34 @@ def test_three_families_cut_equal_the_zeroed_model_and_load_without_diagnose(tmp
     assert cfg["diagnose_pruned"]["heads_left"] == heads_left["llama"]
 
 
+def _params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
-def test_llama_uneven_groups_copy_kv_heads_and_stay_exact(impl):
+def test_llama_gqa_cuts_queries_only_and_never_grows(impl, tmp_path):
+    """SmolLM2's layout in small: 3 query heads per key/value head. Uneven groups are padded with empty query
+    slots, a key/value head goes only with its whole group, none is copied; the folder loads in transformers."""
     from diagnose.prune.cut import cut
 
-    model = llama(impl)
-    sites = find_heads(model)
-    result = cut(model, sites, [(0, 0)])  # layer 0 keeps 1 + 2 queries in its two kv groups
-    assert result.notes[0]["kv_copies"] == 1  # group 1's kv head serves 2 queries as 2 copies of 1
-    attn = result.model.model.layers[0].self_attn
-    assert attn.num_key_value_groups == 1 and attn.k_proj.out_features == 3 * 8
-    inputs = {"input_ids": _ids()}
-    assert_close(outputs(result.model, inputs), outputs(zeroed(model, sites, [(0, 0)]), inputs), sites)
-    whole = cut(model, sites, [(1, 0), (1, 1)])  # a whole group goes: its kv head goes too
-    attn = whole.model.model.layers[1].self_attn
-    assert attn.num_key_value_groups == 2 and attn.k_proj.out_features == 8 and whole.notes[1]["kv_copies"] == 0
-    assert_close(outputs(whole.model, inputs), outputs(zeroed(model, sites, [(1, 0), (1, 1)]), inputs), sites)
+    model = _hf("Llama", impl, hidden_size=48, num_attention_heads=6, num_key_value_heads=2)
+    sites, inputs = find_heads(model), {"input_ids": _ids()}
+    cases = {((0, 0),): (2, 6, 1), ((0, 0), (0, 1), (0, 3)): (2, 4, 1), ((1, 0), (1, 1), (1, 2)): (1, 3, 0)}
+    for removed, (kv, slots, padded) in cases.items():
+        layer = removed[0][0]
+        result = cut(model, sites, list(removed))
+        assert result.notes[layer] == {"kv_heads": kv, "query_slots": slots, "padded": padded}
+        attn = result.model.model.layers[layer].self_attn
+        assert (attn.k_proj.out_features, attn.v_proj.out_features, attn.q_proj.out_features) == (kv * 8, kv * 8,
+                                                                                               slots * 8)
+        assert attn.num_key_value_groups * kv == slots and attn.o_proj.in_features == slots * 8
+        assert _params(result.model) <= _params(model) - 2 * 48 * 8 * (6 - slots) - 2 * 48 * 8 * (2 - kv)
+        assert_close(outputs(result.model, inputs), outputs(zeroed(model, sites, list(removed)), inputs), sites)
+    result = diagnose.prune_heads(model, inputs, limit=4, max_loss=100.0)  # the whole path: choose, cut, save
+    assert result.size.parameters_after < result.size.parameters_before
+    result.save_pretrained(tmp_path / "cut")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "cut", trust_remote_code=True)
+    assert_close(outputs(loaded, inputs), outputs(zeroed(model, sites, result.removed), inputs), sites)
 
 
 def test_the_choice_ranks_by_the_same_estimate_as_ablate_heads_fast():
