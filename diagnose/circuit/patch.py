@@ -38,10 +38,12 @@ SENDERS = 8  # senders whose changes are summed at a time inside a hook
 
 @dataclass
 class Outcome:
-    """Per-example sums of K removed sets on one batch: loss_sum [K, B], correct [K, B]."""
+    """Per-example sums of K removed sets on one batch: loss_sum [K, B], correct [K, B]; diff_sum [K, B] the
+    logit difference label - wrong answer, where the data names wrong answers (else None)."""
 
     loss_sum: torch.Tensor
     correct: torch.Tensor
+    diff_sum: torch.Tensor | None = None
 
 
 class Patcher:
@@ -80,14 +82,15 @@ class Patcher:
     def removed(self, clean: Clean, normed: dict[int, torch.Tensor], sets: torch.Tensor) -> Outcome:
         """Outcomes of removing each row of `sets` [K, E] (bool over self.edges), K per forward."""
         parts = [self._draws(clean, normed, sets[i:i + PER_FORWARD]) for i in range(0, len(sets), PER_FORWARD)]
-        return Outcome(torch.cat([p.loss_sum for p in parts]), torch.cat([p.correct for p in parts]))
+        diff = None if parts[0].diff_sum is None else torch.cat([p.diff_sum for p in parts])
+        return Outcome(torch.cat([p.loss_sum for p in parts]), torch.cat([p.correct for p in parts]), diff)
 
     def _draws(self, clean: Clean, normed: dict[int, torch.Tensor], sets: torch.Tensor) -> Outcome:
         outs = [self._forward(clean, normed, sets, draw) for draw in range(self.sweep.draws)]
         if len(outs) == 1:
             return outs[0]
-        return Outcome(torch.stack([o.loss_sum.double() for o in outs]).mean(0),
-                       torch.stack([o.correct.double() for o in outs]).mean(0))
+        mean = lambda key: torch.stack([getattr(o, key).double() for o in outs]).mean(0)  # noqa: E731
+        return Outcome(mean("loss_sum"), mean("correct"), None if outs[0].diff_sum is None else mean("diff_sum"))
 
     def _forward(self, clean: Clean, normed: dict[int, torch.Tensor], sets: torch.Tensor, draw: int) -> Outcome:
         K, B = len(sets), clean.batch
@@ -98,8 +101,9 @@ class Patcher:
             logits = logits_of(call_model(self.sweep.model, repeat_batch(clean.inputs, K, B)))
         self.forwards += 1
         self.sweep.count_forward(K * B)
-        sc = score(logits.reshape(K * B, *logits.shape[1:]), repeat_batch(clean.targets, K, B))
-        return Outcome(sc.loss_sum.view(K, B), sc.correct.view(K, B))
+        wrong = None if clean.wrong is None else repeat_batch(clean.wrong, K, B)
+        sc = score(logits.reshape(K * B, *logits.shape[1:]), repeat_batch(clean.targets, K, B), wrong)
+        return Outcome(sc.loss_sum.view(K, B), sc.correct.view(K, B), None if wrong is None else sc.diff_sum.view(K, B))
 
     @contextmanager
     def _observing(self, writes: dict[int, torch.Tensor], rows, draw: int) -> Iterator[None]:
@@ -177,13 +181,18 @@ class Patcher:
 
 @dataclass
 class Measured:
-    """Per-example sums over the data: clean loss_sum, correct, count [N]; per removed set [N, M]."""
+    """Per-example sums over the data: clean loss_sum, correct, count [N]; per removed set [N, M]. Where the
+    data names wrong answers: the clean logit difference diff [N] over diff_count [N] units, per set set_diff
+    [N, M] (else None)."""
 
     loss_sum: Any
     correct: Any
     count: Any
     set_loss: Any
     set_correct: Any
+    diff: Any = None
+    diff_count: Any = None
+    set_diff: Any = None
 
 
 def over_data(patcher: Patcher, batches: Sequence[tuple[Any, Any]], sets: torch.Tensor) -> Measured:
@@ -193,6 +202,7 @@ def over_data(patcher: Patcher, batches: Sequence[tuple[Any, Any]], sets: torch.
     from ..ablation.steps import indexed
 
     parts: list[tuple] = []
+    diffs: list[tuple] = []
     for inputs, labels, rows in indexed(batches, 0):
         clean, normed = patcher.clean(inputs, labels, rows)
         out = patcher.removed(clean, normed, sets) if len(sets) else None
@@ -201,4 +211,10 @@ def over_data(patcher: Patcher, batches: Sequence[tuple[Any, Any]], sets: torch.
                       clean.count.double().cpu().numpy(),
                       np.zeros((B, 0)) if out is None else out.loss_sum.double().cpu().numpy().T,
                       np.zeros((B, 0)) if out is None else out.correct.double().cpu().numpy().T))
-    return Measured(*(np.concatenate([p[i] for p in parts]) for i in range(5)))
+        if clean.diff_sum is not None:
+            diffs.append((clean.diff_sum.double().cpu().numpy(), clean.diff_count.double().cpu().numpy(),
+                          np.zeros((B, 0)) if out is None else out.diff_sum.double().cpu().numpy().T))
+    joined = [np.concatenate([p[i] for p in parts]) for i in range(5)]
+    if diffs:
+        joined += [np.concatenate([p[i] for p in diffs]) for i in range(3)]
+    return Measured(*joined)
