@@ -27,6 +27,7 @@ import torch
 from .edges import Edge
 
 RESAMPLES = 20
+FIRST = 4  # prefixes per order in the search's first round (then twice as many each round)
 
 
 @dataclass
@@ -91,32 +92,46 @@ def faithfulness(empty: np.ndarray, circuit: np.ndarray, clean: np.ndarray, w: n
     return float(w @ (empty - circuit)) / gap if abs(gap) > 1e-12 else float("nan")
 
 
-def prefix(search: Search, order: Sequence[Edge], target: float, w: np.ndarray | None = None) -> int:
-    """The shortest prefix of `order` whose F (on weights w) reaches target; len(order) when none does."""
-    kept = [frozenset(order[:k]) for k in range(len(order) + 1)]
-    losses = search.losses(kept)
-    for k in range(1, len(order) + 1):
-        if faithfulness(losses[0], losses[k], search.clean, w) >= target:
-            return k
-    return len(order)
+def prefixes(search: Search, orders: Sequence[Sequence[Edge]], target: float,
+             weights: Sequence[np.ndarray | None]) -> list[int]:
+    """Per order, the shortest prefix whose F (on its weights) reaches target; len(order) when none does.
+    Every order's next prefixes are evaluated together, FIRST, then twice as many each round: one pass over
+    the data per round, not per order, and the long prefixes a circuit found early never needs are not run."""
+    found: list[int | None] = [None] * len(orders)
+    start, size = 1, FIRST
+    while any(k is None for k in found):
+        stop = start + size
+        todo = [i for i, k in enumerate(found) if k is None]
+        ks = {i: range(start, min(stop, len(orders[i]) + 1)) for i in todo}
+        kept = [frozenset()] + [frozenset(orders[i][:k]) for i in todo for k in ks[i]]
+        losses = dict(zip(kept, search.losses(kept)))
+        empty = losses[frozenset()]
+        for i in todo:
+            order, w = orders[i], weights[i]
+            k = next((k for k in ks[i] if faithfulness(empty, losses[frozenset(order[:k])], search.clean, w) >= target),
+                     None)
+            found[i] = k if k is not None else (len(order) if stop > len(order) else None)
+        start, size = stop, 2 * size
+    return [int(k) for k in found]
 
 
 def minimal(search: Search, order: Sequence[Edge], per_edge: np.ndarray, target: float, *, resamples: int,
             n_boot: int, seed: int) -> tuple[Circuit, dict[Edge, float]]:
     """The circuit of the ranked `order` and each verified edge's inclusion frequency; per_edge [N, M]: each
-    edge's per-example change in loss when removed alone (columns in `order`'s order), for the re-ranking."""
-    k = prefix(search, order, target)
-    edges = list(order[:k])
+    edge's per-example change in loss when removed alone (columns in `order`'s order), for the re-ranking.
+    The resamples' circuits are searched together with the main one (prefixes)."""
+    n = per_edge.shape[0]
+    rng = np.random.default_rng(seed)
+    weights = [None] + [rng.multinomial(n, np.full(n, 1.0 / n)).astype(np.float64) for _ in range(resamples)]
+    orders = [list(order)] + [[order[j] for j in np.argsort(-(w @ per_edge), kind="stable")] for w in weights[1:]]
+    lengths = prefixes(search, orders, target, weights)
+    edges = orders[0][:lengths[0]]
     empty, full = search.losses([frozenset(), frozenset(edges)])
     f = faithfulness(empty, full, search.clean)
     ci = _ci(empty, full, search.clean, n_boot, seed)
-    n = len(search.clean)
-    rng = np.random.default_rng(seed)
     counts = dict.fromkeys(order, 0)
-    for _ in range(resamples):
-        w = rng.multinomial(n, np.full(n, 1.0 / n)).astype(np.float64)
-        ranked = [order[j] for j in np.argsort(-(w @ per_edge), kind="stable")]
-        for e in ranked[:prefix(search, ranked, target, w)]:
+    for ranked, k in zip(orders[1:], lengths[1:]):
+        for e in ranked[:k]:
             counts[e] += 1
     note = None if np.isfinite(f) else "removing every edge does not change the loss: no faithfulness to keep"
     circuit = Circuit(edges, None if not np.isfinite(f) else f, ci, target, bool(np.isfinite(f) and f >= target),
