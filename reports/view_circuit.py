@@ -52,6 +52,8 @@ class CircuitSection:
     output: tuple[float, float]
     summary: list[tuple[str, str]]
     sections: list[Section] = field(default_factory=list)
+    anchor: str = "circuit-1"  # the article's id, which the heads section links to
+    heads: list[tuple[str, str, str]] = field(default_factory=list)  # the circuit's heads: (label, role, row id)
 
 
 def _pair(value: Any, where: str, name: str) -> list[int]:
@@ -90,6 +92,10 @@ def check_circuit(data: dict[str, Any], where: str) -> dict[str, Any]:
         raise InputFileError(f"{where}: a {CIRCUIT_SCHEMA} document needs `edges` and `circuit.edges` lists; {_FIX}")
     for e in data["edges"] + circuit["edges"]:
         _edge(e, where, heads)
+    for h in data.get("heads") or []:
+        if not (isinstance(h, dict) and isinstance(h.get("layer"), int) and isinstance(h.get("head"), int)
+                and (h.get("role") is None or isinstance(h["role"], str))):
+            raise InputFileError(f"{where}: a circuit head is not an object with a layer, a head and a role; {_FIX}")
     for name in ("faithfulness", "faithfulness_logit_diff", "target"):
         if circuit.get(name) is not None and number(circuit[name]) is None:
             raise InputFileError(f"{where}: `circuit.{name}` is {kind(circuit[name])}, not a number; {_FIX}")
@@ -116,8 +122,9 @@ def _share(f: float | None, ci: Any) -> str:
                                                f" (95 % CI {number(ci[0]):.2f} to {number(ci[1]):.2f})")
 
 
-def circuit_section(name: str, data: dict[str, Any], sections: list[Section]) -> CircuitSection:
-    """The graph's nodes and lines, and the summary rows, for one checked document."""
+def circuit_section(name: str, data: dict[str, Any], sections: list[Section], index: int = 1) -> CircuitSection:
+    """The graph's nodes and lines, the summary rows and the circuit's heads, for one checked document (the
+    index-th circuit of the report: its anchor)."""
     heads = data["model"]["heads"]
     kept = {tuple(map(tuple, (e["sender"], e["receiver"] or [-1, -1]))) + (e["part"],) for e in data["circuit"]["edges"]}
     drawn = [e for e in data["edges"] if e.get("in_circuit") or e.get("verdict") == "matters"]
@@ -151,4 +158,19 @@ def circuit_section(name: str, data: dict[str, Any], sections: list[Section]) ->
                         (" (holds)" if isinstance(held, dict) and held.get("holds") else " (does not hold)")))
     width = int(out[0] + 60)
     height = int(Y0 + max(heads) * ROW + 10)
-    return CircuitSection(name, data, width, height, nodes, lines, out, summary, sections)
+    anchor = f"circuit-{index}"
+    roles = {(h["layer"], h["head"]): h.get("role") or "" for h in data.get("heads") or []}
+    named = [(head_label(l, h), roles.get((l, h), ""), f"{anchor}-L{l}H{h}") for l, h in sorted(in_circuit)]
+    return CircuitSection(name, data, width, height, nodes, lines, out, summary, sections, anchor, named)
+
+
+def links_for(name: str, family: str, n_layers: int, n_heads: int,
+              circuits: list[CircuitSection]) -> tuple[CircuitSection | None, dict[str, str]]:
+    """The circuit of the model a heads source measured (the same family and layers x heads; of several, the
+    one whose name shares the heads source's folder, else the first) and its heads' row ids by label."""
+    same = [c for c in circuits if c.data["model"].get("family") == family
+            and c.data["model"]["heads"] == [n_heads] * n_layers]
+    folder = name.rsplit("/", 1)[0] if "/" in name else None
+    found = next((c for c in same if folder is not None and c.name.rsplit("/", 1)[0] == folder), None)
+    found = found or (same[0] if same else None)
+    return found, ({} if found is None else {label: row for label, _, row in found.heads})

@@ -50,3 +50,18 @@ def test_files_give_the_same_views(real):
     want = run.steps["loss"].to_numpy()
     assert np.allclose(t.loss[1], want, rtol=0, atol=tol(magnitude(want)), equal_nan=True)  # float32 copies
     assert len(from_files.checks[0].findings) == len(findings)
+
+
+def test_a_head_of_the_circuit_links_to_it(real_report, planted_circuit, tmp_path):
+    """The heads section names the circuit of the same model (family, layers x heads) and links each of its
+    heads to its row in the circuit section; a model of another shape gets no link."""
+    html = real_report.read_text()
+    for layer, head in sorted({e.sender for e in planted_circuit.circuit.edges}):
+        assert f'<a href="#circuit-1-L{layer}H{head}">L{layer}.H{head}</a>' in html
+        assert f'<tr id="circuit-1-L{layer}H{head}">' in html
+    assert '<article class="circuit-source" id="circuit-1">' in html and '<a href="#circuit-1">' in html
+    import report_fixtures as rf
+
+    other = build_report(load_sources([rf.write_heads(tmp_path / "heads.json", n_layers=2, n_heads=4),
+                                       planted_circuit.save(tmp_path / "circuit.json")]))
+    assert other.heads[0].circuit is None and other.heads[0].circuit_links == {}
