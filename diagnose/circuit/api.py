@@ -18,6 +18,7 @@ from ..ablation import contrast, significance
 from ..ablation.batches import as_batches, for_last_position, wrong_labels
 from ..ablation.gate import gated
 from ..ablation.methods import DataPass, Prepared, get_method, prepare
+from ..ablation.plan import micro_batches, plan_sweep
 from ..ablation.sweep import Sweep
 from ..errors import ConfigError
 from ..modes import eval_mode
@@ -56,7 +57,7 @@ def find_circuit(model: torch.nn.Module, data: Any, *, method: str = "zero", met
     batches = scored
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
     with eval_mode(model), gated(sites) as gates:
-        sweep = Sweep(model, sites, gates, task, reuse=False)
+        sweep = Sweep(model, sites, gates, task)  # reuse: the blocks before a moved input replay (patch.py)
         sweep.wrong = wrong  # the logit difference label - wrong answer beside the loss, as the heads' sweep
         wired = wiring(model, sites, batches[0][0])
         prepared = [_prepare(sweep, batches, name, draws, seed) for name in names]
@@ -87,10 +88,12 @@ def _measure(model, sites, sweep: Sweep, wired, batches, prepared: list[Prepared
              top: int | None, target: float, estimator: str, alpha: float, n_boot: int, seed: int,
              correction: str, min_effect: float, resamples: int) -> CircuitResult:
     edges = all_edges(sites)
-    patcher = Patcher(sweep, wired, edges)
+    plan = plan_sweep(model, sites, batches, task=task)  # as the head sweep: rows per forward that fit the cache
+    patcher = Patcher(sweep, wired, edges, per_forward=plan.replication)
     t0 = time.perf_counter()
     estimates = attribute(patcher, batches, estimator) if len(edges) > EXACT_ALL or top is not None else None
     t_attr = time.perf_counter() - t0
+    batches = micro_batches(batches, plan.micro_batch)
     chosen = _chosen(edges, estimates, top)
     one = torch.zeros(len(chosen), len(edges), dtype=torch.bool)
     index = {e: i for i, e in enumerate(edges)}
@@ -123,7 +126,7 @@ def _measure(model, sites, sweep: Sweep, wired, batches, prepared: list[Prepared
         attribution=_attribution(estimator, estimates, effects, edges),
         heads=name_heads(circuit, _stats(model, sites, batches)),
         timing={"attribution_s": t_attr, "exact_s": t_exact, "total_s": time.perf_counter() - started,
-                "forwards": patcher.forwards})
+                "forwards": patcher.forwards, "per_forward": patcher.per_forward, "micro_batch": plan.micro_batch})
 
 
 def _chosen(edges: list[Edge], estimates: np.ndarray | None, top: int | None) -> list[Edge]:
