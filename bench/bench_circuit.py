@@ -65,8 +65,9 @@ def parts(model, batches, top: int):
         sets = torch.zeros(top, len(edges), dtype=torch.bool)
         sets[torch.arange(top), chosen] = True
         seconds = []
-        for per, parts_ in ((plan.replication, micro_batches(batches, plan.micro_batch)), (1, batches)):
-            patcher.per_forward = per
+        for per, parts_, reuse in ((plan.replication, micro_batches(batches, plan.micro_batch), True),
+                                   (1, batches, False)):  # the naive loop: every forward in full
+            patcher.per_forward, patcher.replaying = per, reuse
             t0 = time.perf_counter()
             measured = patch.over_data(patcher, parts_, sets)
             seconds.append(time.perf_counter() - t0)
