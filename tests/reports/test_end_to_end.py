@@ -52,7 +52,7 @@ def test_files_give_the_same_views(real):
     assert len(from_files.checks[0].findings) == len(findings)
 
 
-def test_a_head_of_the_circuit_links_to_it(real_report, planted_circuit, tmp_path):
+def test_a_head_of_the_circuit_links_to_it(real_report, planted_circuit):
     """The heads section names the circuit of the same model (family, layers x heads) and links each of its
     heads to its row in the circuit section; a model of another shape gets no link."""
     html = real_report.read_text()
@@ -60,8 +60,10 @@ def test_a_head_of_the_circuit_links_to_it(real_report, planted_circuit, tmp_pat
         assert f'<a href="#circuit-1-L{layer}H{head}">L{layer}.H{head}</a>' in html
         assert f'<tr id="circuit-1-L{layer}H{head}">' in html
     assert '<article class="circuit-source" id="circuit-1">' in html and '<a href="#circuit-1">' in html
-    import report_fixtures as rf
+    from diagnose.reports.view_circuit import check_circuit, circuit_section, links_for
 
-    other = build_report(load_sources([rf.write_heads(tmp_path / "heads.json", n_layers=2, n_heads=4),
-                                       planted_circuit.save(tmp_path / "circuit.json")]))
-    assert other.heads[0].circuit is None and other.heads[0].circuit_links == {}
+    doc = json.loads(json.dumps(planted_circuit.to_json()))
+    section = circuit_section("c", check_circuit(doc, "c.json"), [])
+    assert links_for("h", "reference", 2, 2, [section])[0] is section
+    assert links_for("h", "reference", 2, 4, [section]) == (None, {})  # another shape: another model
+    assert links_for("h", "hf-gpt2", 2, 2, [section]) == (None, {})
