@@ -61,7 +61,8 @@ def circuit(model: str, factory: str | None, forward: str | None, trust_pickle: 
     with its interval, how often each edge is kept over bootstrap resamples, whether it holds
     under each of --methods, and each edge's self-repair gap (its effect inside the circuit
     minus alone). On a large model an edge attribution (EAP) ranks every edge first and the
-    --top ones are patched exactly.
+    --top ones are patched exactly. Data that names a wrong answer per unit (wrong_labels)
+    also gets the logit difference, per edge and the circuit's share of it.
 
     \b
     Example: diagnose circuit demo-out/induction/model.pt --data demo-out/induction/eval.pt --json circuit.json
