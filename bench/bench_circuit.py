@@ -5,8 +5,9 @@ forward per edge.
 Model: bench_ablation's GPT-2 (6 layers, 8 heads, d_model 256, eager), trained 10 steps; data: N repeated
 random sequences of 64 tokens, task lm, batches of 32, one thread. Per repeat, in one process:
 - one clean forward and backward of the loss over the data (the unit EAP is measured in);
-- EAP over every edge (find_circuit's attribution), then the 50 edges it ranks first patched exactly, 8
-  edges per forward (find_circuit's exact step), and the same 50 one per forward (the naive loop);
+- EAP over every edge (find_circuit's attribution), then the 50 edges it ranks first patched exactly as
+  find_circuit does (the head sweep's plan: micro-batches and replicas per forward that keep a forward in a
+  CPU's cache; the clean prefix replayed), and the same 50 one per forward on the whole batch (the naive loop);
 - `ablate_heads(direct=False)`: one exact head sweep (its ablation seconds).
 TransformerLens 4.3 has activation patching (transformer_lens.patching) but no path patching between
 heads' q/k/v inputs, so the naive loop is the baseline.
@@ -48,11 +49,15 @@ def parts(model, batches, top: int):
     from diagnose.circuit.wiring import wiring
     from diagnose.sites import find_heads
 
+    from diagnose.ablation.plan import micro_batches, plan_sweep
+
     sites = find_heads(model, example=batches[0][0])
     with gated(sites) as gates:
-        sweep = Sweep(model, sites, gates, "lm", reuse=False)
+        sweep = Sweep(model, sites, gates, "lm")  # as find_circuit: the clean prefix replays (patch.py)
         edges = all_edges(sites)
-        patcher = patch.Patcher(sweep, wiring(model, sites, batches[0][0]), edges)
+        plan = plan_sweep(model, sites, batches, task="lm")  # as find_circuit: the head sweep's rows per forward
+        patcher = patch.Patcher(sweep, wiring(model, sites, batches[0][0]), edges, per_forward=plan.replication)
+        print(f"plan: {plan.describe()}", flush=True)
         t0 = time.perf_counter()
         scores = attribute(patcher, batches, "eap")
         t_eap = time.perf_counter() - t0
@@ -60,14 +65,12 @@ def parts(model, batches, top: int):
         sets = torch.zeros(top, len(edges), dtype=torch.bool)
         sets[torch.arange(top), chosen] = True
         seconds = []
-        for per in (8, 1):
-            was, patch.PER_FORWARD = patch.PER_FORWARD, per
-            try:
-                t0 = time.perf_counter()
-                measured = patch.over_data(patcher, batches, sets)
-                seconds.append(time.perf_counter() - t0)
-            finally:
-                patch.PER_FORWARD = was
+        for per, parts_, reuse in ((plan.replication, micro_batches(batches, plan.micro_batch), True),
+                                   (1, batches, False)):  # the naive loop: every forward in full
+            patcher.per_forward, patcher.replaying = per, reuse
+            t0 = time.perf_counter()
+            measured = patch.over_data(patcher, parts_, sets)
+            seconds.append(time.perf_counter() - t0)
         exact = (measured.set_loss - measured.loss_sum[:, None]).sum(0) / measured.count.sum()
         rho = spearman(list(scores[chosen.numpy()]), list(exact))
     return len(edges), t_eap, seconds[0], seconds[1], rho
@@ -88,7 +91,7 @@ def main() -> None:
         n_edges, eap, exact, loop, rho = parts(model, batches, args.top)
         sweep = ablate_heads(model, batches, task="lm", attention=False, direct=False).timing["ablation_seconds"]
         print(f"repeat {r}: {n_edges} edges; clean forward+backward {unit:.2f} s; EAP over every edge {eap:.2f} s = "
-              f"{eap / unit:.2f}x; exact top {args.top}, 8 per forward {exact:.1f} s vs one head sweep {sweep:.1f} s "
+              f"{eap / unit:.2f}x; exact top {args.top} as find_circuit {exact:.1f} s vs one head sweep {sweep:.1f} s "
               f"= {exact / sweep:.2f}x; the naive loop (one forward per edge) {loop:.1f} s = {loop / exact:.2f}x "
               f"ours; Spearman EAP vs exact over the top {args.top}: {rho}", flush=True)
 

@@ -62,7 +62,8 @@ def circuit(model: str, factory: str | None, forward: str | None, trust_pickle: 
     with its interval, how often each edge is kept over bootstrap resamples, whether it holds
     under each of --methods, and each edge's self-repair gap (its effect inside the circuit
     minus alone). On a large model an edge attribution (EAP) ranks every edge first and the
-    --top ones are patched exactly.
+    --top ones are patched exactly. Data that names a wrong answer per unit (wrong_labels)
+    also gets the logit difference, per edge and the circuit's share of it.
 
     \b
     Example: diagnose circuit demo-out/induction/model.pt --data demo-out/induction/eval.pt --json circuit.json
@@ -101,12 +102,15 @@ def _print(result) -> None:
     b = result.baseline
     out.print(text(f"{result.model['family']} model, {result.model['n_layers']} layers, {result.n_edges} edges; "
                    f"{result.task}, {result.method} ablation, {result.n_examples} examples; baseline accuracy "
-                   f"{b['accuracy']:.2%}, loss {b['loss']:.4f}"))
+                   f"{b['accuracy']:.2%}, loss {b['loss']:.4f}"
+                   + (f", logit diff {b['logit_diff']:.3f} (label - wrong answer)" if "logit_diff" in b else "")))
     print_sections(out, result.sections())
     for name, held in result.circuit.methods.items():
         f = held["faithfulness"]
+        ld = held.get("faithfulness_logit_diff")
         out.print(text(f"under {name}: the circuit keeps {'-' if f is None else f'{f:.2f}'} of the loss gap"
-                       f" ({'holds' if held['holds'] else 'does not hold'})"))
+                       + ("" if ld is None else f" and {ld:.2f} of the logit difference's")
+                       + f" ({'holds' if held['holds'] else 'does not hold'})"))
     a = result.attribution
     if a:
         rho = a["spearman_vs_exact"]

@@ -33,5 +33,6 @@ def demo(out_dir: str, quick: bool, no_lessons: bool) -> None:
     if result.report is not None:
         click.echo(f"Report: {result.report.resolve()}")
     click.echo(f"Try:    diagnose heads {first.checkpoint} --data {first.data} --task lm")
+    click.echo(f"        diagnose circuit {first.checkpoint} --data {first.data} --methods zero,mean")
     click.echo(f"        diagnose stats {first.run_dir}")
     click.echo(f"        diagnose check {first.checkpoint}")

@@ -16,7 +16,7 @@ from . import _plots_training as plots_training
 from ._sources import Sources
 from ._summary import Verdict, checks_verdict, format_cell, heads_verdict, lessons_verdict, training_verdict
 from .view_heads import MAP_BYTE_BUDGET, HeadsView, heads_view
-from .view_circuit import CircuitSection, circuit_section
+from .view_circuit import CircuitSection, circuit_section, links_for
 from .view_checkpoints import CheckpointsSection, checkpoints_verdict_lines
 from .view_prune import PruneSection, prune_section, prune_verdict_lines
 from ._view_training import TrainingView, training_view
@@ -34,6 +34,8 @@ class HeadsSection:
     note: str = ""  # why there are no pictures, when there are none
     per_layer: bool = False  # grids drawn as images, without numbers: list every layer's values on the page
     sections: list[Section] = field(default_factory=list)  # the analysis steps' tables, drawn by one macro
+    circuit: CircuitSection | None = None  # the circuit of the same model, when the report has one
+    circuit_links: dict[str, str] = field(default_factory=dict)  # a head's label -> its row in that circuit
 
 
 @dataclass
@@ -236,8 +238,11 @@ def build_report(sources: Sources, title: str | None = None) -> Report:
         section = prune_section(src.name, src.data)
         report.prune.append(section)
         report.verdicts.append(Verdict(f"Pruning: {src.name}", prune_verdict_lines(section)))
-    for src in sources.circuit:
-        report.circuit.append(circuit_section(src.name, src.data, src.sections))
+    for i, src in enumerate(sources.circuit, 1):
+        report.circuit.append(circuit_section(src.name, src.data, src.sections, i))
+    for hs in report.heads:  # a head of a circuit links to it
+        v = hs.view
+        hs.circuit, hs.circuit_links = links_for(v.name, v.family, v.n_layers, v.n_heads, report.circuit)
     for src in sources.checkpoints:
         cs = CheckpointsSection(src.name, src.data)
         report.checkpoints.append(cs)

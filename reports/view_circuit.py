@@ -52,6 +52,8 @@ class CircuitSection:
     output: tuple[float, float]
     summary: list[tuple[str, str]]
     sections: list[Section] = field(default_factory=list)
+    anchor: str = "circuit-1"  # the article's id, which the heads section links to
+    heads: list[tuple[str, str, str]] = field(default_factory=list)  # the circuit's heads: (label, role, row id)
 
 
 def _pair(value: Any, where: str, name: str) -> list[int]:
@@ -70,12 +72,11 @@ def _edge(e: Any, where: str, heads: list[int]) -> dict[str, Any]:
         layer, head = _pair(e.get(name), where, name)
         if layer >= len(heads) or head >= heads[layer]:
             raise InputFileError(f"{where}: `{name}` {head_label(layer, head)} is not a head of the model; {_FIX}")
-    for name in ("delta_loss",):
+    for name in ("delta_loss", "delta_logit_diff"):
         if e.get(name) is not None and number(e[name]) is None:
             raise InputFileError(f"{where}: `{name}` is {kind(e[name])}, not a number; {_FIX}")
-    ci = e.get("delta_loss_ci")
-    if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(number(x) is not None for x in ci)):
-        raise InputFileError(f"{where}: `delta_loss_ci` is not two numbers; {_FIX}")
+        if e.get(f"{name}_ci") is not None and not _two_numbers(e[f"{name}_ci"]):
+            raise InputFileError(f"{where}: `{name}_ci` is not two numbers; {_FIX}")
     return e
 
 
@@ -91,7 +92,11 @@ def check_circuit(data: dict[str, Any], where: str) -> dict[str, Any]:
         raise InputFileError(f"{where}: a {CIRCUIT_SCHEMA} document needs `edges` and `circuit.edges` lists; {_FIX}")
     for e in data["edges"] + circuit["edges"]:
         _edge(e, where, heads)
-    for name in ("faithfulness", "target"):
+    for h in data.get("heads") or []:
+        if not (isinstance(h, dict) and isinstance(h.get("layer"), int) and isinstance(h.get("head"), int)
+                and (h.get("role") is None or isinstance(h["role"], str))):
+            raise InputFileError(f"{where}: a circuit head is not an object with a layer, a head and a role; {_FIX}")
+    for name in ("faithfulness", "faithfulness_logit_diff", "target"):
         if circuit.get(name) is not None and number(circuit[name]) is None:
             raise InputFileError(f"{where}: `circuit.{name}` is {kind(circuit[name])}, not a number; {_FIX}")
     return data
@@ -101,12 +106,25 @@ def _title(e: dict[str, Any]) -> str:
     ci = e.get("delta_loss_ci")
     d = number(e.get("delta_loss"))
     interval = "" if ci is None else f", 95 % CI [{number(ci[0]):+.4f}, {number(ci[1]):+.4f}]"
-    return (f"{e.get('label', '')}: Δloss {'-' if d is None else f'{d:+.4f}'} nats{interval}; "
+    ld, ld_ci = number(e.get("delta_logit_diff")), e.get("delta_logit_diff_ci")
+    diff = "" if ld is None else f"; Δlogit diff {ld:+.3f}" + (
+        "" if ld_ci is None else f", 95 % CI [{number(ld_ci[0]):+.3f}, {number(ld_ci[1]):+.3f}]")
+    return (f"{e.get('label', '')}: Δloss {'-' if d is None else f'{d:+.4f}'} nats{interval}{diff}; "
             f"{e.get('verdict') or 'no verdict'}{'; in the circuit' if e.get('in_circuit') else ''}")
 
 
-def circuit_section(name: str, data: dict[str, Any], sections: list[Section]) -> CircuitSection:
-    """The graph's nodes and lines, and the summary rows, for one checked document."""
+def _two_numbers(ci: Any) -> bool:
+    return isinstance(ci, list) and len(ci) == 2 and all(number(x) is not None for x in ci)
+
+
+def _share(f: float | None, ci: Any) -> str:
+    return "-" if f is None else f"{f:.2f}" + ("" if not _two_numbers(ci) else
+                                               f" (95 % CI {number(ci[0]):.2f} to {number(ci[1]):.2f})")
+
+
+def circuit_section(name: str, data: dict[str, Any], sections: list[Section], index: int = 1) -> CircuitSection:
+    """The graph's nodes and lines, the summary rows and the circuit's heads, for one checked document (the
+    index-th circuit of the report: its anchor)."""
     heads = data["model"]["heads"]
     kept = {tuple(map(tuple, (e["sender"], e["receiver"] or [-1, -1]))) + (e["part"],) for e in data["circuit"]["edges"]}
     drawn = [e for e in data["edges"] if e.get("in_circuit") or e.get("verdict") == "matters"]
@@ -127,16 +145,32 @@ def circuit_section(name: str, data: dict[str, Any], sections: list[Section]) ->
         lines.append(Line(x1 + R, y1, x2 - R, y2 + PART_OFFSET[e["part"]],
                           1 + 7 * abs(number(e.get("delta_loss")) or 0.0) / big, e["part"], _title(e), key in kept))
     c = data["circuit"]
-    f, ci = number(c.get("faithfulness")), c.get("faithfulness_ci")
     summary = [("edges in the model", str(data.get("n_edges", "-"))), ("edges verified", str(len(data["edges"]))),
                ("minimal circuit", f"{len(c['edges'])} edges"),
-               ("faithfulness", "-" if f is None else f"{f:.2f}" + ("" if not ci else f" (95 % CI {number(ci[0]):.2f}"
-                                                                  f" to {number(ci[1]):.2f})")),
-               ("target", "-" if number(c.get("target")) is None else f"{number(c['target']):.0%}")]
+               ("faithfulness", _share(number(c.get("faithfulness")), c.get("faithfulness_ci")))]
+    if number(c.get("faithfulness_logit_diff")) is not None:
+        summary.append(("faithfulness, logit diff",
+                        _share(number(c["faithfulness_logit_diff"]), c.get("faithfulness_logit_diff_ci"))))
+    summary.append(("target", "-" if number(c.get("target")) is None else f"{number(c['target']):.0%}"))
     for method, held in (c.get("methods") or {}).items():
         hf = number(held.get("faithfulness")) if isinstance(held, dict) else None
         summary.append((f"under {method}", ("-" if hf is None else f"{hf:.2f}") +
                         (" (holds)" if isinstance(held, dict) and held.get("holds") else " (does not hold)")))
     width = int(out[0] + 60)
     height = int(Y0 + max(heads) * ROW + 10)
-    return CircuitSection(name, data, width, height, nodes, lines, out, summary, sections)
+    anchor = f"circuit-{index}"
+    roles = {(h["layer"], h["head"]): h.get("role") or "" for h in data.get("heads") or []}
+    named = [(head_label(l, h), roles.get((l, h), ""), f"{anchor}-L{l}H{h}") for l, h in sorted(in_circuit)]
+    return CircuitSection(name, data, width, height, nodes, lines, out, summary, sections, anchor, named)
+
+
+def links_for(name: str, family: str, n_layers: int, n_heads: int,
+              circuits: list[CircuitSection]) -> tuple[CircuitSection | None, dict[str, str]]:
+    """The circuit of the model a heads source measured (the same family and layers x heads; of several, the
+    one whose name shares the heads source's folder, else the first) and its heads' row ids by label."""
+    same = [c for c in circuits if c.data["model"].get("family") == family
+            and c.data["model"]["heads"] == [n_heads] * n_layers]
+    folder = name.rsplit("/", 1)[0] if "/" in name else None
+    found = next((c for c in same if folder is not None and c.name.rsplit("/", 1)[0] == folder), None)
+    found = found or (same[0] if same else None)
+    return found, ({} if found is None else {label: row for label, _, row in found.heads})

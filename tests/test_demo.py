@@ -33,6 +33,13 @@ def test_quick_demo_writes_models_analyses_and_report(tmp_path):
         m = heads["model"]
         assert heads["schema"] == "diagnose.heads/2" and len(heads["heads"]) == m["n_layers"] * m["n_heads"]
     assert (out / "report.html").stat().st_size > 10_000
+    # the induction model's circuit: the previous-token head read by the induction head through its keys
+    circuit = json.loads((out / "induction" / "circuit.json").read_text())
+    assert circuit["schema"] == "diagnose.circuit/1" and circuit["circuit"]["reached"]
+    assert any(e["composition"] == "K" for e in circuit["circuit"]["edges"])
+    assert "induction" in {h["role"] for h in circuit["heads"]}
+    html = (out / "report.html").read_text()
+    assert '<section id="circuit">' in html and 'class="circuit-link"' in html
     assert str((out / "report.html").resolve()) in res.output
     # the files the demo wrote are what the other commands take
     res = CliRunner().invoke(cli, ["check", str(out / "order" / "model.pt")])

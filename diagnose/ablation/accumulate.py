@@ -128,6 +128,13 @@ def _logit_diffs(acc: Accumulator, idx: np.ndarray, *, n_boot: int, seed: int) -
     if not acc.diff or not acc.ab_diff or not len(idx):
         return {}
     clean, count, ablated = np.concatenate(acc.diff), np.concatenate(acc.diff_count), np.concatenate(acc.ab_diff)
+    return logit_diff_changes(clean, count, ablated, idx, n_boot=n_boot, seed=seed)
+
+
+def logit_diff_changes(clean: np.ndarray, count: np.ndarray, ablated: np.ndarray, idx: np.ndarray, *, n_boot: int,
+                       seed: int) -> dict[int, dict[str, Any]]:
+    """Per column m of idx: the logit difference per unit with m removed, its change from clean, and the paired
+    bootstrap interval of that change; clean [N] and ablated [N, M] per-example sums over count [N] units."""
     units = max(float(count.sum()), 1.0)
     delta = ablated[:, idx] - clean[:, None]  # [N, M_chosen]
     ci = significance.bootstrap_ci(delta, count, n_boot=n_boot, seed=seed)

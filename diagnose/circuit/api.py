@@ -15,9 +15,10 @@ import numpy as np
 import torch
 
 from ..ablation import contrast, significance
-from ..ablation.batches import as_batches, for_last_position
+from ..ablation.batches import as_batches, for_last_position, wrong_labels
 from ..ablation.gate import gated
 from ..ablation.methods import DataPass, Prepared, get_method, prepare
+from ..ablation.plan import micro_batches, plan_sweep
 from ..ablation.sweep import Sweep
 from ..errors import ConfigError
 from ..modes import eval_mode
@@ -51,10 +52,13 @@ def find_circuit(model: torch.nn.Module, data: Any, *, method: str = "zero", met
     started = time.perf_counter()
     batches = as_batches(data, batch_size, next((p.device for p in model.parameters()), None))
     task = task or default_task(model, data)
-    batches = for_last_position(model, batches, task)
+    scored = for_last_position(model, batches, task)
+    wrong = wrong_labels(data) if scored is batches else None  # a last-position cut moves the labels
+    batches = scored
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
     with eval_mode(model), gated(sites) as gates:
-        sweep = Sweep(model, sites, gates, task, reuse=False)
+        sweep = Sweep(model, sites, gates, task)  # reuse: the blocks before a moved input replay (patch.py)
+        sweep.wrong = wrong  # the logit difference label - wrong answer beside the loss, as the heads' sweep
         wired = wiring(model, sites, batches[0][0])
         prepared = [_prepare(sweep, batches, name, draws, seed) for name in names]
         prepared[0].use(sweep)
@@ -84,10 +88,12 @@ def _measure(model, sites, sweep: Sweep, wired, batches, prepared: list[Prepared
              top: int | None, target: float, estimator: str, alpha: float, n_boot: int, seed: int,
              correction: str, min_effect: float, resamples: int) -> CircuitResult:
     edges = all_edges(sites)
-    patcher = Patcher(sweep, wired, edges)
+    plan = plan_sweep(model, sites, batches, task=task)  # as the head sweep: rows per forward that fit the cache
+    patcher = Patcher(sweep, wired, edges, per_forward=plan.replication)
     t0 = time.perf_counter()
     estimates = attribute(patcher, batches, estimator) if len(edges) > EXACT_ALL or top is not None else None
     t_attr = time.perf_counter() - t0
+    batches = micro_batches(batches, plan.micro_batch)
     chosen = _chosen(edges, estimates, top)
     one = torch.zeros(len(chosen), len(edges), dtype=torch.bool)
     index = {e: i for i, e in enumerate(edges)}
@@ -98,6 +104,8 @@ def _measure(model, sites, sweep: Sweep, wired, batches, prepared: list[Prepared
     t_exact = time.perf_counter() - t0
     units = float(max(measured.count.sum(), 1.0))
     baseline = {"loss": float(measured.loss_sum.sum()) / units, "accuracy": float(measured.correct.sum()) / units}
+    if measured.diff is not None:
+        baseline["logit_diff"] = float(measured.diff.sum()) / max(float(measured.diff_count.sum()), 1.0)
     band = contrast.default_band(baseline["loss"], min_effect)
     effects = edge_effects(measured, chosen, alpha=alpha, n_boot=n_boot, seed=seed, correction=correction, band=band)
     if estimates is not None:
@@ -118,7 +126,7 @@ def _measure(model, sites, sweep: Sweep, wired, batches, prepared: list[Prepared
         attribution=_attribution(estimator, estimates, effects, edges),
         heads=name_heads(circuit, _stats(model, sites, batches)),
         timing={"attribution_s": t_attr, "exact_s": t_exact, "total_s": time.perf_counter() - started,
-                "forwards": patcher.forwards})
+                "forwards": patcher.forwards, "per_forward": patcher.per_forward, "micro_batch": plan.micro_batch})
 
 
 def _chosen(edges: list[Edge], estimates: np.ndarray | None, top: int | None) -> list[Edge]:
@@ -132,7 +140,7 @@ def _circuit(patcher: Patcher, batches, edges, effects, per_edge, prepared, swee
              seed, units):
     def run(kept):
         m = over_data(patcher, batches, removed_sets(kept, edges))
-        return m.loss_sum, m.set_loss
+        return m.loss_sum, m.set_loss, m.diff, m.set_diff
 
     search = Search(run, per_edge.shape[0])
     order = [e.edge for e in effects]
@@ -158,8 +166,12 @@ def _holds(search: Search, inside: frozenset, target: float, n_boot: int, seed: 
 
     empty, kept = search.losses([frozenset(), inside])
     f = faithfulness(empty, kept, search.clean)
-    return {"faithfulness": f if np.isfinite(f) else None, "faithfulness_ci": _ci(empty, kept, search.clean, n_boot, seed),
-            "holds": bool(np.isfinite(f) and f >= target)}
+    held = {"faithfulness": f if np.isfinite(f) else None,
+            "faithfulness_ci": _ci(empty, kept, search.clean, n_boot, seed), "holds": bool(np.isfinite(f) and f >= target)}
+    if search.clean_diff is not None:
+        held["faithfulness_logit_diff"], held["faithfulness_logit_diff_ci"] = search.logit_diff(
+            frozenset(), inside, n_boot, seed)
+    return held
 
 
 def _attribution(estimator: str, estimates, effects, edges) -> dict[str, Any] | None:

@@ -15,40 +15,51 @@ sender's own output is the circuit's (ACDC's semantics, Conmy et al. 2023), so t
 evaluates a circuit. K replicas of a batch run in one forward, replica k with its own removed set;
 a random fill's draws are averaged per example. Paths through MLPs are not edges: an MLP reads the
 stream as it is in the forward (with one edge removed, its clean value).
+
+Reuse (as the head sweep's prefix.py): nothing before the earliest receiver a forward moves can change,
+so the blocks that finish before that receiver's layer starts replay their clean output, and the senders
+in them write what they wrote in the clean pass (recorded there). The removed sets are run ordered by
+their earliest receiver and first sender, so the replicas of one forward share both: the prefix replayed
+is as long as it can be, and a receiver's hook makes few senders' writes. Replay is checked once per
+layer (a clean replica with replay gives the clean logits) and turned off where it does not hold.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
 
 from ..adapters import hooks
+from .._tolerance import close, model_size
 from ..objectives import call_model, logits_of, score
-from ..ablation.prefix import repeat_batch
+from ..ablation.prefix import replay, repeat_batch, take_rows
 from ..ablation.sweep import Clean, Sweep
 from .edges import OUTPUT, Edge
 from .wiring import Wiring
 
-PER_FORWARD = 8  # replicas (removed sets) per forward
+PER_FORWARD = 8  # replicas (removed sets) per forward, unless the caller plans them (api.py: the sweep's plan)
 SENDERS = 8  # senders whose changes are summed at a time inside a hook
 
 
 @dataclass
 class Outcome:
-    """Per-example sums of K removed sets on one batch: loss_sum [K, B], correct [K, B]."""
+    """Per-example sums of K removed sets on one batch: loss_sum [K, B], correct [K, B]; diff_sum [K, B] the
+    logit difference label - wrong answer, where the data names wrong answers (else None)."""
 
     loss_sum: torch.Tensor
     correct: torch.Tensor
+    diff_sum: torch.Tensor | None = None
 
 
 class Patcher:
     """The edges of `sweep`'s sites under its gates (their fills set by the method), wired by `wiring`."""
 
-    def __init__(self, sweep: Sweep, wiring: Wiring, edges: Sequence[Edge]):
+    def __init__(self, sweep: Sweep, wiring: Wiring, edges: Sequence[Edge], per_forward: int = PER_FORWARD):
         self.sweep, self.wiring, self.edges = sweep, wiring, list(edges)
+        self.per_forward = per_forward  # removed sets (replicas) per forward: the head sweep's plan on a CPU
         index = {e: i for i, e in enumerate(self.edges)}
         starts, n = [], 0
         for site in sweep.sites:
@@ -62,7 +73,14 @@ class Patcher:
                                         for (p, h) in inp.slices] for g in range(starts[r])], dtype=torch.long)
                          for inp in site.inputs] for r, site in enumerate(wiring.sites)]
         self.output = torch.tensor([index.get(Edge(sh, None, OUTPUT), missing) for sh in self.senders])
+        n_sites = len(sweep.sites)
+        # per edge: the site whose input it moves (n_sites: the output) and its sender's global index
+        self.moves = torch.tensor([n_sites if e.receiver is None else e.receiver[0] for e in self.edges] + [n_sites])
+        self.sender_of = torch.tensor([starts[e.sender[0]] + e.sender[1] for e in self.edges] + [n])
         self.forwards = 0
+        self.replaying = sweep.reuse  # off once a replayed prefix fails to reproduce the clean logits
+        self.checked: set[int] = set()
+        self._heads: tuple[int, dict[int, torch.Tensor]] | None = None  # (id of the clean pass, site -> out)
 
     def clean(self, inputs: Any, labels: Any, rows: torch.Tensor | None) -> tuple[Clean, dict[int, torch.Tensor]]:
         """The clean pass of a batch and each frozen norm's clean input (by id, [B, T, d])."""
@@ -71,38 +89,85 @@ class Patcher:
         def record(norm):
             return lambda: norm.register_forward_pre_hook(lambda _m, args: normed[id(norm)].append(args[0].detach()))
 
-        with hooks(*map(record, self.wiring.norms)):
-            clean = self.sweep.clean(inputs, labels, grad=False, record=False, rows=rows)
+        heads: dict[int, torch.Tensor] = {}  # site -> its heads' clean output [B, T, H, D]
+        try:
+            for s, gate in enumerate(self.sweep.gates):
+                gate.observer = lambda out, s=s: heads.setdefault(s, out.detach())
+            with hooks(*map(record, self.wiring.norms)):
+                clean = self.sweep.clean(inputs, labels, grad=False, record=self.replaying, rows=rows)
+        finally:
+            for gate in self.sweep.gates:
+                gate.observer = None
         bad = {len(v) for v in normed.values()} - {1}
         assert not bad, f"a frozen norm ran {sorted(bad)} times in one forward"
+        self._heads = (id(clean), heads)
         return clean, {k: v[0] for k, v in normed.items()}
 
     def removed(self, clean: Clean, normed: dict[int, torch.Tensor], sets: torch.Tensor) -> Outcome:
-        """Outcomes of removing each row of `sets` [K, E] (bool over self.edges), K per forward."""
-        parts = [self._draws(clean, normed, sets[i:i + PER_FORWARD]) for i in range(0, len(sets), PER_FORWARD)]
-        return Outcome(torch.cat([p.loss_sum for p in parts]), torch.cat([p.correct for p in parts]))
+        """Outcomes of removing each row of `sets` [K, E] (bool over self.edges), K per forward, the rows run
+        in the order of their earliest receiver and first sender (module docstring)."""
+        wide = torch.cat([sets, sets.new_zeros(len(sets), 1)], dim=1)  # [M, E + 1]
+        first = torch.where(wide, self.moves, len(self.sweep.sites)).min(1).values  # [M]
+        sender = torch.where(wide, self.sender_of, self.n_senders).min(1).values
+        order = torch.argsort(first * (self.n_senders + 1) + sender, stable=True)
+        K = self.per_forward
+        parts = [self._draws(clean, normed, sets[order[i:i + K]], int(first[order[i:i + K]].min()))
+                 for i in range(0, len(sets), K)]
+        back = torch.argsort(order)
+        diff = None if parts[0].diff_sum is None else torch.cat([p.diff_sum for p in parts])[back]
+        return Outcome(torch.cat([p.loss_sum for p in parts])[back], torch.cat([p.correct for p in parts])[back], diff)
 
-    def _draws(self, clean: Clean, normed: dict[int, torch.Tensor], sets: torch.Tensor) -> Outcome:
-        outs = [self._forward(clean, normed, sets, draw) for draw in range(self.sweep.draws)]
+    def _draws(self, clean: Clean, normed: dict[int, torch.Tensor], sets: torch.Tensor, first: int) -> Outcome:
+        blocks = self._replayed(clean, first)
+        outs = [self._forward(clean, normed, sets, draw, blocks) for draw in range(self.sweep.draws)]
         if len(outs) == 1:
             return outs[0]
-        return Outcome(torch.stack([o.loss_sum.double() for o in outs]).mean(0),
-                       torch.stack([o.correct.double() for o in outs]).mean(0))
+        mean = lambda key: torch.stack([getattr(o, key).double() for o in outs]).mean(0)  # noqa: E731
+        return Outcome(mean("loss_sum"), mean("correct"), None if outs[0].diff_sum is None else mean("diff_sum"))
 
-    def _forward(self, clean: Clean, normed: dict[int, torch.Tensor], sets: torch.Tensor, draw: int) -> Outcome:
+    def _replayed(self, clean: Clean, first: int) -> list[int]:
+        """The blocks that may replay when the earliest input moved is site `first`'s (n_sites: the output,
+        whose last layer then runs), checked once per site on the batch's first example."""
+        recorder, site = self.sweep.recorder, min(first, len(self.sweep.sites) - 1)
+        if not self.replaying or recorder is None or clean.recorded is None:
+            return []
+        blocks = recorder.reusable(site)
+        if blocks and site not in self.checked:
+            self.checked.add(site)
+            one = {i: take_rows(clean.recorded[i], 0, 1, clean.batch) for i in blocks}
+            with replay(recorder, one, blocks, 1, 1), torch.no_grad():
+                logits = logits_of(call_model(self.sweep.model, take_rows(clean.inputs, 0, 1, clean.batch)))
+            depth, width = model_size(self.sweep.sites)
+            if not close(logits.float(), clean.logits[:1].float(), depth=depth, width=width)[0]:
+                self.replaying, blocks = False, []  # a block with side effects: run every forward in full
+        return blocks
+
+    def _inside(self, blocks: list[int]) -> list[int]:
+        """The sites whose attention module sits in one of the replayed `blocks`."""
+        held = {id(m) for i in blocks for m in self.sweep.recorder.blocks[i].modules()}
+        return [s for s, site in enumerate(self.sweep.sites) if id(site.module) in held]
+
+    def _forward(self, clean: Clean, normed: dict[int, torch.Tensor], sets: torch.Tensor, draw: int,
+                 blocks: list[int]) -> Outcome:
         K, B = len(sets), clean.batch
         mask = torch.cat([sets.float(), sets.new_zeros(K, 1).float()], dim=1)  # the last column: "no such edge"
         rows = None if clean.rows is None else clean.rows.repeat(K)
         writes: dict[int, torch.Tensor] = {}  # site -> [K * B, T, H, D]: each head's output minus its fill
-        with self._observing(writes, rows, draw), hooks(*self._moves(writes, normed, mask, K, B)), torch.no_grad():
+        with self._observing(writes, rows, draw) as observe, hooks(*self._moves(writes, normed, mask, K, B)), \
+                torch.no_grad(), replay(self.sweep.recorder, clean.recorded, blocks, K, B) if blocks else nullcontext():
+            if blocks:
+                assert self._heads is not None and self._heads[0] == id(clean), "removed() on a batch not cleaned"
+                for s in self._inside(blocks):  # their gates do not run: the senders' clean writes
+                    observe[s](repeat_batch(self._heads[1][s], K, B))
             logits = logits_of(call_model(self.sweep.model, repeat_batch(clean.inputs, K, B)))
         self.forwards += 1
         self.sweep.count_forward(K * B)
-        sc = score(logits.reshape(K * B, *logits.shape[1:]), repeat_batch(clean.targets, K, B))
-        return Outcome(sc.loss_sum.view(K, B), sc.correct.view(K, B))
+        wrong = None if clean.wrong is None else repeat_batch(clean.wrong, K, B)
+        sc = score(logits.reshape(K * B, *logits.shape[1:]), repeat_batch(clean.targets, K, B), wrong)
+        return Outcome(sc.loss_sum.view(K, B), sc.correct.view(K, B), None if wrong is None else sc.diff_sum.view(K, B))
 
     @contextmanager
-    def _observing(self, writes: dict[int, torch.Tensor], rows, draw: int) -> Iterator[None]:
+    def _observing(self, writes: dict[int, torch.Tensor], rows, draw: int) -> Iterator[list]:
         def observer(s: int):
             gate = self.sweep.gates[s]
 
@@ -112,10 +177,11 @@ class Patcher:
                 writes[s] = removed.detach()  # [K * B, T, H, D]: each head's write is made when a hook needs it
             return observe
 
+        observers = [observer(s) for s in range(len(self.sweep.gates))]
         try:
-            for s, gate in enumerate(self.sweep.gates):
-                gate.observer = observer(s)
-            yield
+            for gate, fn in zip(self.sweep.gates, observers):
+                gate.observer = fn
+            yield observers
         finally:
             for gate in self.sweep.gates:
                 gate.observer = None
@@ -133,11 +199,12 @@ class Patcher:
             regs.append(self._output_hook(writes, normed, m, K, B))
         return regs
 
-    def _removed(self, norm, m: torch.Tensor, writes, normed, K: int, w: torch.Tensor | None) -> torch.Tensor:
+    def _removed(self, norm, m: torch.Tensor, writes, normed, K: int, w: torch.Tensor | None, D: int = 0
+                 ) -> torch.Tensor:
         """Sum over the senders removed in some replica of their change through `norm` (frozen), masked per
-        replica by m ([K, n, F] with w [d, F]: a receiver's projection features; [K, n]: the final norm's
-        output) -> [K * B, T, F or d]. SENDERS at a time, so memory does not grow with the senders."""
-        active = (m.flatten(2).any(2) if m.dim() == 3 else m).any(0).nonzero().flatten().tolist()
+        replica by m ([K, n, J] with w [d, J * D]: a receiver's projection feature blocks; [K, n]: the final
+        norm's output) -> [K * B, T, J * D or d]. SENDERS at a time, so memory does not grow with the senders."""
+        active = (m.any(2) if m.dim() == 3 else m).any(0).nonzero().flatten().tolist()
         form = None if norm is None else self.wiring.form_of(norm)
         total = None
         for i in range(0, len(active), SENDERS):
@@ -149,8 +216,8 @@ class Patcher:
                 delta = form.change(norm, x, delta)
             delta = delta.reshape(K, -1, *delta.shape[1:])  # [K, B, T, c, d]
             mk = m[:, g].to(delta.device, delta.dtype)
-            part = (torch.einsum("kbtcd,df,kcf->kbtf", delta, w.to(delta.device, delta.dtype), mk) if w is not None
-                    else torch.einsum("kbtcd,kc->kbtd", delta, mk))
+            part = (torch.einsum("kbtcd,kc->kbtd", delta, mk) if w is None
+                    else _through(delta, w.to(delta.device, delta.dtype), mk, D))
             total = part if total is None else total + part
         return total.reshape(-1, *total.shape[2:])
 
@@ -161,10 +228,10 @@ class Patcher:
         return removed @ self.wiring.sites[s].write[h].to(removed.device).float()
 
     def _receiver_hook(self, inp, norm, r: int, writes, normed, m: torch.Tensor, K: int, B: int):
-        mask = m.repeat_interleave(self.wiring.head_dim[r], dim=-1)  # [K, n, F]
+        D = self.wiring.head_dim[r]
 
         def move(_module, _args, out):
-            return out + self._removed(norm, mask, writes, normed, K, inp.weight).to(out.dtype)
+            return out + self._removed(norm, m, writes, normed, K, inp.weight, D).to(out.dtype)
         return lambda: inp.module.register_forward_hook(move)
 
     def _output_hook(self, writes, normed, m: torch.Tensor, K: int, B: int):
@@ -175,15 +242,40 @@ class Patcher:
         return lambda: final.register_forward_hook(move)
 
 
+def _through(delta: torch.Tensor, w: torch.Tensor, m: torch.Tensor, D: int) -> torch.Tensor:
+    """sum_c m[k, c, j] delta[k, :, :, c] @ w[:, block j] for every feature block j (D wide) -> [K, B, T, J * D].
+    Few (replica, sender, block) triples (one edge per replica): each is one small product on its replica's
+    rows; many (a circuit): one product per sender over every replica, masked per block. Never the
+    [K, B, T, c, J * D] a single einsum would hold."""
+    K, B, T, c, _ = delta.shape
+    J = m.shape[2]
+    out = delta.new_zeros(K, B, T, J, D)
+    triples = m.nonzero().tolist()
+    if len(triples) <= 2 * K:
+        blocks = w.view(w.shape[0], J, D)  # [d, J, D]
+        for k, ci, j in triples:
+            out[k, :, :, j] += m[k, ci, j] * (delta[k, :, :, ci] @ blocks[:, j])
+        return out.view(K, B, T, J * D)
+    for ci in range(c):
+        part = (delta[:, :, :, ci] @ w).view(K, B, T, J, D)  # [K, B, T, J, D]
+        out += part * m[:, ci][:, None, None, :, None]
+    return out.view(K, B, T, J * D)
+
+
 @dataclass
 class Measured:
-    """Per-example sums over the data: clean loss_sum, correct, count [N]; per removed set [N, M]."""
+    """Per-example sums over the data: clean loss_sum, correct, count [N]; per removed set [N, M]. Where the
+    data names wrong answers: the clean logit difference diff [N] over diff_count [N] units, per set set_diff
+    [N, M] (else None)."""
 
     loss_sum: Any
     correct: Any
     count: Any
     set_loss: Any
     set_correct: Any
+    diff: Any = None
+    diff_count: Any = None
+    set_diff: Any = None
 
 
 def over_data(patcher: Patcher, batches: Sequence[tuple[Any, Any]], sets: torch.Tensor) -> Measured:
@@ -193,6 +285,7 @@ def over_data(patcher: Patcher, batches: Sequence[tuple[Any, Any]], sets: torch.
     from ..ablation.steps import indexed
 
     parts: list[tuple] = []
+    diffs: list[tuple] = []
     for inputs, labels, rows in indexed(batches, 0):
         clean, normed = patcher.clean(inputs, labels, rows)
         out = patcher.removed(clean, normed, sets) if len(sets) else None
@@ -201,4 +294,10 @@ def over_data(patcher: Patcher, batches: Sequence[tuple[Any, Any]], sets: torch.
                       clean.count.double().cpu().numpy(),
                       np.zeros((B, 0)) if out is None else out.loss_sum.double().cpu().numpy().T,
                       np.zeros((B, 0)) if out is None else out.correct.double().cpu().numpy().T))
-    return Measured(*(np.concatenate([p[i] for p in parts]) for i in range(5)))
+        if clean.diff_sum is not None:
+            diffs.append((clean.diff_sum.double().cpu().numpy(), clean.diff_count.double().cpu().numpy(),
+                          np.zeros((B, 0)) if out is None else out.diff_sum.double().cpu().numpy().T))
+    joined = [np.concatenate([p[i] for p in parts]) for i in range(5)]
+    if diffs:
+        joined += [np.concatenate([p[i] for p in diffs]) for i in range(3)]
+    return Measured(*joined)

@@ -71,7 +71,7 @@ class CircuitResult:
             row.update(sender_layer=e.edge.sender[0], sender_head=e.edge.sender[1],
                        receiver_layer=None if e.edge.receiver is None else e.edge.receiver[0],
                        receiver_head=None if e.edge.receiver is None else e.edge.receiver[1])
-            for key in ("delta_loss_ci", "delta_accuracy_ci"):
+            for key in ("delta_loss_ci", "delta_accuracy_ci", "delta_logit_diff_ci"):
                 ci = getattr(e, key) or [None, None]
                 row[f"{key}_low"], row[f"{key}_high"] = ci
             rows.append(row)

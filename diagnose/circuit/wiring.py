@@ -12,6 +12,10 @@ the direct effects freeze the final norm, so an edge's change is linear in the s
 
 The direct path of a pre-norm model, the final norm, is the adapter's (readout.final_norm); a model
 whose heads reach the output through more than that one norm (post-norm) has no circuits here yet.
+Code whose adapter declares no path (nanoGPT-style models under the generic adapter) gets it from the
+traced residual stream the direct effects use (adapters.stream_plan): the one norm called after its
+layers is the final norm, and each receiver's input norm must sit in its own layer (a pre-norm stream;
+a post-norm layer reads the previous layer's norm, and is refused).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 
-from ..adapters import trace_calls
+from ..adapters import stream_plan, trace_calls
 from ..adapters.base import AttentionSite
 from ..adapters.layout import BLOCKED, INTERLEAVED, layout_of
 from ..adapters.norms import NormForm, declared, infer
@@ -79,14 +83,48 @@ def wiring(model: nn.Module, sites: Sequence[AttentionSite], example: Any) -> Wi
     if not sites:
         raise ConfigError(f"the model has no attention sites, {_WHY}")
     model = getattr(model, "_orig_mod", model)
+    adapter = sites[0].adapter
+    traced = not (hasattr(adapter, "residual_path") or hasattr(adapter, "final_norm"))
+    final, form, stack = _traced_final(model, sites, example) if traced else _declared_final(model, sites)
+    calls = trace_calls(model, example)
+    built = tuple(_site(site, calls) for site in sites)
+    if stack is not None:
+        _own_layers(model, sites, built, stack)
+    return Wiring(built, final, form, tuple(s.head_dim for s in sites))
+
+
+def _declared_final(model: nn.Module, sites: Sequence[AttentionSite]) -> tuple[nn.Module, NormForm, None]:
     path = residual_path(sites[0].adapter, model, sites[0])
     if len(path.norms) != 1 or path.output is not path.norms[0]:
         raise ConfigError("a head reaches this model's output through more than its final norm (post-norm), "
                           f"{_WHY}: circuits need a pre-norm residual stream")
-    final = path.norms[0]
-    calls = trace_calls(model, example)
-    built = tuple(_site(site, calls) for site in sites)
-    return Wiring(built, final, norm_form(sites[0].adapter, final), tuple(s.head_dim for s in sites))
+    return path.norms[0], norm_form(sites[0].adapter, path.norms[0]), None
+
+
+def _traced_final(model: nn.Module, sites: Sequence[AttentionSite], example: Any) -> tuple[nn.Module, NormForm, str]:
+    """The one norm a traced forward calls after the layers, its form, and the layers' stack name."""
+    plan = stream_plan(model, sites, example)
+    names = {m: n for n, m in model.named_modules()}
+    finals = [(n, f) for n, f in zip(plan.norms, plan.forms) if not _under(names.get(n, ""), plan.stack)]
+    if len(finals) != 1:
+        raise ConfigError(f"a traced forward finds {len(finals)} norms after the layers of {plan.stack or 'the model'}"
+                          f", not one final norm, {_WHY}: circuits need a pre-norm residual stream")
+    return finals[0][0], finals[0][1], plan.stack
+
+
+def _own_layers(model: nn.Module, sites: Sequence[AttentionSite], built: Sequence["Site"], stack: str) -> None:
+    """Each receiver's input norm sits in the receiver's own layer of `stack` (pre-norm); ConfigError if not."""
+    names = {m: n for n, m in model.named_modules()}
+    depth = len(stack.split(".")) + 1 if stack else 1
+    for site, wired in zip(sites, built):
+        layer = site.name.split("#")[0].split(".")[:depth]
+        if wired.norm is not None and names.get(wired.norm, "").split(".")[:depth] != layer:
+            raise ConfigError(f"{site.name} reads {names.get(wired.norm)}, a norm outside its own layer (post-norm), "
+                              f"{_WHY}: circuits need a pre-norm residual stream")
+
+
+def _under(name: str, prefix: str) -> bool:
+    return prefix == "" or name == prefix or name.startswith(prefix + ".")
 
 
 def _site(site: AttentionSite, calls) -> Site:

@@ -4,7 +4,8 @@
    _shipped: the same weights on every machine) with the TrainingMonitor run recorded while each
    trained, and saves each checkpoint with its evaluation data (out/<task>/model.pt, eval.pt,
    runs/<task>);
-2. ablates every head of each (out/<task>/heads.json) and checks its wiring (checks.json);
+2. ablates every head of each (out/<task>/heads.json) and checks its wiring (checks.json); finds the
+   induction model's circuit (out/induction/circuit.json, on CIRCUIT_EXAMPLES of its examples);
 3. trains the lesson pairs (diagnose.demo._lessons) and measures what each switch does (lessons.json);
 4. writes one self-contained report of all of it (out/report.html).
 """
@@ -19,6 +20,7 @@ from typing import Callable
 from .. import _json
 from .._write import atomic_write
 from ..ablation import ablate_heads
+from ..circuit import find_circuit
 from ..checks import check_model
 from ..io import save_checkpoint, save_tensors
 from ..zoo import ModelConfig, TaskData, TrainConfig
@@ -38,6 +40,7 @@ class DemoModel:
     accuracy: float
     loss: float
     seconds: float
+    circuit: Path | None = None  # its circuit (diagnose.circuit/1), for the models whose circuit the demo finds
 
 
 @dataclass
@@ -63,6 +66,10 @@ def demo_variants() -> list[Variant]:
                 ModelConfig(kind="classifier", vocab_size=8, max_len=16, n_layers=2, n_heads=4, d_model=64),
                 TrainConfig(steps=400, lr=3e-3, batch_size=64, warmup=50)),
     ]
+
+
+CIRCUIT_MODELS = ("induction",)  # the demo models whose circuit is found (prev-token head -> induction head)
+CIRCUIT_EXAMPLES = 128  # a few seconds on one CPU thread; the intervals stay narrow (the model is confident)
 
 
 def _write_json(obj: dict, path: Path) -> Path:
@@ -110,8 +117,12 @@ def _run(out: Path, quick: bool, lessons: bool, report: bool, log: Callable[[str
         heads = ablate_heads(t.model, t.eval_data.tensors(), task=data.task, progress=False)
         heads_file = _write_json(heads.to_json(), folder / "heads.json")
         checks_file = _write_json(check_model(t.model, t.eval_data.tensors()).to_json(), folder / "checks.json")
+        circuit = None
+        if v.name in CIRCUIT_MODELS:
+            few = {k: x[:CIRCUIT_EXAMPLES] for k, x in t.eval_data.tensors().items()}
+            circuit = find_circuit(t.model, few, task=data.task).save(folder / "circuit.json")
         item = DemoModel(v.name, data.task, ckpt, data_file, heads_file, checks_file, t.run_dir,
-                         t.accuracy, t.loss, time.perf_counter() - t0)
+                         t.accuracy, t.loss, time.perf_counter() - t0, circuit)
         result.models.append(item)
         log(f"  {v.name:10s} accuracy {item.accuracy:.3f}  loss {item.loss:.3f}  ({item.seconds:.0f} s)")
     if lessons:
@@ -120,7 +131,7 @@ def _run(out: Path, quick: bool, lessons: bool, report: bool, log: Callable[[str
         log(markdown_table(_json.loads(result.lessons.read_text())))
     if report:
         sources = [m.heads for m in result.models] + [m.checks for m in result.models]
-        sources += [m.run_dir for m in result.models]
+        sources += [m.run_dir for m in result.models] + [m.circuit for m in result.models if m.circuit]
         if result.lessons is not None:
             sources.append(result.lessons)
         result.report = write_report(sources, out / "report.html", title="diagnose demo")

@@ -93,8 +93,9 @@ def planted(kind: str = "induction") -> Transformer:
     return model.eval()
 
 
-def planted_data(kind: str = "induction", n: int = 40, seed: int = 0) -> dict[str, torch.Tensor]:
-    """n sequences and their labels: the next token of the second half (induction), else the previous token."""
+def planted_data(kind: str = "induction", n: int = 40, seed: int = 0, wrong: bool = False) -> dict[str, torch.Tensor]:
+    """n sequences and their labels: the next token of the second half (induction), else the previous token;
+    wrong: with wrong_labels, the current token as each unit's wrong answer (the logit difference metric)."""
     g = torch.Generator().manual_seed(seed)
     first = torch.stack([torch.randperm(V - 1, generator=g)[:HALF] + 1 for _ in range(n)])  # [N, HALF]
     ids = torch.cat([torch.zeros(n, 1, dtype=torch.long), first, first], dim=1)  # [N, T]
@@ -103,4 +104,7 @@ def planted_data(kind: str = "induction", n: int = 40, seed: int = 0) -> dict[st
         labels[:, HALF + 1:-1] = ids[:, HALF + 2:]
     else:
         labels[:, 1:] = ids[:, :-1]
-    return {"input_ids": ids, "labels": labels}
+    out = {"input_ids": ids, "labels": labels}
+    if wrong:
+        out["wrong_labels"] = torch.where(labels == -100, labels, ids)
+    return out

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.numerics
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("circuit")
     save_checkpoint(planted("induction"), d / "model.pt", meta={"task": "lm"})
-    torch.save(planted_data("induction", n=12), d / "eval.pt")
+    torch.save(planted_data("induction", n=12, wrong=True), d / "eval.pt")
     return d
 
 
@@ -34,8 +34,14 @@ def test_circuit_writes_its_json_and_report(files):
     doc = json.loads((files / "c.json").read_text(), parse_constant=lambda c: pytest.fail(f"non-strict {c}"))
     assert doc["schema"] == "diagnose.circuit/1" and doc["method"] == "zero"
     assert {e["label"] for e in doc["circuit"]["edges"]} == {"L0.H0 -> L1.H0 (k)", "L1.H0 -> output"}
+    # the data names a wrong answer per unit: the logit difference beside the loss, per edge and for the circuit
+    out = " ".join(res.output.split())
+    assert f"logit diff {doc['baseline']['logit_diff']:.3f} (label - wrong answer)" in out and "Δlogit" in out
+    assert "of the logit difference's" in out and doc["circuit"]["faithfulness_logit_diff"] >= 0.8
+    assert all(len(e["delta_logit_diff_ci"]) == 2 for e in doc["edges"])
     html = (files / "c.html").read_text()
     assert '<section id="circuit">' in html and "L0.H0 -&gt; L1.H0 (k): Δloss" in html
+    assert "faithfulness, logit diff" in html and "; Δlogit diff -" in html
 
 
 @pytest.mark.parametrize("args, names", [

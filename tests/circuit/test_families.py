@@ -16,9 +16,9 @@ pytestmark = pytest.mark.numerics
 transformers = pytest.importorskip("transformers")
 
 
-def _gpt2():
+def _gpt2(n_layer: int = 2):
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=24, n_positions=16, bos_token_id=0,
+    cfg = transformers.GPT2Config(n_layer=n_layer, n_head=2, n_embd=32, vocab_size=24, n_positions=16, bos_token_id=0,
                                   eos_token_id=0, attn_implementation="eager", resid_pdrop=0, embd_pdrop=0,
                                   attn_pdrop=0)
     model = transformers.GPT2LMHeadModel(cfg).eval()
@@ -55,3 +55,31 @@ def test_llama_grouped_query_attention_keys_and_values_are_key_value_heads():
     for h in heads.heads:
         edge = result.edge(f"L{h.layer}.H{h.head} -> output")
         assert edge.delta_loss == approx(h.direct_delta_loss, scale=1.0), (h.layer, h.head)
+
+
+def test_replaying_the_clean_prefix_changes_no_outcome():
+    """The blocks before the earliest moved input replay their clean output and their senders' clean writes
+    (patch.py): every single edge and a few circuits (many edges removed) give what full forwards give."""
+    from diagnose.ablation.gate import gated
+    from diagnose.ablation.sweep import Sweep
+    from diagnose.circuit import patch
+    from diagnose.circuit.edges import all_edges
+    from diagnose.circuit.wiring import wiring
+    from diagnose.sites import find_heads
+    from ..tolerance import assert_close
+
+    model, data = _gpt2(n_layer=3)
+    batches = [({"input_ids": data["input_ids"][:6]}, None), ({"input_ids": data["input_ids"][6:]}, None)]
+    sites = find_heads(model, example=batches[0][0])
+    edges = all_edges(sites)
+    g = torch.Generator().manual_seed(2)
+    sets = torch.cat([torch.eye(len(edges), dtype=torch.bool)[torch.randperm(len(edges), generator=g)],
+                      torch.rand(4, len(edges), generator=g) > 0.5])
+    got = {}
+    with gated(sites) as gates:
+        for reuse in (False, True):
+            patcher = patch.Patcher(Sweep(model, sites, gates, "lm", reuse=reuse), wiring(model, sites, batches[0][0]),
+                                    edges)
+            got[reuse] = patch.over_data(patcher, batches, sets).set_loss
+            assert patcher.replaying == reuse and bool(patcher.checked) == reuse
+    assert_close(torch.as_tensor(got[True]), torch.as_tensor(got[False]), depth=3, width=32)

@@ -24,7 +24,7 @@ PLANTED = {"induction": ("L0.H0 -> L1.H0 (k)", "K"), "q": ("L0.H0 -> L1.H0 (q)",
 
 @pytest.fixture(scope="module")
 def induction():
-    model, data = planted("induction"), planted_data("induction", n=16)
+    model, data = planted("induction"), planted_data("induction", n=16, wrong=True)
     before = (hook_snapshot(model), {k: v.clone() for k, v in model.state_dict().items()})
     result = find_circuit(model, data, methods=["zero", "mean"], **FAST)
     return model, data, result, before
@@ -70,12 +70,65 @@ def test_the_json_is_strict_and_the_frame_has_a_row_per_edge(induction, tmp_path
     assert len(frame) == 16 and set(frame["composition"]) == {"Q", "K", "V", "direct"}
 
 
+def _frozen_final_norm_logit_diff(model, data) -> tuple[float, float]:
+    """Independent of the circuit code: the logit difference label - wrong per unit, clean and with L1.H0's
+    output-projection slice zeroed while the final LayerNorm keeps its clean sigma (the direct path alone)."""
+    ln, seen = model.ln_f, {}
+    both = (data["labels"] != -100) & (data["wrong_labels"] != -100)
+
+    def diff():
+        with torch.no_grad():
+            logits = model(data["input_ids"])
+        pick = lambda t: logits[both].gather(1, t[both][:, None])[:, 0]  # noqa: E731
+        return float((pick(data["labels"]) - pick(data["wrong_labels"])).mean())
+
+    def frozen(_m, args, _out):
+        x = args[0]
+        seen.setdefault("sigma", (x.var(-1, unbiased=False, keepdim=True) + ln.eps).sqrt())
+        return (x - x.mean(-1, keepdim=True)) / seen["sigma"] * ln.weight + ln.bias
+
+    handle = ln.register_forward_hook(frozen)
+    try:
+        clean = diff()
+        proj, D = model.blocks[1].attn.proj.weight, model.cfg.head_dim
+        saved = proj.detach().clone()
+        with torch.no_grad():
+            proj[:, :D] = 0
+        ablated = diff()
+        with torch.no_grad():
+            proj.copy_(saved)
+    finally:
+        handle.remove()
+    return clean, ablated
+
+
+def test_the_logit_difference_per_edge_and_for_the_circuit(induction):
+    """Data naming a wrong answer per unit: each edge's change in logit difference with its interval, and the
+    circuit's faithfulness of it; the output edge's against a frozen-final-norm forward with the head zeroed."""
+    model, data, result, _ = induction
+    clean, ablated = _frozen_final_norm_logit_diff(model, data)
+    assert result.baseline["logit_diff"] == approx(clean, scale=abs(clean))
+    out = result.edge("L1.H0 -> output")
+    assert out.delta_logit_diff == approx(ablated - clean, scale=abs(clean))
+    for e in result.edges:
+        lo, hi = e.delta_logit_diff_ci
+        assert lo <= e.delta_logit_diff <= hi
+        assert (hi < -0.5 * clean) == e.in_circuit, (e.edge.label, e.delta_logit_diff, e.delta_logit_diff_ci)
+    c = result.circuit
+    assert c.faithfulness_logit_diff >= 0.8 and c.faithfulness_logit_diff_ci[0] >= 0.8
+    assert c.methods["mean"]["faithfulness_logit_diff"] >= 0.8
+    assert result.to_frame()["delta_logit_diff_ci_high"].notna().all()
+
+
 @pytest.mark.parametrize("kind", ["q", "v"])
 def test_planted_q_and_v_composition(kind):
     result = find_circuit(planted(kind), planted_data(kind, n=12), **FAST)
     label, composition = PLANTED[kind]
     assert {e.label for e in result.circuit.edges} == {label, "L1.H0 -> output"}
     assert result.edge(label).edge.composition == composition and result.edge(label).verdict == "matters"
+    # no wrong answers named: no logit difference anywhere
+    assert "logit_diff" not in result.baseline and result.circuit.faithfulness_logit_diff is None
+    assert all(e.delta_logit_diff is None for e in result.edges)
 
 
 def test_eap_ig_ranks_the_planted_edges_first():

@@ -50,3 +50,20 @@ def test_files_give_the_same_views(real):
     want = run.steps["loss"].to_numpy()
     assert np.allclose(t.loss[1], want, rtol=0, atol=tol(magnitude(want)), equal_nan=True)  # float32 copies
     assert len(from_files.checks[0].findings) == len(findings)
+
+
+def test_a_head_of_the_circuit_links_to_it(real_report, planted_circuit):
+    """The heads section names the circuit of the same model (family, layers x heads) and links each of its
+    heads to its row in the circuit section; a model of another shape gets no link."""
+    html = real_report.read_text()
+    for layer, head in sorted({e.sender for e in planted_circuit.circuit.edges}):
+        assert f'<a href="#circuit-1-L{layer}H{head}">L{layer}.H{head}</a>' in html
+        assert f'<tr id="circuit-1-L{layer}H{head}">' in html
+    assert '<article class="circuit-source" id="circuit-1">' in html and '<a href="#circuit-1">' in html
+    from diagnose.reports.view_circuit import check_circuit, circuit_section, links_for
+
+    doc = json.loads(json.dumps(planted_circuit.to_json()))
+    section = circuit_section("c", check_circuit(doc, "c.json"), [])
+    assert links_for("h", "reference", 2, 2, [section])[0] is section
+    assert links_for("h", "reference", 2, 4, [section]) == (None, {})  # another shape: another model
+    assert links_for("h", "hf-gpt2", 2, 2, [section]) == (None, {})
