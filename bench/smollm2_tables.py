@@ -25,11 +25,13 @@ from pathlib import Path
 
 from scipy.stats import spearmanr
 
+from diagnose._head_label import head_label
+
 TOP = 10
 
 
 def name(h: dict) -> str:
-    return f"L{h['layer']}.H{h['head']}"
+    return head_label(h["layer"], h["head"])
 
 
 def ci(value: float | None, interval: list[float] | None) -> str:

@@ -160,7 +160,7 @@ def circuit_section(name: str, data: dict[str, Any], sections: list[Section], in
     height = int(Y0 + max(heads) * ROW + 10)
     anchor = f"circuit-{index}"
     roles = {(h["layer"], h["head"]): h.get("role") or "" for h in data.get("heads") or []}
-    named = [(head_label(l, h), roles.get((l, h), ""), f"{anchor}-L{l}H{h}") for l, h in sorted(in_circuit)]
+    named = [(head_label(l, h), roles.get((l, h), ""), f"{anchor}-head-{l}-{h}") for l, h in sorted(in_circuit)]
     return CircuitSection(name, data, width, height, nodes, lines, out, summary, sections, anchor, named)
 
 
