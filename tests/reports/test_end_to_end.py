@@ -57,8 +57,8 @@ def test_a_head_of_the_circuit_links_to_it(real_report, planted_circuit):
     heads to its row in the circuit section; a model of another shape gets no link."""
     html = real_report.read_text()
     for layer, head in sorted({e.sender for e in planted_circuit.circuit.edges}):
-        assert f'<a href="#circuit-1-L{layer}H{head}">L{layer}.H{head}</a>' in html
-        assert f'<tr id="circuit-1-L{layer}H{head}">' in html
+        assert f'<a href="#circuit-1-head-{layer}-{head}">{head_label(layer, head)}</a>' in html
+        assert f'<tr id="circuit-1-head-{layer}-{head}">' in html
     assert '<article class="circuit-source" id="circuit-1">' in html and '<a href="#circuit-1">' in html
     from diagnose.reports.view_circuit import check_circuit, circuit_section, links_for
 
