@@ -89,7 +89,7 @@ def wiring(model: nn.Module, sites: Sequence[AttentionSite], example: Any) -> Wi
     calls = trace_calls(model, example)
     built = tuple(_site(site, calls) for site in sites)
     if stack is not None:
-        _own_layers(model, sites, built, stack)
+        _own_layers({m: n for n, m in model.named_modules()}, sites, built, stack)
     return Wiring(built, final, form, tuple(s.head_dim for s in sites))
 
 
@@ -112,9 +112,10 @@ def _traced_final(model: nn.Module, sites: Sequence[AttentionSite], example: Any
     return finals[0][0], finals[0][1], plan.stack
 
 
-def _own_layers(model: nn.Module, sites: Sequence[AttentionSite], built: Sequence["Site"], stack: str) -> None:
-    """Each receiver's input norm sits in the receiver's own layer of `stack` (pre-norm); ConfigError if not."""
-    names = {m: n for n, m in model.named_modules()}
+def _own_layers(names: dict[nn.Module, str], sites: Sequence[AttentionSite], built: Sequence["Site"],
+                stack: str) -> None:
+    """Each receiver's input norm (named by `names`) sits in the receiver's own layer of `stack` (pre-norm);
+    ConfigError if not."""
     depth = len(stack.split(".")) + 1 if stack else 1
     for site, wired in zip(sites, built):
         layer = site.name.split("#")[0].split(".")[:depth]
