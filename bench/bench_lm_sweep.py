@@ -18,7 +18,8 @@ Parts (each its own child process, so that its peak memory, VmHWM, is its own):
   only (transformers' logits_to_keep=1): what the unembedding costs, and how rows per forward pay.
 - profile: the default sweep under cProfile (CPU-time clock) on the first --profile-layers layers: CPU seconds
   per stage (ablation, heads closed together, direct effects, attention statistics, roles, the rest).
-- growth: the sweep (attention off) on the first --growth-layers layers and on 32/64 examples (cost per head),
+- growth: the sweep (attention off) on the first --growth-layers layers (at the first of --growth-examples), on
+  the rest of --growth-examples (at the fewest of those layers) (cost per head),
   and a random-init model of SmolLM2's width with 6 layers and vocabulary 8,192 / 49,152, logits cut to the
   scored position (ours) or made at every position (the adapter's output layer hidden).
 
@@ -198,10 +199,12 @@ def part_growth(folder: Path, layers: list[int], examples: list[int]) -> dict:
         model.model.layers = blocks[:n_layers]
         model.config.num_hidden_layers = n_layers
         out["layers"][n_layers] = sweep(model, data, examples[0])
-    model.model.layers = blocks
-    model.config.num_hidden_layers = len(blocks)
+    model.model.layers = blocks[:layers[0]]  # the examples' runs on the fewest layers: linear, and cheap
+    model.config.num_hidden_layers = layers[0]
     for n in examples[1:]:
         out["examples"][n] = sweep(model, data, n)
+    model.model.layers = blocks
+    model.config.num_hidden_layers = len(blocks)
     for vocab in (8192, 49152):
         cfg = transformers.LlamaConfig(**{**model.config.to_dict(), "vocab_size": vocab, "num_hidden_layers": 6})
         torch.manual_seed(0)
@@ -273,7 +276,8 @@ def child(args) -> None:
     elif args.part == "peer":
         out = part_peer(folder, args.examples, [int(x) for x in args.peer_layers.split(",")])
     else:
-        out = part_growth(folder, [int(x) for x in args.growth_layers.split(",")], [32, 64])
+        out = part_growth(folder, [int(x) for x in args.growth_layers.split(",")],
+                          [int(x) for x in args.growth_examples.split(",")])
     out.update(threads=torch.get_num_threads(), load=os.getloadavg()[0])
     print("RESULT " + json.dumps(out))
 
@@ -286,6 +290,8 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=128)
     parser.add_argument("--peer-layers", default="0,15,29", help="layers whose heads the peer loop runs")
     parser.add_argument("--growth-layers", default="10,20,30")
+    parser.add_argument("--growth-examples", default="32,64", help="examples for the layer runs (the first) and "
+                        "the full model's runs (the rest); the vocabulary runs take 32")
     parser.add_argument("--profile-layers", type=int, default=6, help="layers the profile part keeps")
     parser.add_argument("--folder", default="/tmp/diagnose-smollm2", help="where the converted model is kept")
     parser.add_argument("--out", default=None, help="also write every part's result to this JSON file")
@@ -298,6 +304,7 @@ def main() -> None:
     for part in args.parts.split(","):
         cmd = [sys.executable, __file__, "--part", part, "--threads", str(args.threads), "--examples",
                str(args.examples), "--peer-layers", args.peer_layers, "--growth-layers", args.growth_layers,
+               "--growth-examples", args.growth_examples,
                "--profile-layers", str(args.profile_layers), "--folder", args.folder]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         run = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -1,5 +1,6 @@
-"""The progress of `diagnose heads`: the library reports plain ProgressEvents, the CLI shows them: a rich bar
-with the time left on a terminal, else a plain line on stderr every few seconds (a log file, a CI job)."""
+"""The progress of `diagnose heads` and `diagnose circuit`: the library reports plain ProgressEvents, the CLI
+shows them: a rich bar with the time left on a terminal, else a plain line on stderr every few seconds (a log
+file, a CI job). Each stage after the sweep (direct effects, attention statistics, ...) names itself."""
 
 from __future__ import annotations
 
@@ -43,14 +44,17 @@ def _bar(console, label: str, clock: Callable[[], float]) -> Iterator[Callable]:
     with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=console, transient=True) as bar:
         task = bar.add_task("", total=None)
-        chose = [""]
+        chose, stage, began = [""], [None], [start]
 
         def show(event) -> None:
             if event.note is not None:
                 console.print(f"{label}: {event.note}", highlight=False, markup=False)  # stays after the bar goes
                 chose[0] = event.note
-            left = time_left(event, clock() - start)
+            if event.stage != stage[0]:  # a stage after the sweep: its own count and time left
+                stage[0], began[0] = event.stage, clock()
+            left = time_left(event, clock() - began[0])
             text = chose[0] if left is None else f"about {duration(left)} left; {chose[0]}"
+            text = text if event.stage is None else f"{event.stage}" + (f", about {duration(left)} left" if left else "")
             bar.update(task, completed=event.done, total=event.total or None, description=text)
 
         yield show

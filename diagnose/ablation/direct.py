@@ -165,6 +165,8 @@ class Direct(Passes):
         out: dict[int, Ablated] = {}
         for s, ms in self._site_chunks(heads):
             out.update(self._chunk(clean, outs[s], normed, s, ms))
+            if self.tick:
+                self.tick()
         return out
 
     def _chunk(self, clean: Clean, head_out: torch.Tensor, normed: dict[int, torch.Tensor], s: int,

@@ -40,20 +40,24 @@ class Passes:
 
     sweep: Sweep
     seconds: float
+    tick = None  # called after each site's chunk of heads (the progress), set by run
+
+    def steps(self, n_parts: int, heads: Sequence[int]) -> int:
+        """The ticks `run` makes: one per chunk of heads of one site, on each part."""
+        return n_parts * sum(1 for _ in self._site_chunks(heads))
 
     def run(self, parts: Sequence[tuple[Any, Any]], first: int, r: Ranks, heads: Sequence[int],
             tick=None) -> Accumulator:
-        """Every head of `heads` (global indices) on this rank's parts; all ranks' sums."""
+        """Every head of `heads` (global indices) on this rank's parts; all ranks' sums; tick() per chunk."""
         acc = Accumulator(len(self.sweep.heads))
         started = time.perf_counter()
+        self.tick = tick
 
         def work() -> None:
             for inputs, labels, rows in indexed(parts, first):
                 clean, ablated = self._pass(inputs, labels, rows, heads)
                 acc.add_clean(clean)
                 acc.add_ablated(ablated)
-                if tick:
-                    tick()
 
         r.run_local("measuring direct effects", work)
         self.seconds += time.perf_counter() - started
@@ -108,6 +112,8 @@ class Clamped(Passes):
         out: dict[int, Ablated] = {}
         for s, ms in self._site_chunks(heads):
             out.update(self._chunk(clean, record, s, ms))
+            if self.tick:
+                self.tick()
         return out
 
     def _chunk(self, clean: Clean, record: dict, s: int, ms: list[int]) -> dict[int, Ablated]:

@@ -91,12 +91,16 @@ def _run(model: torch.nn.Module, data: Any, cfgs: list[AblationConfig], sites: S
     started += time.perf_counter() - closing  # the timing figures are the sweep's own
     with eval_mode(model), gated(sites) as gates:
         measured = _sweep(model, sites, gates, batches, cfgs, r, bar, started, wrong=wrong)
+    if cfg.attention:
+        bar.stage("attention statistics")
     summary = _attention(model, sites, batches, r, cfg, tokens if tokens is not None else getattr(data, "tokens", None))
     results = []
     for i, (c, m, together) in enumerate(zip(cfgs, measured, groups)):
+        bar.stage("look-alike heads closed together" + (f" ({c.method})" if len(cfgs) > 1 else ""))
         result = _assemble(model, sites, batches, r, c, m, summary if i == 0 else None, started)
         result.together = together
         results.append(result)
+    bar.stage("analyses")
     with eval_mode(model):  # the analysis steps (analyses.py): the first config's result, its sections
         results[0].sections = run_analyses(AnalysisInput(model, sites, batches, cfg, results[0], r.active))
     return results
@@ -194,14 +198,14 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
     direct = []
     for c, p, (_, chosen) in zip(cfgs, prepared, runs):
         p.use(sweep)
-        direct.append(_direct_effects(model, sweep, parts, first, r, chosen, c) if c.direct else (None, None))
+        direct.append(_direct_effects(model, sweep, parts, first, r, chosen, c, bar) if c.direct else (None, None))
     counts = r.gather((sweep.forwards, sweep.examples_forwarded, sweep.reuse))
     return [_Measured(acc, chosen, sweep.heads, plan, ranked_at[0] if ranked_at else None, ablation_seconds, counts,
                       direct_acc, direct_info, scored.to_json()) for (acc, chosen), (direct_acc, direct_info) in zip(runs, direct)]
 
 
 def _direct_effects(model: torch.nn.Module, sweep: Sweep, parts: list, first: int, r: Ranks, chosen: list[int],
-                    cfg: AblationConfig) -> tuple[Accumulator | None, dict]:
+                    cfg: AblationConfig, bar: Progress) -> tuple[Accumulator | None, dict]:
     """The direct effects of the chosen heads (direct.py), or None and the one-line reason they cannot be had."""
     paths, reason = _direct.readiness(sweep.sites, model, parts[0][0] if parts else None)
     if paths is not None and not chosen:
@@ -212,7 +216,11 @@ def _direct_effects(model: torch.nn.Module, sweep: Sweep, parts: list, first: in
     reason = passes.verify(*parts[0][:2])
     if reason is not None:
         return None, {"measured": False, "reason": reason}
-    acc = passes.run(parts, first, r, chosen)
+    swept = bar.forwards
+    bar.forwards = lambda: (swept() if swept else 0) + passes.forwards  # the sweep's and these passes'
+    per_part = passes.steps(1, chosen)
+    bar.stage("direct effects", len(parts) * per_part, first=per_part)
+    acc = passes.run(parts, first, r, chosen, tick=bar.tick)
     forwards = r.gather(passes.forwards)
     return acc, {"measured": True, "n_heads": len(chosen), "norm": _direct.NORM, "method": cfg.method,
                  "path": _direct.path_of(paths),

@@ -81,10 +81,35 @@ def test_the_engine_counts_a_step_per_head_and_the_passes(lm):
     events: list[ProgressEvent] = []
     ids = torch.randint(1, 12, (6, 6), generator=torch.Generator().manual_seed(0))
     result = ablate_heads(lm, {"input_ids": ids}, task="lm", batch_size=3, progress=events.append, attention=False)
-    steps = [e for e in events if e.note is None]
+    steps = [e for e in events if e.note is None and e.stage is None]  # the sweep's own
     assert steps[-1].done == steps[-1].total == 2 * 4  # 2 batches x 4 heads
     assert steps[-1].first == 4 and steps[-1].forwards <= result.timing["forward_passes"]
     assert [e.done for e in steps] == sorted(e.done for e in steps)
+    direct = [e for e in events if e.stage == "direct effects"]
+    chunks = 2 * -(-2 // result.timing["replication"])  # per batch: each layer's 2 heads in chunks
+    assert direct[0].done == 0 and direct[-1].done == direct[-1].total == 2 * chunks  # 2 batches
+    assert direct[-1].forwards > steps[-1].forwards  # the direct passes count among the forwards
+    stages = list(dict.fromkeys(e.stage for e in events))
+    assert stages == [None, "direct effects", "look-alike heads closed together", "analyses"]
+
+
+def test_each_stage_after_the_sweep_closes_the_one_before_and_says_its_name():
+    """A long stage after the sweep (direct effects) is never silent, and its time left is its own."""
+    lines: list[str] = []
+    log = ProgressLog(lines.append, "ablating heads", FakeClock(10.0), every=5.0)
+    log(ProgressEvent(0, 2, first=1))
+    log(ProgressEvent(1, 2, first=1))  # 20 s: a line
+    log(ProgressEvent(2, 2, first=1))
+    log(ProgressEvent(0, 4, forwards=9, first=1, stage="direct effects"))  # closes the sweep, then its own
+    log(ProgressEvent(1, 4, forwards=10, first=1, stage="direct effects"))
+    log(ProgressEvent(0, 0, stage="analyses"))
+    log.finish()
+    assert lines == ["ablating heads: 1/2 steps (50%), 10s elapsed, about 10s left",
+                     "ablating heads: 2/2 steps (100%), 20s elapsed",
+                     "ablating heads: direct effects: 0/4 steps (0%), 9 forward passes, 30s elapsed",
+                     "ablating heads: direct effects: 1/4 steps (25%), 10 forward passes, 40s elapsed, "
+                     "about 30s left",
+                     "ablating heads: analyses: 50s elapsed"]
 
 
 def test_cli_logs_progress_when_stderr_is_not_a_terminal(lm, tmp_path, monkeypatch):
@@ -103,4 +128,6 @@ def test_cli_logs_progress_when_stderr_is_not_a_terminal(lm, tmp_path, monkeypat
     timing = json.loads((tmp_path / "h.json").read_text())["timing"]
     assert lines[0].startswith(f"ablating heads: micro-batch {timing['micro_batch']} of 3")
     assert any("left" in x for x in lines[1:-1])  # after the first batch, an estimate
-    assert lines[-1].startswith("ablating heads: 8/8 steps (100%)") and "forward passes" in lines[-1]
+    done = [x for x in lines if x.startswith("ablating heads: 8/8 steps (100%)")]
+    assert len(done) == 1 and "forward passes" in done[0]  # the sweep's last line, then each later stage's
+    assert lines[-1] == lines[-1].split(": ")[0] + ": analyses: " + lines[-1].split("analyses: ")[1]
