@@ -29,7 +29,7 @@ from ._evals import eval_record
 from ._layout import StepLayout
 from ._measure import MEASUREMENTS, Probe, StepInputs
 from ._records import check_step
-from ._sinks import RunFolderSink, close_all, guest_seconds, guests
+from ._sinks import Guest, RunFolderSink, close_all, guest_seconds, guests
 from ._spikes import SPIKE_KINDS, spike_stem
 from ._actions import SkipList, act_on
 from ._declare import declare
@@ -95,7 +95,7 @@ class TrainingMonitor:
         self._previous: tuple[int, Any] | None = None  # (step, batch) of the last logged step (_forensics)
         self.last_alerts: list[dict[str, Any]] = []  # the alerts of the last logged step
         self._grad_snapshot: tuple | None = None  # gradient norms read early (_capture_grads)
-        self._last_logged: tuple[int, float] | None = None  # (step, perf_counter) of the last logged step
+        self._last_logged: tuple[int, tuple] | None = None  # (step, _timing's clocks) of the last logged step
         self.thresholds = cfg.thresholds or Thresholds()
         self._extra_settings = dict(cfg.settings)
         self.rank, self.world = _dist_world()
@@ -216,14 +216,15 @@ class TrainingMonitor:
             self._act(s, None, self._alerts.check(record, amp=scaler is not None, light=True),
                       optimizer, scaler, batch, per_example_loss)
             return None
-        now = time.perf_counter() - guest_seconds(self.sinks)  # a slow sink is not the step's time
+        spent = guest_seconds(self.sinks)  # a slow sink's time is not the step's: sink_time holds it
+        now = time.perf_counter() - spent
         forwards = self._acts.forwards
         try:
             record = self._measure(s, loss, optimizer, lr, scaler, tokens)
         finally:
             self._grad_snapshot = None
             self._arm(self._step)
-        self._timing(record, s, now, micro_batches if micro_batches is not None else forwards)
+        self._timing(record, s, (now, spent), micro_batches if micro_batches is not None else forwards)
         alerts = self._alerts.check(record, amp=scaler is not None)  # every rank: raise_on acts alike
         self._act(s, record, alerts, optimizer, scaler, batch, per_example_loss)
         return record
@@ -259,15 +260,17 @@ class TrainingMonitor:
             raise TrainingAlertError(f"step {s}: {kinds} (TrainingMonitor raise_on/stop_on); see {stop[0]['where']}: "
                                      f"{stop[0]['message']}", stop)
 
-    def _timing(self, record: dict[str, Any], s: int, now: float, micro_batches: int) -> None:
-        """step_time (seconds per step since the last logged step), tokens and tokens/s."""
-        step_time = None
+    def _timing(self, record: dict[str, Any], s: int, clocks: tuple[float, float], micro_batches: int) -> None:
+        """step_time, sink_time (per step since the last logged one: training's, user sinks'), tokens, tokens/s."""
+        step_time = sink_time = None
         if self._last_logged is not None and s > self._last_logged[0]:
-            step_time = (now - self._last_logged[1]) / (s - self._last_logged[0])
-        self._last_logged = (s, now)
+            step_time, sink_time = ((a - b) / (s - self._last_logged[0]) for a, b in zip(clocks, self._last_logged[1]))
+        self._last_logged = (s, clocks)
         tokens = record.pop("tokens", None)
         record["micro_batches"] = max(1, int(micro_batches))
         record["step_time"] = step_time
+        if any(isinstance(sink, Guest) for sink in self.sinks):
+            record["sink_time"] = sink_time
         record["tokens"] = tokens
         record["tokens_per_s"] = (tokens / step_time if tokens is not None and step_time else None)
 
