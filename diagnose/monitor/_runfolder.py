@@ -298,6 +298,7 @@ class RunTail:
     def __init__(self, run_dir: str | os.PathLike):
         self.dir = Path(run_dir)
         self._offsets = {METRICS: 0, ALERTS: 0}
+        self.skipped: list[int] = []  # the lines that did not parse (a torn write, nesting too deep), as read_run's
 
     def _new(self, name: str) -> list[dict[str, Any]]:
         path = self.dir / name
@@ -315,7 +316,7 @@ class RunTail:
         out = []
         check = _check_step if name == METRICS else check_alert  # the same checks as read_run's
         for i, line in enumerate(data[:end].split(b"\n")):  # "\n" only: JSON strings may hold U+2028
-            rec = parse_record(line, f"{path}, new line {i + 1}", None, check)
+            rec = parse_record(line, f"{path}, new line {i + 1}", self.skipped, check)
             if rec is not None:
                 out.append(rec)
         return out
