@@ -1,0 +1,102 @@
+"""Settings and sinks that cannot work are refused when they are made (issue 36), with one line
+naming what and the fix, before any run folder exists: the real trackers' sinks (TensorBoard,
+MLflow's file store, wandb without a run, Lightning's loggers), a sink function of the wrong shape,
+and Thresholds values that would crash a detector at step 0 or later."""
+
+from __future__ import annotations
+
+import re
+import types
+
+import numpy as np
+import pytest
+
+from diagnose.errors import ConfigError, OutputError, UsageError
+from diagnose.monitor import MLflowSink, TensorBoardSink, Thresholds, TrainingMonitor, WandbSink
+from diagnose.monitor._live_trackers import LightningLoggersSink
+from diagnose.zoo import Transformer
+from ..versions import required
+from .hostile_runs import CFG
+
+pytestmark = pytest.mark.numerics
+
+MLFLOW = "pip install -e '.[test]' or '.[mlflow]'"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """An MLflow file store holding one deleted run: (its URI, that run's id)."""
+    required("mlflow", MLFLOW)
+    from mlflow import MlflowClient
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3.7+ keeps the file store behind this
+    uri = (tmp_path_factory.mktemp("store") / "mlruns").as_uri()
+    client = MlflowClient(tracking_uri=uri)
+    gone = client.create_run("0").info.run_id
+    client.delete_run(gone)
+    yield uri, gone
+    mp.undo()
+
+
+def _monitor(tmp, sinks):
+    return TrainingMonitor(Transformer(CFG), tmp / "run", sinks=sinks)
+
+
+MADE = [("a TensorBoard logdir that is no path", lambda tmp, st: TensorBoardSink(5), UsageError, "not a path"),
+        ("a TensorBoard flush_secs that is a word",
+         lambda tmp, st: TensorBoardSink(tmp / "tb", flush_secs="10"), ConfigError, "flush_secs"),
+        ("a TensorBoard logdir under a file",
+         lambda tmp, st: TensorBoardSink(tmp / "a_file" / "tb"), OutputError, "cannot be written"),
+        ("a TensorBoard writer that is none",
+         lambda tmp, st: TensorBoardSink(writer=object()), UsageError, "not a SummaryWriter"),
+        ("a sink function of one argument",
+         lambda tmp, st: _monitor(tmp, [lambda scalars: None]), UsageError, "f(scalars, step)"),
+        ("an MLflow run id that is no string", lambda tmp, st: MLflowSink(7), UsageError, "run_id"),
+        ("an MLflow store MLflow cannot open",
+         lambda tmp, st: MLflowSink(tracking_uri="nosuchscheme://x"), ConfigError, "tracking store"),
+        ("an MLflow run the store lacks",
+         lambda tmp, st: MLflowSink("nosuchrun", tracking_uri=st[0]), UsageError, "no run 'nosuchrun'"),
+        ("an MLflow experiment the store lacks",
+         lambda tmp, st: MLflowSink(experiment_id="999", tracking_uri=st[0]), UsageError, "no experiment '999'"),
+        ("a deleted MLflow run", lambda tmp, st: MLflowSink(st[1], tracking_uri=st[0]), UsageError, "is deleted"),
+        ("a wandb run that is a word", lambda tmp, st: WandbSink(run="my-run"), UsageError, "not a wandb run"),
+        ("Lightning loggers that are a word",
+         lambda tmp, st: LightningLoggersSink(types.SimpleNamespace(loggers="csv")), UsageError, "not a list")]
+
+
+@pytest.mark.parametrize("what, make, error, words", MADE, ids=[c[0] for c in MADE])
+def test_a_sink_that_cannot_work_is_refused_when_made(tmp_path, store, what, make, error, words):
+    if "wandb" in what:
+        required("wandb", "pip install -e '.[test]' or '.[wandb]'")
+    (tmp_path / "a_file").write_text("mine")
+    with pytest.raises(error, match=re.escape(words)) as caught:
+        make(tmp_path, store)
+    assert "\n" not in str(caught.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # no run folder, no logdir
+    assert (tmp_path / "a_file").read_text() == "mine"
+
+
+THRESHOLDS = [("a 400-digit ratio", dict(grad_spike_ratio=10 ** 400), "grad_spike_ratio"),
+              ("a window past int64", dict(window=2 ** 64), "2\\*\\*63 - 1"),
+              ("a diverge_window past int64", dict(diverge_window=2 ** 70), "diverge_window"),
+              ("an extra count of 2.5", dict(extra={"z_patience": 2.5}), "z_patience.*whole number"),
+              ("an extra count a word", dict(extra={"z_patience": "3"}), "z_patience.*whole number"),
+              ("an extra 400-digit limit", dict(extra={"z_rms_max": 10 ** 400}), "z_rms_max"),
+              ("an extra count past int64", dict(extra={"rank_grace": 10 ** 30}), "rank_grace")]
+
+
+@pytest.mark.parametrize("what, kw, words", THRESHOLDS, ids=[c[0] for c in THRESHOLDS])
+def test_thresholds_that_would_crash_a_detector_are_refused_when_made(what, kw, words):
+    with pytest.raises(ConfigError, match=words) as caught:
+        Thresholds(**kw)
+    assert "\n" not in str(caught.value)
+
+
+def test_numpy_thresholds_are_kept_as_python_numbers(tmp_path):
+    t = Thresholds(window=np.int64(7), cooldown=np.int32(5), grad_spike_ratio=np.float32(4.0),
+                   extra={"z_patience": np.int64(2), "z_rms_max": np.float64(9.5)})
+    assert type(t.window) is int and type(t.cooldown) is int and type(t.grad_spike_ratio) is float
+    assert t.extra == {"z_patience": 2, "z_rms_max": 9.5} and type(t.extra["z_patience"]) is int
+    with TrainingMonitor(Transformer(CFG), tmp_path / "run", thresholds=t, echo=False):
+        pass  # the detectors are made on them: deque(maxlen=np.int64) was a TypeError at step 0
