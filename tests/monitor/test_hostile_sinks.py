@@ -173,12 +173,20 @@ def test_sinks_that_cannot_work_are_refused_when_made(tmp_path):
 
 
 @pytest.mark.slow  # wandb.init starts wandb's service process: ~15 s on a busy 2-core box
-def test_wandb_sink_on_a_finished_run_is_refused_when_made(tmp_path, monkeypatch):
+def test_a_wandb_run_finished_mid_training_drops_its_sink_and_is_refused_when_made(tmp_path, monkeypatch, sink_free):
     wandb = required("wandb", "pip install -e '.[test]' or '.[wandb]'")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = wandb.init(project="diagnose-test", dir=str(tmp_path))
-    run.finish()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            seen = _train(tmp_path / "run", [WandbSink(run=run)], after_step=lambda s: s == 1 and run.finish())
+    finally:
+        run.finish()
+    said = dropped(caught)  # wandb: "Run (...) is finished. The call to `log` will be ignored."
+    assert len(said) == 1 and "sink WandbSink failed" in said[0] and WandbSink.fix in said[0], said
+    assert _folder(tmp_path / "run") == sink_free[0] and seen == sink_free[1]
     with pytest.raises(UsageError, match="finished"):
         WandbSink(run=run)
 
@@ -217,6 +225,55 @@ def test_mlflow_sink_takes_names_it_would_refuse(tmp_path, monkeypatch):
         assert logged[mlflow_name(f"diagnose/eval/{name}")] == value
 
 
+def test_an_mlflow_run_deleted_mid_training_is_dropped_and_the_run_goes_on(tmp_path, monkeypatch, sink_free):
+    required("mlflow", "pip install -e '.[test]' or '.[mlflow]'")
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    sink, client = MLflowSink(tracking_uri=uri), MlflowClient(tracking_uri=uri)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        seen = _train(tmp_path / "run", [sink], after_step=lambda s: s == 1 and client.delete_run(sink.run_id))
+    said = dropped(caught)  # MLflow refuses the next write: the run "must be in 'active' lifecycle_stage"
+    assert len(said) == 1 and "sink MLflowSink failed" in said[0] and MLflowSink.fix in said[0], said
+    assert _folder(tmp_path / "run") == sink_free[0] and seen == sink_free[1]
+
+
+class Keeper:
+    """A logger with Lightning's log_metrics that keeps what it is given."""
+
+    def __init__(self):
+        self.logged: list[tuple[int, dict]] = []
+
+    def log_metrics(self, metrics, step):
+        self.logged.append((step, dict(metrics)))
+
+
+class Down:
+    """A logger whose server is gone."""
+
+    fix = "restart the logging server"
+
+    def log_metrics(self, metrics, step):
+        raise ConnectionError("logging server down")
+
+
+def test_one_lightning_logger_failing_leaves_the_others_streaming(tmp_path, sink_free):
+    from diagnose.monitor._live_trackers import LightningLoggersSink
+
+    keeper = Keeper()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        seen = _train(tmp_path / "run", [LightningLoggersSink(types.SimpleNamespace(loggers=[Down(), keeper]))])
+    said = dropped(caught)
+    assert len(said) == 1 and "Lightning logger Down failed" in said[0] and Down.fix in said[0], said
+    assert _folder(tmp_path / "run") == sink_free[0] and seen == sink_free[1]
+    written = sink_free[0]
+    steps = sorted([r["step"] for r in written["metrics.jsonl"]] + [a["step"] for a in written["alerts.jsonl"]])
+    assert [s for s, _ in keeper.logged] == steps + [4]  # every record and alert, then the evaluation at 4
+
+
 @pytest.mark.slow  # importing Lightning and making an MLflow experiment: ~30 s on a busy 2-core box
 def test_lightning_mlflow_logger_gets_the_same_names(tmp_path, monkeypatch):
     pytest.importorskip("lightning.pytorch")
@@ -227,15 +284,18 @@ def test_lightning_mlflow_logger_gets_the_same_names(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     uri = (tmp_path / "mlruns").as_uri()
-    logger = MLFlowLogger(experiment_name="diagnose-test", tracking_uri=uri)
-    sink = LightningLoggersSink(types.SimpleNamespace(loggers=[logger]))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # Lightning's own stripping would warn
+    logger = MLFlowLogger(experiment_name="diagnose-test", tracking_uri=uri, prefix="fit")  # "fit-" + each name
+    sink = LightningLoggersSink(types.SimpleNamespace(loggers=[Down(), logger]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # Lightning's own stripping would warn
         with TrainingMonitor(Transformer(CFG), tmp_path / "run", echo=False, sinks=[sink]) as monitor:
-            monitor.log_eval(0, loss=1.0, **HOSTILE_NAMES)
+            monitor.log_eval(0, loss=1.0, nan_metric=float("nan"), **HOSTILE_NAMES)
+    assert [str(w.message) for w in caught if "diagnose" in str(w.message) or "MLFlow" in str(w.message)] == \
+        dropped(caught) and len(dropped(caught)) == 1  # the broken logger, said once; nothing from Lightning
     logged = _mlflow_logged(uri, logger.run_id)
-    for name, value in HOSTILE_NAMES.items():
-        assert logged[mlflow_name(f"diagnose/eval/{name}")] == value
+    for name, value in HOSTILE_NAMES.items():  # its prefix counted in MLflow's 250 characters
+        assert logged["fit-" + mlflow_name(f"diagnose/eval/{name}", 250 - len("fit-"))] == value
+    assert max(len(k) for k in logged) <= 250 and not any("nan_metric" in k for k in logged)  # NaN left out
 
 
 def test_streaming_to_no_tracker_says_so(tmp_path):
@@ -243,6 +303,20 @@ def test_streaming_to_no_tracker_says_so(tmp_path):
 
     with pytest.warns(RuntimeWarning, match="trackers=True.*nothing is streamed"):
         assert _tracker_sinks(types.SimpleNamespace(report_to=["none"], output_dir=str(tmp_path))) == []
+
+
+def test_a_tracker_without_its_run_is_said_and_the_others_stream(tmp_path):
+    wandb = required("wandb", "pip install -e '.[test]' or '.[wandb]'")
+    pytest.importorskip("tensorboard")
+    from diagnose.monitor.hf import _tracker_sinks
+
+    if wandb.run is not None:
+        pytest.skip("a wandb run is active in this process")
+    args = types.SimpleNamespace(report_to=["wandb", "tensorboard"], output_dir=str(tmp_path), logging_dir=None)
+    with pytest.warns(RuntimeWarning, match=r"streams nothing to wandb \(WandbSink: no wandb run: call wandb\.init"):
+        sinks = _tracker_sinks(args)  # in on_train_begin: trainer.train() goes on
+    assert [type(s).__name__ for s in sinks] == ["TensorBoardSink"]
+    sinks[0].close(0)
 
 
 @pytest.mark.slow  # importing Lightning: ~25 s on a busy 2-core box
