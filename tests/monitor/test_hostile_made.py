@@ -1,7 +1,8 @@
 """Settings and sinks that cannot work are refused when they are made (issue 36), with one line
 naming what and the fix, before any run folder exists: the real trackers' sinks (TensorBoard,
 MLflow's file store, wandb without a run, Lightning's loggers), a sink function of the wrong shape,
-and Thresholds values that would crash a detector at step 0 or later."""
+Thresholds values that would crash a detector at step 0 or later, and the monitor's own settings
+that crashed a later step, did something else silently, or wrote a run.json its readers refuse."""
 
 from __future__ import annotations
 
@@ -100,3 +101,30 @@ def test_numpy_thresholds_are_kept_as_python_numbers(tmp_path):
     assert t.extra == {"z_patience": 2, "z_rms_max": 9.5} and type(t.extra["z_patience"]) is int
     with TrainingMonitor(Transformer(CFG), tmp_path / "run", thresholds=t, echo=False):
         pass  # the detectors are made on them: deque(maxlen=np.int64) was a TypeError at step 0
+
+
+SETTINGS = [("every a word", dict(every="10"), ConfigError, "every must be a whole number"),
+            ("every 2.5", dict(every=2.5), ConfigError, "every must be a whole number"),
+            ("attention_every NaN", dict(attention_every=float("nan")), ConfigError, "attention_every"),
+            ("clip a word", dict(clip="1.0"), ConfigError, "clip must be"),
+            ("clip NaN", dict(clip=float("nan")), ConfigError, "clip must be"),
+            ("clip negative", dict(clip=-1.0), ConfigError, "clip must be"),
+            ("spike_bytes 1e300", dict(spike_bytes=1e300), ConfigError, "spike_bytes must be a whole number"),
+            ("spike_limit past int64", dict(spike_limit=2 ** 64), ConfigError, "spike_limit"),
+            ("save_spikes a word", dict(save_spikes="no"), UsageError, "save_spikes must be True or False"),
+            ("echo a word", dict(echo="off"), UsageError, "echo must be True or False"),
+            ("on_alert no function", dict(on_alert="print"), UsageError, "on_alert must be a function"),
+            ("raise_on a misspelt kind", dict(raise_on=["nonfinte"]), ConfigError, "'nonfinte', which no registered"),
+            ("stop_on a number", dict(stop_on=[3]), UsageError, "stop_on must list alert kinds"),
+            ("skip_on None", dict(skip_on=None), UsageError, "skip_on must be an alert kind"),
+            ("settings a word", dict(settings="fast"), UsageError, "settings must be a dict"),
+            ("settings overwriting every", dict(settings={"every": "x"}), ConfigError, "monitor's own 'every'"),
+            ("settings no JSON", dict(settings={"note": object()}), ConfigError, "cannot go into run.json"),
+            ("settings a 400-digit number", dict(settings={"n": 10 ** 400}), ConfigError, "cannot go into run.json")]
+
+
+@pytest.mark.parametrize("what, kw, error, words", SETTINGS, ids=[c[0] for c in SETTINGS])
+def test_monitor_settings_are_refused_when_made(tmp_path, what, kw, error, words):
+    with pytest.raises(error, match=re.escape(words)) as caught:
+        TrainingMonitor(Transformer(CFG), tmp_path / "run", **kw)
+    assert "\n" not in str(caught.value) and not (tmp_path / "run").exists()
