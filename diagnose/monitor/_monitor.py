@@ -28,7 +28,7 @@ from ._config import MonitorConfig
 from ._evals import eval_record
 from ._layout import StepLayout
 from ._measure import MEASUREMENTS, Probe, StepInputs
-from ._records import check_step
+from ._step_args import check_step_args
 from ._sinks import Guest, RunFolderSink, close_all, guest_seconds, guests
 from ._spikes import SPIKE_KINDS, spike_stem
 from ._actions import SkipList, act_on
@@ -202,8 +202,7 @@ class TrainingMonitor:
         if self._closed:
             raise StateError("TrainingMonitor.step() after close()")
         self._ready("step")
-        if step is not None:
-            self._step = check_step(step)
+        self._step = check_step_args(self._step, step, loss=loss, lr=lr, tokens=tokens, micro_batches=micro_batches)
         s = self._step
         self._step += 1
         if s % self.every != 0:  # a light step (_light.py): only the every-step detectors' inputs

@@ -11,6 +11,7 @@ import types
 
 import numpy as np
 import pytest
+import torch
 
 from diagnose.errors import ConfigError, OutputError, UsageError
 from diagnose.monitor import MLflowSink, TensorBoardSink, Thresholds, TrainingMonitor, WandbSink
@@ -128,3 +129,30 @@ def test_monitor_settings_are_refused_when_made(tmp_path, what, kw, error, words
     with pytest.raises(error, match=re.escape(words)) as caught:
         TrainingMonitor(Transformer(CFG), tmp_path / "run", **kw)
     assert "\n" not in str(caught.value) and not (tmp_path / "run").exists()
+
+
+STEP_ARGS = [("a loss that is a word", dict(loss="abc"), UsageError, "step(loss=...) must be a number"),
+             ("a 400-digit loss", dict(loss=10 ** 400), ConfigError, "step(loss=...) is an integer too large"),
+             ("a loss of two numbers", dict(loss=torch.tensor([1.0, 2.0])), UsageError, "got a tensor of shape [2]"),
+             ("an lr that is a word", dict(lr="1e-3"), UsageError, "step(lr=...) must be a number"),
+             ("a 400-digit lr", dict(lr=10 ** 400), ConfigError, "step(lr=...) is an integer too large"),
+             ("negative tokens", dict(tokens=-5), ConfigError, "step(tokens=...) must be from 0"),
+             ("micro-batches past int64", dict(micro_batches=10 ** 30), ConfigError, "step(micro_batches=...)"),
+             ("an eval metric of two numbers", dict(eval={"acc": torch.tensor([0.5, 0.7])}), UsageError,
+              "log_eval: acc must be one number")]
+
+
+@pytest.mark.parametrize("what, kw, error, words", STEP_ARGS, ids=[c[0] for c in STEP_ARGS])
+def test_step_arguments_are_refused_before_anything_is_written(tmp_path, what, kw, error, words):
+    from diagnose.monitor import read_run
+
+    model = Transformer(CFG)
+    ids = torch.randint(0, CFG.vocab_size, (2, CFG.max_len), generator=torch.Generator().manual_seed(0))  # [B, T]
+    with TrainingMonitor(model, tmp_path / "run", every=1, echo=False) as monitor:
+        model(ids).sum().backward()
+        with pytest.raises(error, match=re.escape(words)) as caught:
+            monitor.log_eval(0, **kw["eval"]) if "eval" in kw else monitor.step(kw.pop("loss", 1.0), **kw)
+        monitor.step(1.0)  # the monitor goes on: the refused call wrote nothing
+    assert "\n" not in str(caught.value)
+    run = read_run(tmp_path / "run")  # the folder reads back: nothing its readers refuse was written
+    assert list(run.steps["step"]) == [0] and len(run.evals) == 0 and run.skipped_lines == 0
