@@ -87,7 +87,7 @@ def settings(value: Any) -> dict[str, Any]:
                               f"pass {key}= itself, or another name")
         try:
             _json.loads(_json.dumps(item))  # as run.json is written, and as its readers parse it
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:  # no JSON form, a cycle, nesting too deep
             raise ConfigError(f"settings={{{key!r}: ...}} cannot go into run.json as JSON ({type(exc).__name__}: "
                               f"{str(exc)[:120]}): give a string, a number, a bool, None, or lists and dicts of "
                               f"them") from None
