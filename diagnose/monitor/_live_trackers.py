@@ -217,8 +217,9 @@ class LightningLoggersSink(LiveSink):
                 logger.log_metrics(_for_logger(logger, scalars), step=step)
             except Exception as exc:  # noqa: BLE001 - this logger is dropped, said once; the others go on
                 self._dropped.add(id(logger))
-                warn_dropped(type(logger).__name__, "log_metrics", exc, sink_fix(logger, "log_metrics"),
-                             what="Lightning logger")
+                fix = sink_fix(logger, "log_metrics", "check that logger (its folder, its server, its run), or take "
+                                                      "it out of the Trainer's loggers")
+                warn_dropped(type(logger).__name__, "log_metrics", exc, fix, what="Lightning logger")
 
 
 def _for_logger(logger: Any, scalars: dict[str, float]) -> dict[str, float]:

@@ -138,13 +138,13 @@ def error_text(exc: BaseException) -> str:
     return " ".join(text.split())[:_ERROR_CHARS]
 
 
-def sink_fix(sink: Any, method: str) -> str:
-    """The fix a warning names: the sink's own `fix` (a string), else a generic one."""
+def sink_fix(sink: Any, method: str, default: str | None = None) -> str:
+    """The fix a warning names: the sink's own `fix` (a string), else `default`, else a generic one."""
     try:
         fix = getattr(sink, "fix", None)
     except Exception:  # noqa: BLE001 - a property that raises says no fix
         fix = None
-    return fix if isinstance(fix, str) and fix.strip() else f"fix its {method}(), or leave it out of sinks="
+    return fix if isinstance(fix, str) and fix.strip() else default or f"fix its {method}(), or leave it out of sinks="
 
 
 def warn_dropped(name: str, method: str, exc: BaseException, fix: str, what: str = "sink") -> None:
