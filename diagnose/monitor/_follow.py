@@ -93,4 +93,5 @@ def follow(run_dir: str | os.PathLike, on_step: Callable[[dict[str, Any]], None]
             said_quiet = True
         if end is not None and now > end:
             return TIMEOUT
-        time.sleep(poll_s)
+        if not tail.more:  # a poll that stopped at its byte budget reads on at once
+            time.sleep(poll_s)

@@ -71,3 +71,23 @@ def test_the_tensorboard_export_holds_every_declared_field_of_a_real_run(tmp_pat
     assert set(shown) <= tags
     sites = list(last["attention"])
     assert sites and all(f"attention/{s}/max_logit/head{h}" in tags for s in sites for h in range(2))
+
+
+def test_follow_refuses_a_huge_sparse_file_as_stats_does(tmp_path):
+    def edit(run: Path):
+        with open(run / "metrics.jsonl", "r+b") as f:
+            f.truncate(2 << 30)  # 2 GB of zero bytes after the records, held by no disk block
+    run = run_folder(tmp_path, edit)
+    for args, words in ((["stats", run], "longer than 16,777,216 bytes"),
+                        (["stats", run, "--follow"], "is longer than 16,777,216 bytes")):  # read 64 MiB, not 2 GB
+        assert_refused(invoke(*args), "metrics.jsonl", words)
+
+
+def test_follow_reads_a_file_past_its_poll_budget_whole(tmp_path, monkeypatch):
+    from diagnose.monitor import _runfolder, follow
+
+    run = run_folder(tmp_path, lambda run: None)
+    monkeypatch.setattr(_runfolder, "POLL_BYTES", 4096)  # a few records a poll
+    steps: list[int] = []
+    assert follow(run, lambda r: steps.append(r["step"]), lambda a: None, poll_s=0.01) == "closed"
+    assert steps == list(range(20))  # every record, though the run was closed at the first poll
