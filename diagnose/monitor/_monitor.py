@@ -87,7 +87,6 @@ class TrainingMonitor:
         self.skip_on, self.stop_on = cfg.skip_on, cfg.stop_on
         self.skipped = False  # whether the last step()'s update was dropped (skip_on)
         self.skips: list[int] = []  # the steps skipped or stopped at in this session (skips.json: all of them)
-        self._skip_list = SkipList(run_dir if _dist_world()[0] == 0 else None)  # skips.json, read when first written
         self._declared = False  # run.json lists every part's signals (_declare.py)
         self._saved: str | None = None  # the spike batch saved at the last step() (its spikes/ stem)
         self.save_spikes, self.spike_bytes, self.spike_limit = cfg.save_spikes, cfg.spike_bytes, cfg.spike_limit
@@ -104,7 +103,8 @@ class TrainingMonitor:
         user_sinks = guests(cfg.sinks)  # each behind a guard: a sink that fails is dropped, not the run
         if run_dir is None and not user_sinks:
             raise ConfigError("TrainingMonitor needs a run folder (run_dir) or at least one sink")
-        self._folder = RunFolderSink(run_dir) if run_dir is not None else None
+        self._folder = RunFolderSink(run_dir, check=self.rank == 0) if run_dir is not None else None
+        self._skip_list = SkipList(run_dir if self.rank == 0 else None)  # skips.json, read when first written
         # records go to rank 0's sinks only, the run folder first (the source of truth)
         self.sinks: list[Any] = ([self._folder] if self._folder else []) + user_sinks if self.rank == 0 else []
         self._probes: list[Probe] = []

@@ -35,7 +35,7 @@ import pandas as pd
 
 from .. import _json
 from .._write import atomic_write
-from ..errors import InputFileError, RunFolderError
+from ..errors import InputFileError, OutputError, RunFolderError
 from ..io import iter_lines, read_json, require_file
 from ._evals import EVALS, check_eval, evals_frame
 from ._fields import attention_rows, record_keys, steps_row
@@ -63,7 +63,11 @@ class RunWriter:
 
     def __init__(self, run_dir: str | os.PathLike, info: dict[str, Any]):
         self.dir = Path(run_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # /proc/x, a full disk, a file on the way: one line, not a raw OSError
+            raise OutputError(f"{self.dir}: the run folder cannot be made ({exc.strerror or exc}): give a folder "
+                              f"you can write (TrainingMonitor's run_dir)") from None
         self._info_path = self.dir / RUN_JSON
         session = {"started": _now(), "pid": os.getpid(), "host": socket.gethostname(),
                    "settings": info.get("settings", {})}

@@ -26,6 +26,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
+from .._write import check_output
 from ..errors import UsageError
 from ._runfolder import RunWriter
 from ._spikes import save_spike
@@ -55,7 +56,14 @@ class Sink:
 class RunFolderSink(Sink):
     """The `diagnose.run/1` folder (_runfolder.py); also keeps the batches behind spike alerts."""
 
-    def __init__(self, run_dir: str | os.PathLike):
+    def __init__(self, run_dir: str | os.PathLike, *, check: bool = True):
+        """check: refuse now (OutputError, one line) a run_dir that is a file, a dangling symlink, a FIFO
+        or in a folder this process cannot write, rather than with a raw 'File exists' when the set-up
+        makes it (at the first forward, mid-training, for a model traced there); rank 0 checks."""
+        if not isinstance(run_dir, (str, os.PathLike)) or isinstance(os.fspath(run_dir), bytes):
+            raise UsageError(f"run_dir ({type(run_dir).__name__}) is not a folder's path: give one, or None")
+        if check:
+            check_output(run_dir, option="run_dir (the run folder)", folder=True)
         self.dir = Path(run_dir)
         self.writer: RunWriter | None = None
 

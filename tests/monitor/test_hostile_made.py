@@ -6,6 +6,7 @@ that crashed a later step, did something else silently, or wrote a run.json its 
 
 from __future__ import annotations
 
+import os
 import re
 import types
 
@@ -156,3 +157,27 @@ def test_step_arguments_are_refused_before_anything_is_written(tmp_path, what, k
     assert "\n" not in str(caught.value)
     run = read_run(tmp_path / "run")  # the folder reads back: nothing its readers refuse was written
     assert list(run.steps["step"]) == [0] and len(run.evals) == 0 and run.skipped_lines == 0
+
+
+def _fifo(tmp):
+    os.mkfifo(tmp / "pipe")
+    return tmp / "pipe"
+
+
+RUN_DIRS = [("a file", lambda tmp: tmp / "a_file", OutputError, "must be a folder, but it is a file"),
+            ("a dangling symlink", lambda tmp: (tmp / "gone").symlink_to(tmp / "nowhere") or tmp / "gone",
+             OutputError, "symbolic link to nothing"),
+            ("a FIFO", _fifo, OutputError, "it is a FIFO"),
+            ("a folder under a file", lambda tmp: tmp / "a_file" / "run", OutputError, "not a folder"),
+            ("a number", lambda tmp: 7, UsageError, "run_dir (int) is not a folder's path")]
+
+
+@pytest.mark.parametrize("what, where, error, words", RUN_DIRS, ids=[c[0] for c in RUN_DIRS])
+def test_a_run_dir_that_cannot_be_a_folder_is_one_line_when_made(tmp_path, what, where, error, words):
+    (tmp_path / "a_file").write_text("mine")
+    run_dir = where(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(error, match=re.escape(words)) as caught:  # was a raw "File exists" at set-up
+        TrainingMonitor(Transformer(CFG), run_dir, echo=False)
+    assert "\n" not in str(caught.value) and sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (tmp_path / "a_file").read_text() == "mine"
