@@ -24,7 +24,7 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from .._write import check_output
 from ..errors import UsageError
@@ -96,7 +96,7 @@ def check_sinks(sinks: Iterable[Any] | None) -> list[Any]:
 
     if sinks is None:
         return []
-    if isinstance(sinks, (str, bytes, os.PathLike)) or not isinstance(sinks, Iterable):
+    if isinstance(sinks, (str, bytes, os.PathLike, Mapping)) or not isinstance(sinks, Iterable):
         raise UsageError(f"sinks must be a list of Sink objects, got {type(sinks).__name__}")
     sinks = list(sinks)
     for s in sinks:
