@@ -19,9 +19,8 @@ WRITERS = {"write_text", "write_bytes", "save_file", "copyfile", "copy2", "copyt
 ALLOWED = {
     ("diagnose/monitor/_runfolder.py", "open(a)"): (
         1, "metrics.jsonl and alerts.jsonl are logs appended one whole line per record; readers skip a torn last line"),
-    ("diagnose/monitor/_tensorboard.py", "SummaryWriter"): (1, "TensorBoard's event files, written by its own writer"),
-    ("diagnose/monitor/_live_trackers.py", "SummaryWriter"): (
-        1, "the live TensorBoard sink's event files, written by TensorBoard's own writer as the run goes"),
+    ("diagnose/monitor/_tensorboard.py", "SummaryWriter"): (
+        1, "TensorBoard's event files, written by its own writer (the export's, and the live sink's as the run goes)"),
     ("diagnose/zoo/pretrained.py", "save_pretrained"): (
         2, "a Hugging Face folder for the tests and benches, written by transformers itself"),
     ("diagnose/prune/save.py", "save_pretrained"): (

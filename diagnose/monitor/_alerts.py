@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 import sys
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
+from .._numbers import number
 from ..errors import ConfigError
 
 from ._detect import DETECTORS, Context, Detector, hints, kinds
@@ -70,6 +72,9 @@ class Thresholds:
     cooldown: steps before the same kind may fire again (after its condition cleared).
     extra: thresholds of registered detectors that are not built in ({name: value}, overriding
         their `defaults`); a name no registered detector reads is refused.
+    Each value is checked when the Thresholds is made (ConfigError naming it): a finite number, 0 or
+    more; a whole one from 0 to 2**63 - 1 where it counts steps (an int field, or an extra whose
+    detector's default is an int); numpy's numbers are kept as Python's.
     """
 
     window: int = 50
@@ -102,17 +107,18 @@ class Thresholds:
         (a whole number where the field counts steps; warmup_check may also be False); ConfigError."""
         for f in fields(self):
             if f.name != "extra":
-                _check_threshold(f.name, getattr(self, f.name), whole=f.type.startswith("int"),
-                                 flag=f.name == "warmup_check")
+                setattr(self, f.name, _check_threshold(f.name, getattr(self, f.name), whole=f.type.startswith("int"),
+                                                       flag=f.name == "warmup_check"))
         if self.window < 1:
             raise ConfigError(f"Thresholds(window=...) must be at least 1, got {self.window}")
         if not isinstance(self.extra, Mapping):
             raise ConfigError(f"Thresholds(extra=...) must be a dict {{name: number}}, got {type(self.extra).__name__}")
+        extra = {}
         for name, value in self.extra.items():
             if not isinstance(name, str):
-                raise ConfigError(f"Thresholds(extra=...) names must be strings, got {name!r}")
-            _check_threshold(name, value, whole=False, flag=False, where="extra")
-        self.extra = dict(self.extra)
+                raise ConfigError(f"Thresholds(extra=...) names must be strings, got {name!r:.40}")
+            extra[name] = _check_threshold(name, value, whole=_counts_steps(name), flag=False, where="extra")
+        self.extra = extra
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -122,16 +128,38 @@ class Thresholds:
 
 
 
-def _check_threshold(name: str, value: Any, *, whole: bool, flag: bool, where: str = "") -> None:
+MAX_COUNT = 2 ** 63 - 1  # a threshold that counts steps counts them as a step is numbered: an int64
+
+
+def _counts_steps(name: str) -> bool:
+    """Whether a detector's own threshold counts steps: its default (Detector.defaults) is a whole number."""
+    for d in DETECTORS:
+        default = (getattr(d, "defaults", None) or {}).get(name)
+        if default is not None:
+            return isinstance(default, int) and not isinstance(default, bool)
+    return False  # no registered detector reads it (yet): refused, by name, when a monitor is made
+
+
+def _check_threshold(name: str, value: Any, *, whole: bool, flag: bool, where: str = "") -> Any:
+    """The value as it is kept: a Python int where it counts steps (0 to 2**63 - 1), else a finite
+    number, 0 or more (numpy's numbers become Python's); ConfigError naming the field otherwise."""
     shown = f"Thresholds(extra={{{name!r}: ...}})" if where else f"Thresholds({name}=...)"
     if flag and isinstance(value, bool):
-        return
+        return value
+    want = "a whole number (it counts steps)" if whole else "a number"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's numbers are Real too
-        raise ConfigError(f"{shown} must be a number, got {type(value).__name__} {value!r:.40}")
+        raise ConfigError(f"{shown} must be {want}, got {type(value).__name__} {value!r:.40}")
     if whole and not isinstance(value, numbers.Integral):
-        raise ConfigError(f"{shown} counts steps: a whole number, got {value!r}")
-    if not (math.isfinite(value) and value >= 0):
-        raise ConfigError(f"{shown} must be a finite number, 0 or more, got {value!r}")
+        raise ConfigError(f"{shown} must be {want}, got {value!r:.40}")
+    if whole:
+        value = operator.index(value)
+        if not 0 <= value <= MAX_COUNT:
+            raise ConfigError(f"{shown} counts steps: a whole number, 0 or more and at most 2**63 - 1, got {value!r:.40}")
+        return value
+    x = number(value) if isinstance(value, (int, float)) else float(value)
+    if x is None or not (math.isfinite(x) and x >= 0):
+        raise ConfigError(f"{shown} must be a finite number, 0 or more, got {value!r:.40}")
+    return value if isinstance(value, (int, float)) else x
 
 
 class _Latch:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import ConfigError, UsageError
+from . import _config_checks as check
 from ._alerts import Thresholds
 
 
@@ -53,24 +54,25 @@ class MonitorConfig:
     sinks: Iterable[Any] | None = ()
 
     def __post_init__(self) -> None:
+        from ._detect import kinds
         from ._sinks import check_sinks
 
-        if self.every < 1:
-            raise ConfigError(f"every must be >= 1, got {self.every}")
-        if self.attention_every < 0:
-            raise ConfigError(f"attention_every must be 0 (never) or more, got {self.attention_every}")
-        if self.spike_bytes < 0 or self.spike_limit < 0:
-            raise ConfigError("spike_bytes and spike_limit must be >= 0")
+        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - a frozen dataclass
+        put("every", check.count("every", self.every, 1))
+        put("attention_every", check.count("attention_every", self.attention_every, 0, " (0: never)"))
+        put("spike_bytes", check.count("spike_bytes", self.spike_bytes, 0))
+        put("spike_limit", check.count("spike_limit", self.spike_limit, 0))
+        put("clip", check.clip(self.clip))
+        put("echo", check.flag("echo", self.echo))
+        put("save_spikes", check.flag("save_spikes", self.save_spikes))
+        put("on_alert", check.callback("on_alert", self.on_alert))
         if self.thresholds is not None and not isinstance(self.thresholds, Thresholds):
             raise UsageError(f"thresholds must be a diagnose.monitor.Thresholds, got {type(self.thresholds).__name__}")
         for name in ("raise_on", "skip_on", "stop_on"):
-            kinds = getattr(self, name)
-            object.__setattr__(self, name, frozenset((kinds,) if isinstance(kinds, str) else kinds))
+            put(name, check.alert_kinds(name, getattr(self, name), kinds()))
         _check_skip_on(self.skip_on)
-        object.__setattr__(self, "settings", dict(self.settings or {}))
-        object.__setattr__(self, "sinks", tuple(check_sinks(self.sinks)))
-        object.__setattr__(self, "spike_bytes", int(self.spike_bytes))
-        object.__setattr__(self, "spike_limit", int(self.spike_limit))
+        put("settings", check.settings(self.settings))
+        put("sinks", tuple(check_sinks(self.sinks)))
 
     @classmethod
     def of(cls, config: "MonitorConfig | None", keywords: dict[str, Any], *,

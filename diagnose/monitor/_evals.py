@@ -23,6 +23,8 @@ def _number(name: str, value: Any) -> float | None:
     if value is None:
         return None
     if hasattr(value, "detach"):  # a tensor
+        if getattr(value, "numel", lambda: 1)() != 1:
+            raise UsageError(f"log_eval: {name} must be one number, got a tensor of shape {list(value.shape)}")
         value = value.detach().float().item()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         try:

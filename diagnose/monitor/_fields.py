@@ -29,6 +29,7 @@ MONITOR_FIELDS = (
     record_field("lr", "lr", ".4g"),
     record_field("micro_batches", "micro-batches", "d"),
     record_field("step_time", "step time", ".3g", "s"),
+    record_field("sink_time", "sink time", ".3g", "s"),  # the user sinks' seconds per step, apart from step_time
     record_field("tokens", "tokens", "d"),
     record_field("tokens_per_s", "tokens/s", ".4g"),
 )

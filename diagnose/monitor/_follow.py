@@ -45,7 +45,8 @@ def follow(run_dir: str | os.PathLike, on_step: Callable[[dict[str, Any]], None]
     Waits up to wait_s for a run that has not written run.json yet (telling on_note so).
     Returns "closed" when run.json says closed, "writer_gone" when the writer's process is
     gone without closing it, "timeout" when timeout_s passed first. on_note gets one-line
-    notices (waiting for the run to start; no record for quiet_s). Ctrl-C propagates.
+    notices (waiting for the run to start; no record for quiet_s; a line that does not parse, once).
+    Ctrl-C propagates.
     """
     note = on_note or (lambda _msg: None)
     tail = RunTail(run_dir)
@@ -57,6 +58,7 @@ def follow(run_dir: str | os.PathLike, on_step: Callable[[dict[str, Any]], None]
                              f"give the folder passed to TrainingMonitor")
     end = None if timeout_s is None else time.monotonic() + timeout_s
     last_news, said_quiet = time.monotonic(), False
+    said_skip: list[bool] = []  # the skipped-line note, said once
 
     def deliver() -> tuple[bool, bool]:
         """Hand on what the run wrote since the last poll: (anything new, run closed)."""
@@ -65,6 +67,10 @@ def follow(run_dir: str | os.PathLike, on_step: Callable[[dict[str, Any]], None]
             on_step(rec)
         for alert in alerts:
             on_alert(alert)
+        if tail.skipped and not said_skip:
+            said_skip.append(True)
+            note(f"a line in {tail.dir} does not parse (a torn write, or nesting too deep) and is skipped, as "
+                 f"`diagnose stats` skips it; the summary counts the skipped lines")
         return bool(steps or alerts), closed
 
     while True:
@@ -87,4 +93,5 @@ def follow(run_dir: str | os.PathLike, on_step: Callable[[dict[str, Any]], None]
             said_quiet = True
         if end is not None and now > end:
             return TIMEOUT
-        time.sleep(poll_s)
+        if not tail.more:  # a poll that stopped at its byte budget reads on at once
+            time.sleep(poll_s)

@@ -62,7 +62,7 @@ class HeadVital(Detector):
         now = list(_heads(rec, "importance"))
         if not now:
             return emit(False, "", "")
-        top = max(1, math.ceil(ctx.threshold("vital_top") * len(now)))
+        top = max(1, math.ceil(min(ctx.threshold("vital_top"), 1.0) * len(now)))  # a share of the heads
         ranked = sorted(now, key=lambda t: -t[3])[:top]
         new = []
         for layer, site, h, v in ranked:

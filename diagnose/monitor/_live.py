@@ -11,10 +11,12 @@ callable.
 
 from __future__ import annotations
 
+import inspect
 import math
 from abc import ABC, abstractmethod
 from typing import Any, Callable
 
+from ..errors import UsageError
 from . import _fields
 from ._head_events import head_scalars
 from ._sinks import Sink
@@ -86,6 +88,14 @@ class CallableSink(LiveSink):
     TrainingMonitor(sinks=[fn]) is wrapped in one."""
 
     def __init__(self, fn: Callable[[dict[str, float], int], Any]):
+        try:
+            inspect.signature(fn).bind({}, 0)
+        except TypeError:  # it could not take (scalars, step): every call would fail, so refuse it now
+            name = getattr(fn, "__qualname__", type(fn).__name__)
+            raise UsageError(f"sink function {name} cannot be called as f(scalars, step): give it two "
+                             f"parameters, or pass a diagnose.monitor.Sink") from None
+        except ValueError:  # a builtin without a signature: tried at the first step, as a guest
+            pass
         self.fn = fn
 
     def log(self, scalars: dict[str, float], step: int) -> None:

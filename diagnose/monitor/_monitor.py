@@ -28,8 +28,8 @@ from ._config import MonitorConfig
 from ._evals import eval_record
 from ._layout import StepLayout
 from ._measure import MEASUREMENTS, Probe, StepInputs
-from ._records import check_step
-from ._sinks import RunFolderSink, close_all, guest_seconds, guests
+from ._step_args import check_step_args
+from ._sinks import Guest, RunFolderSink, close_all, guest_seconds, guests
 from ._spikes import SPIKE_KINDS, spike_stem
 from ._actions import SkipList, act_on
 from ._declare import declare
@@ -87,7 +87,6 @@ class TrainingMonitor:
         self.skip_on, self.stop_on = cfg.skip_on, cfg.stop_on
         self.skipped = False  # whether the last step()'s update was dropped (skip_on)
         self.skips: list[int] = []  # the steps skipped or stopped at in this session (skips.json: all of them)
-        self._skip_list = SkipList(run_dir if _dist_world()[0] == 0 else None)  # skips.json, read when first written
         self._declared = False  # run.json lists every part's signals (_declare.py)
         self._saved: str | None = None  # the spike batch saved at the last step() (its spikes/ stem)
         self.save_spikes, self.spike_bytes, self.spike_limit = cfg.save_spikes, cfg.spike_bytes, cfg.spike_limit
@@ -95,7 +94,7 @@ class TrainingMonitor:
         self._previous: tuple[int, Any] | None = None  # (step, batch) of the last logged step (_forensics)
         self.last_alerts: list[dict[str, Any]] = []  # the alerts of the last logged step
         self._grad_snapshot: tuple | None = None  # gradient norms read early (_capture_grads)
-        self._last_logged: tuple[int, float] | None = None  # (step, perf_counter) of the last logged step
+        self._last_logged: tuple[int, tuple] | None = None  # (step, _timing's clocks) of the last logged step
         self.thresholds = cfg.thresholds or Thresholds()
         self._extra_settings = dict(cfg.settings)
         self.rank, self.world = _dist_world()
@@ -104,7 +103,8 @@ class TrainingMonitor:
         user_sinks = guests(cfg.sinks)  # each behind a guard: a sink that fails is dropped, not the run
         if run_dir is None and not user_sinks:
             raise ConfigError("TrainingMonitor needs a run folder (run_dir) or at least one sink")
-        self._folder = RunFolderSink(run_dir) if run_dir is not None else None
+        self._folder = RunFolderSink(run_dir, check=self.rank == 0) if run_dir is not None else None
+        self._skip_list = SkipList(run_dir if self.rank == 0 else None)  # skips.json, read when first written
         # records go to rank 0's sinks only, the run folder first (the source of truth)
         self.sinks: list[Any] = ([self._folder] if self._folder else []) + user_sinks if self.rank == 0 else []
         self._probes: list[Probe] = []
@@ -202,8 +202,7 @@ class TrainingMonitor:
         if self._closed:
             raise StateError("TrainingMonitor.step() after close()")
         self._ready("step")
-        if step is not None:
-            self._step = check_step(step)
+        self._step = check_step_args(self._step, step, loss=loss, lr=lr, tokens=tokens, micro_batches=micro_batches)
         s = self._step
         self._step += 1
         if s % self.every != 0:  # a light step (_light.py): only the every-step detectors' inputs
@@ -216,14 +215,15 @@ class TrainingMonitor:
             self._act(s, None, self._alerts.check(record, amp=scaler is not None, light=True),
                       optimizer, scaler, batch, per_example_loss)
             return None
-        now = time.perf_counter() - guest_seconds(self.sinks)  # a slow sink is not the step's time
+        spent = guest_seconds(self.sinks)  # a slow sink's time is not the step's: sink_time holds it
+        now = time.perf_counter() - spent
         forwards = self._acts.forwards
         try:
             record = self._measure(s, loss, optimizer, lr, scaler, tokens)
         finally:
             self._grad_snapshot = None
             self._arm(self._step)
-        self._timing(record, s, now, micro_batches if micro_batches is not None else forwards)
+        self._timing(record, s, (now, spent), micro_batches if micro_batches is not None else forwards)
         alerts = self._alerts.check(record, amp=scaler is not None)  # every rank: raise_on acts alike
         self._act(s, record, alerts, optimizer, scaler, batch, per_example_loss)
         return record
@@ -259,15 +259,17 @@ class TrainingMonitor:
             raise TrainingAlertError(f"step {s}: {kinds} (TrainingMonitor raise_on/stop_on); see {stop[0]['where']}: "
                                      f"{stop[0]['message']}", stop)
 
-    def _timing(self, record: dict[str, Any], s: int, now: float, micro_batches: int) -> None:
-        """step_time (seconds per step since the last logged step), tokens and tokens/s."""
-        step_time = None
+    def _timing(self, record: dict[str, Any], s: int, clocks: tuple[float, float], micro_batches: int) -> None:
+        """step_time, sink_time (per step since the last logged one: training's, user sinks'), tokens, tokens/s."""
+        step_time = sink_time = None
         if self._last_logged is not None and s > self._last_logged[0]:
-            step_time = (now - self._last_logged[1]) / (s - self._last_logged[0])
-        self._last_logged = (s, now)
+            step_time, sink_time = ((a - b) / (s - self._last_logged[0]) for a, b in zip(clocks, self._last_logged[1]))
+        self._last_logged = (s, clocks)
         tokens = record.pop("tokens", None)
         record["micro_batches"] = max(1, int(micro_batches))
         record["step_time"] = step_time
+        if any(isinstance(sink, Guest) for sink in self.sinks):
+            record["sink_time"] = sink_time
         record["tokens"] = tokens
         record["tokens_per_s"] = (tokens / step_time if tokens is not None and step_time else None)
 

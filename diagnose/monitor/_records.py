@@ -70,6 +70,7 @@ def check_info(info: Any, where: str) -> None:
         raise RunFolderError(f"{where}: `model.blocks` is not a list of names; {_FIX}")
     if not all(isinstance(s, dict) for s in info.get("sessions") or []):
         raise RunFolderError(f"{where}: `sessions` holds something other than objects; {_FIX}")
+    _check_signals(info.get("signals"), where)
     settings = info.get("settings") or {}
     for name, value in (("clip", info.get("clip")), *((f"settings.{k}", settings.get(k)) for k in _SETTINGS)):
         if not _is_number(value):
@@ -77,6 +78,24 @@ def check_info(info: Any, where: str) -> None:
 
 
 _SETTINGS = ("clip", "every", "attention_every", "world_size", "spike_bytes")  # the numbers the readers print
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _check_signals(signals: Any, where: str) -> None:
+    """run.json's "signals" (_declare.py): {"model": [names], "layers" and "attention": {part: [names]}}."""
+    if signals is None:
+        return
+    if not isinstance(signals, dict):
+        raise RunFolderError(f"{where}: `signals` is {_kind(signals)}, not an object; {_FIX}")
+    if not _names(signals.get("model", [])):
+        raise RunFolderError(f"{where}: `signals.model` is not a list of names; {_FIX}")
+    for part in ("layers", "attention"):
+        parts = signals.get(part, {})
+        if not (isinstance(parts, dict) and all(_names(v) for v in parts.values())):
+            raise RunFolderError(f"{where}: `signals.{part}` is not an object of lists of names; {_FIX}")
 
 
 def check_record(rec: dict[str, Any], where: str) -> None:

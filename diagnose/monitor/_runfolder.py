@@ -35,7 +35,7 @@ import pandas as pd
 
 from .. import _json
 from .._write import atomic_write
-from ..errors import InputFileError, RunFolderError
+from ..errors import InputFileError, OutputError, RunFolderError
 from ..io import iter_lines, read_json, require_file
 from ._evals import EVALS, check_eval, evals_frame
 from ._fields import attention_rows, record_keys, steps_row
@@ -63,7 +63,11 @@ class RunWriter:
 
     def __init__(self, run_dir: str | os.PathLike, info: dict[str, Any]):
         self.dir = Path(run_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # /proc/x, a full disk, a file on the way: one line, not a raw OSError
+            raise OutputError(f"{self.dir}: the run folder cannot be made ({exc.strerror or exc}): give a folder "
+                              f"you can write (TrainingMonitor's run_dir)") from None
         self._info_path = self.dir / RUN_JSON
         session = {"started": _now(), "pid": os.getpid(), "host": socket.gethostname(),
                    "settings": info.get("settings", {})}
@@ -292,12 +296,20 @@ def read_run(run_dir: str | os.PathLike, *, allow_empty: bool = False) -> Run:
     return run
 
 
+POLL_BYTES = 64 << 20  # what one poll reads of a file at most: a huge (or sparse) one is followed over several
+LINE_BYTES = 16 << 20  # the longest line, as diagnose.io.iter_lines bounds it for read_run: --follow refuses it too
+
+
 class RunTail:
-    """Incremental reader for a live run: each poll() returns only the new complete lines."""
+    """Incremental reader for a live run: each poll() returns only the new complete lines, reading at
+    most POLL_BYTES of each file (a 10 GB sparse file is refused at its first overlong line, as
+    read_run refuses it, instead of being read into memory whole)."""
 
     def __init__(self, run_dir: str | os.PathLike):
         self.dir = Path(run_dir)
         self._offsets = {METRICS: 0, ALERTS: 0}
+        self._more = {METRICS: False, ALERTS: False}  # whether a file holds more than the last poll read
+        self.skipped: list[int] = []  # the lines that did not parse (a torn write, nesting too deep), as read_run's
 
     def _new(self, name: str) -> list[dict[str, Any]]:
         path = self.dir / name
@@ -309,22 +321,33 @@ class RunTail:
             raise RunFolderError(str(exc)) from None
         with open(path, "rb") as f:
             f.seek(self._offsets[name])
-            data = f.read()
+            data = f.read(POLL_BYTES + 1)
+        self._more[name], data = len(data) > POLL_BYTES, data[:POLL_BYTES]
         end = data.rfind(b"\n") + 1  # a line without its newline is still being written
+        lines = data[:end].split(b"\n")  # "\n" only: JSON strings may hold U+2028
+        if max(map(len, lines)) > LINE_BYTES or (end == 0 and len(data) > LINE_BYTES):
+            raise RunFolderError(f"{path}: a line after byte {self._offsets[name]:,} is longer than {LINE_BYTES:,} "
+                                 f"bytes; {_FIX}")
         self._offsets[name] += end
         out = []
         check = _check_step if name == METRICS else check_alert  # the same checks as read_run's
-        for i, line in enumerate(data[:end].split(b"\n")):  # "\n" only: JSON strings may hold U+2028
-            rec = parse_record(line, f"{path}, new line {i + 1}", None, check)
+        for i, line in enumerate(lines):
+            rec = parse_record(line, f"{path}, new line {i + 1}", self.skipped, check)
             if rec is not None:
                 out.append(rec)
         return out
+
+    @property
+    def more(self) -> bool:
+        """Whether the last poll left lines to read (it stopped at POLL_BYTES)."""
+        return any(self._more.values())
 
     def poll(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
         """(new step records, new alerts, closed)."""
         closed = bool(_load_info(self.dir).get("closed"))
         # read after checking `closed` so the records written before closing are included
-        return [r for r in self._new(METRICS) if "step" in r], self._new(ALERTS), closed
+        steps, alerts = [r for r in self._new(METRICS) if "step" in r], self._new(ALERTS)
+        return steps, alerts, closed and not self.more  # closed once all of it was read
 
     def wait(self, timeout: float, poll_s: float = 0.5) -> None:
         """Sleep until run.json exists or the timeout passes (a run that has not started yet)."""

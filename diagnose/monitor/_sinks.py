@@ -9,10 +9,13 @@ file, passed as TrainingMonitor(..., sinks=[...]) (the trainers' callbacks pass 
 
 The run folder is the monitor's own; every other sink is a guest (`Guest`): each call into it
 gets its own copy of the payload, is timed apart (the time a sink takes is left out of
-`step_time`), and an exception it raises is caught: warned once (RuntimeWarning) naming the sink,
-the call and the fix, and the sink is dropped for the rest of the run (no retry: a tracker that
-failed once would fail or lag on every step). Training, the run folder, the alerts, `on_alert`,
-`raise_on` and the spike batch go on exactly as without it. KeyboardInterrupt and SystemExit pass.
+`step_time` and written as `sink_time`), and an exception it raises is caught: warned once
+(RuntimeWarning) naming the sink, the call and the fix, and the sink is dropped for the rest of the
+run (no retry: a tracker that failed once would fail or lag on every step); only its close() is
+still called, once, at the end, so that it lets go of its files and of a run it opened (a failure
+there is not warned again: the sink was named once). Training, the run folder, the alerts,
+`on_alert`, `raise_on` and the spike batch go on exactly as without it. KeyboardInterrupt and
+SystemExit pass.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
+from .._write import check_output
 from ..errors import UsageError
 from ._runfolder import RunWriter
 from ._spikes import save_spike
@@ -52,7 +56,14 @@ class Sink:
 class RunFolderSink(Sink):
     """The `diagnose.run/1` folder (_runfolder.py); also keeps the batches behind spike alerts."""
 
-    def __init__(self, run_dir: str | os.PathLike):
+    def __init__(self, run_dir: str | os.PathLike, *, check: bool = True):
+        """check: refuse now (OutputError, one line) a run_dir that is a file, a dangling symlink, a FIFO
+        or in a folder this process cannot write, rather than with a raw 'File exists' when the set-up
+        makes it (at the first forward, mid-training, for a model traced there); rank 0 checks."""
+        if not isinstance(run_dir, (str, os.PathLike)) or isinstance(os.fspath(run_dir), bytes):
+            raise UsageError(f"run_dir ({type(run_dir).__name__}) is not a folder's path: give one, or None")
+        if check:
+            check_output(run_dir, option="run_dir (the run folder)", folder=True)
         self.dir = Path(run_dir)
         self.writer: RunWriter | None = None
 
@@ -85,7 +96,7 @@ def check_sinks(sinks: Iterable[Any] | None) -> list[Any]:
 
     if sinks is None:
         return []
-    if isinstance(sinks, (str, bytes, os.PathLike)) or not isinstance(sinks, Iterable):
+    if isinstance(sinks, (str, bytes, os.PathLike, Mapping)) or not isinstance(sinks, Iterable):
         raise UsageError(f"sinks must be a list of Sink objects, got {type(sinks).__name__}")
     sinks = list(sinks)
     for s in sinks:
@@ -117,31 +128,56 @@ def _copy(value: Any) -> Any:
 
 def sink_name(sink: Any) -> str:
     """A sink as a warning names it: its class, and a plain function's own name."""
-    fn = getattr(sink, "fn", None)
+    try:
+        fn = getattr(sink, "fn", None)
+    except Exception:  # noqa: BLE001 - a property of the user's that raises: the class alone names it
+        fn = None
     inner = f"({getattr(fn, '__qualname__', type(fn).__name__)})" if fn is not None else ""
     return f"{type(sink).__name__}{inner}"
 
 
+def error_text(exc: BaseException) -> str:
+    """An exception as one line of at most _ERROR_CHARS, however its tracker wrote it (an exception whose
+    own __str__ raises is named by its class)."""
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 - the message of a message that cannot be read
+        text = f"{type(exc).__name__} (its message cannot be read)"
+    return " ".join(text.split())[:_ERROR_CHARS]
+
+
+def sink_fix(sink: Any, method: str, default: str | None = None) -> str:
+    """The fix a warning names: the sink's own `fix` (a string), else `default`, else a generic one."""
+    try:
+        fix = getattr(sink, "fix", None)
+    except Exception:  # noqa: BLE001 - a property that raises says no fix
+        fix = None
+    return fix if isinstance(fix, str) and fix.strip() else default or f"fix its {method}(), or leave it out of sinks="
+
+
+def warn_dropped(name: str, method: str, exc: BaseException, fix: str, what: str = "sink") -> None:
+    """The one warning for a guest that failed (a sink, or one logger of a Lightning trainer)."""
+    warnings.warn(f"diagnose: {what} {name} failed in {method}() and is dropped for the rest of this run "
+                  f"({error_text(exc)}); training, the run folder and the alerts go on without it; fix: {fix}",
+                  RuntimeWarning, stacklevel=5)
+
+
 class Guest(Sink):
     """A user's sink behind a guard (see the module's docstring): the sink is `sink`, the seconds its
-    calls took `seconds`, and `dropped` is True once one of them raised."""
+    calls took `seconds`, and `dropped` names the call that raised (None while it works)."""
 
     def __init__(self, sink: Any):
-        self.sink, self.seconds, self.dropped = sink, 0.0, False
+        self.sink, self.seconds, self.dropped = sink, 0.0, None
 
     def _call(self, method: str, payload: Any) -> None:
-        if self.dropped:
+        if self.dropped is not None:
             return
         start = _clock()
         try:
             getattr(self.sink, method)(payload)
         except Exception as exc:  # noqa: BLE001 - said once below; the training run must go on
-            self.dropped = True
-            fix = getattr(self.sink, "fix", None) or f"fix its {method}(), or leave it out of sinks="
-            text = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line, however the tracker wrote it
-            warnings.warn(f"diagnose: sink {sink_name(self.sink)} failed in {method}() and is dropped for the rest "
-                          f"of this run ({text[:_ERROR_CHARS]}); training, the run folder and the alerts go on "
-                          f"without it; fix: {fix}", RuntimeWarning, stacklevel=4)
+            self.dropped = method
+            warn_dropped(sink_name(self.sink), method, exc, sink_fix(self.sink, method))
         finally:
             self.seconds += _clock() - start
 
@@ -163,7 +199,14 @@ class Guest(Sink):
         self._call("eval", _copy(record))
 
     def close(self, steps_seen: int) -> None:
-        self._call("close", steps_seen)
+        if self.dropped is None:
+            self._call("close", steps_seen)
+        elif self.dropped != "close":  # dropped earlier: let go of its files and its run, said once already
+            self.dropped = "close"
+            try:
+                self.sink.close(steps_seen)
+            except Exception:  # noqa: BLE001 - the sink's failure was warned when it was dropped
+                pass
 
 
 def guests(sinks: Iterable[Any]) -> list[Guest]:

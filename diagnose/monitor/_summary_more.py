@@ -37,9 +37,10 @@ def more(run: Run) -> dict[str, Any]:
              "best_loss": _f(losses.min()) if len(losses) else None,
              "best_step": int(ev["step"][losses.idxmin()]) if len(losses) else None,
              "metrics": [c for c in ev.columns if c not in ("step", "time", "loss", "session")]}
-    step_time, tps = _col(df, "step_time"), _col(df, "tokens_per_s")
+    step_time, tps, sink_time = _col(df, "step_time"), _col(df, "tokens_per_s"), _col(df, "sink_time")
     throughput = {"median_step_time": _f(step_time.median()) if len(step_time) else None,
                   "median_tokens_per_s": _f(tps.median()) if len(tps) else None,
+                  "median_sink_time": _f(sink_time.median()) if len(sink_time) else None,  # the user sinks'
                   "last_step_time": _f(step_time.iloc[-1]) if len(step_time) else None,
                   "last_tokens_per_s": _f(tps.iloc[-1]) if len(tps) else None}
     coef = _col(df, "clip_coef")
@@ -61,7 +62,9 @@ def render_more(s: dict[str, Any], console) -> None:
     if t.get("median_step_time") is not None:
         console.print(Text(f"step time median {_g(t['median_step_time'])} s (last {_g(t['last_step_time'])} s)   "
                            f"tokens/s median {_g(t['median_tokens_per_s'], '.4g')} "
-                           f"(last {_g(t['last_tokens_per_s'], '.4g')})"))
+                           f"(last {_g(t['last_tokens_per_s'], '.4g')})"
+                           + (f"   sinks median {_g(t['median_sink_time'])} s/step (not in step time)"
+                              if t.get("median_sink_time") is not None else "")))
     if c.get("clip") is not None:
         share = c.get("clipped_share")
         console.print(Text(f"clipping at {_g(c['clip'])}: {'-' if share is None else f'{100 * share:.0f} %'} "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, OutputError, UsageError
 from ._fields import flatten
 from ._runfolder import Run
 
@@ -22,14 +22,31 @@ def _walltime(rec: dict[str, Any]) -> float | None:
     return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
 
 
-def export_tensorboard(run: Run, logdir: str | os.PathLike) -> int:
-    """Write every logged scalar (and each alert as text) to `logdir`; returns how many scalars."""
+def summary_writer(logdir: Any, flush_secs: Any, who: str) -> Any:
+    """A SummaryWriter on `logdir` (`who` names it in errors), checked first: a path (not a file, not a
+    dangling symlink) that can be made. flush_secs: a positive number (checked by the caller)."""
+    if not isinstance(logdir, (str, os.PathLike)):
+        raise UsageError(f"{who} ({type(logdir).__name__}) is not a path: give a folder's path")
+    if os.path.lexists(logdir) and not os.path.isdir(logdir):
+        raise ConfigError(f"{who} {os.fspath(logdir)} is a file or a dangling symlink, not a folder: give a "
+                          f"folder's path")
     try:
+        import tensorboard  # noqa: F401 - torch's writer needs it, and says so less clearly
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise ConfigError("--tensorboard needs the tensorboard package: pip install 'diagnose[tensorboard]'") from None
+        raise ConfigError(f"{who} needs the tensorboard package: pip install 'diagnose-transformers[tensorboard]'") \
+            from None
+    try:
+        return SummaryWriter(log_dir=os.fspath(logdir), flush_secs=flush_secs)
+    except OSError as exc:
+        raise OutputError(f"{who} {os.fspath(logdir)} cannot be written ({exc.strerror or exc}): give a folder "
+                          f"you can write") from None
+
+
+def export_tensorboard(run: Run, logdir: str | os.PathLike) -> int:
+    """Write every logged scalar (and each alert as text) to `logdir`; returns how many scalars."""
     n = 0
-    writer = SummaryWriter(log_dir=str(logdir))
+    writer = summary_writer(logdir, 120, "--tensorboard")  # 120 s: SummaryWriter's own default
     try:
         for rec in run.records:
             for tag, value in scalars(rec).items():

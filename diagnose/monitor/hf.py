@@ -71,20 +71,24 @@ def _per_example(logits: Any, labels: Any, shift: int) -> torch.Tensor | None:
 def _tracker_sinks(args: Any) -> list:
     """Live sinks for the trackers the Trainer reports to (args.report_to): the wandb run and the
     MLflow run its own callbacks opened, and TensorBoard next to its logs (TENSORBOARD_LOGGING_DIR
-    or output_dir/runs, in a run folder named `diagnose`)."""
+    or output_dir/runs, in a run folder named `diagnose`). A tracker whose sink cannot be made (no
+    wandb run open, its package missing) is said once, by name, and left out: training goes on."""
+    from ..errors import DiagnoseError
     from ._live_trackers import MLflowSink, TensorBoardSink, WandbSink
 
     report = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
+    root = getattr(args, "logging_dir", None) or os.getenv("TENSORBOARD_LOGGING_DIR") or \
+        os.path.join(args.output_dir, "runs")
+    makers = {"wandb": WandbSink, "mlflow": MLflowSink,
+              "tensorboard": lambda: TensorBoardSink(os.path.join(root, "diagnose"))}
     sinks: list = []
-    if "wandb" in report:
-        sinks.append(WandbSink())
-    if "mlflow" in report:
-        sinks.append(MLflowSink())
-    if "tensorboard" in report:
-        root = getattr(args, "logging_dir", None) or os.getenv("TENSORBOARD_LOGGING_DIR") or \
-            os.path.join(args.output_dir, "runs")
-        sinks.append(TensorBoardSink(os.path.join(root, "diagnose")))
-    if not sinks:
+    for name in (n for n in makers if n in report):
+        try:
+            sinks.append(makers[name]())
+        except DiagnoseError as exc:
+            warnings.warn(f"diagnose: DiagnoseHFCallback(trackers=True) streams nothing to {name} ({exc}); "
+                          f"training and the run folder go on", RuntimeWarning, stacklevel=3)
+    if not sinks and not any(n in report for n in makers):
         warnings.warn(f"diagnose: DiagnoseHFCallback(trackers=True), but args.report_to ({report}) names none of "
                       f"wandb, mlflow, tensorboard: nothing is streamed; fix: add one to report_to, or drop "
                       f"trackers=True", RuntimeWarning, stacklevel=3)

@@ -49,7 +49,7 @@ def test_bad_settings_fail_when_the_config_is_built():
         MonitorConfig(every=0)
     with pytest.raises(ConfigError, match="attention_every"):
         MonitorConfig(attention_every=-1)
-    with pytest.raises(ConfigError, match="spike_bytes"):
+    with pytest.raises(ConfigError, match="spike_limit must be >= 0"):
         MonitorConfig(spike_limit=-1)
     with pytest.raises(UsageError, match="sinks must be a list"):
         MonitorConfig(sinks="runs/x")

@@ -6,65 +6,22 @@ not the step's. The real trackers offline: MLflow's file store, Lightning's MLFl
 from __future__ import annotations
 
 import json
-import math
+import re
 import types
 import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from diagnose.errors import ConfigError, TrainingAlertError, UsageError
 from diagnose.monitor import MLflowSink, Sink, TensorBoardSink, TrainingMonitor, WandbSink
 from diagnose.monitor import _sinks
 from diagnose.monitor._live_trackers import mlflow_name
-from diagnose.zoo import ModelConfig, Transformer
+from diagnose.zoo import Transformer
 from ..versions import required
+from .hostile_runs import CFG, NAN_STEP, dropped, folder as _folder, train as _train
 
 pytestmark = pytest.mark.numerics
-
-CFG = ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=11)
-NAN_STEP = 3  # a NaN loss here: a `nonfinite` alert (and a spike batch saved)
-VOLATILE = ("time", "step_time", "tokens_per_s")  # wall-clock fields: differ between any two runs
-
-
-def _train(run_dir, sinks=(), **options) -> list[dict]:
-    """Five steps and one evaluation; the alerts on_alert saw."""
-    torch.manual_seed(0)
-    model = Transformer(CFG)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    gen = torch.Generator().manual_seed(1)
-    seen: list[dict] = []
-    with TrainingMonitor(model, run_dir, attention_every=2, echo=False, sinks=list(sinks), save_spikes=True,
-                         on_alert=seen.append, **options) as monitor:
-        for s in range(5):
-            ids = torch.randint(0, CFG.vocab_size, (4, CFG.max_len), generator=gen)  # [B, T]
-            loss = F.cross_entropy(model(ids).reshape(-1, CFG.vocab_size), ids.reshape(-1))
-            loss.backward()
-            monitor.step(torch.tensor(math.nan) if s == NAN_STEP else loss, optimizer=opt, batch={"input_ids": ids})
-            opt.step()
-            opt.zero_grad()
-        monitor.log_eval(4, loss=1.25, accuracy=0.5)
-    return seen
-
-
-def _folder(run_dir) -> dict[str, object]:
-    """The run folder without its wall-clock fields: every file, every record."""
-    out: dict[str, object] = {}
-    for path in sorted(p for p in run_dir.rglob("*") if p.is_file()):
-        name = str(path.relative_to(run_dir))
-        if name == "run.json":
-            info = json.loads(path.read_text())
-            out[name] = {k: v for k, v in info.items() if k not in ("started", "ended", "sessions")}
-        elif path.suffix == ".json":  # a spike's record
-            out[name] = json.loads(path.read_text())
-        elif path.suffix == ".jsonl":
-            lines = [json.loads(x) for x in path.read_text().splitlines()]
-            out[name] = [{k: v for k, v in r.items() if k not in VOLATILE} if isinstance(r, dict) else r
-                         for r in lines]
-        else:
-            out[name] = path.read_bytes()
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -96,12 +53,30 @@ def _raising_fn(scalars, step):
     raise ValueError("my logger broke")
 
 
+class Unreadable(Exception):
+    def __str__(self):
+        raise RuntimeError("the message of the message")
+
+
+class Mute(Raises):
+    """Its step() raises an exception whose message cannot be read, and its `fix` raises too."""
+
+    @property
+    def fix(self):
+        raise AttributeError("no fix") from RuntimeError("deeper")
+
+    def step(self, record):
+        self.calls.append("step")
+        raise Unreadable()
+
+
 FAILING = [("start", lambda: Raises("start"), "Raises", "start()"),
            ("step", lambda: Raises("step"), "Raises", "step()"),
            ("alert", lambda: Raises("alert"), "Raises", "alert()"),
            ("eval", lambda: Raises("eval"), "Raises", "eval()"),
            ("close", lambda: Raises("close"), "Raises", "close()"),
-           ("a function", lambda: _raising_fn, "CallableSink(_raising_fn)", "step()")]
+           ("a function", lambda: _raising_fn, "CallableSink(_raising_fn)", "step()"),
+           ("an unreadable error", lambda: Mute(None), "Mute", "step()")]
 
 
 @pytest.mark.parametrize("what, make, name, call", FAILING, ids=[c[0] for c in FAILING])
@@ -110,12 +85,15 @@ def test_a_failing_sink_is_dropped_once_and_the_run_is_a_sink_free_one(tmp_path,
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         seen = _train(tmp_path / "run", [sink])  # completes: the with block does not raise
-    said = [str(w.message) for w in caught if "diagnose: sink" in str(w.message)]
+    said = dropped(caught)
     assert len(said) == 1 and name in said[0] and call in said[0] and "fix:" in said[0], said
     assert "\n" not in said[0]
     assert _folder(tmp_path / "run") == sink_free[0]  # metrics, alerts, evals, run.json (closed), spikes
     assert seen == sink_free[1] and "nonfinite" in [a["kind"] for a in seen]
-    assert getattr(sink, "calls", [what])[-1] == what  # dropped: nothing more after the failing call
+    failed = call.removesuffix("()")
+    calls = getattr(sink, "calls", [failed, "close"])  # a plain function keeps no list of calls
+    after = calls[calls.index(failed) + 1:]  # dropped: nothing after the failing call but one close(), to let go
+    assert set(after) <= {"close"} and calls.count("close") == 1, calls
 
 
 def test_raise_on_still_stops_the_run_beside_a_failing_sink(tmp_path):
@@ -162,7 +140,11 @@ class Clock:
         return self.now
 
 
-def test_a_slow_sinks_time_is_not_the_steps_time(tmp_path, monkeypatch):
+def test_a_slow_sinks_time_is_not_the_steps_time_and_is_shown_apart(tmp_path, monkeypatch):
+    from diagnose.monitor import read_run
+
+    from ..cli.hostile import invoke
+
     clock = Clock()
     monkeypatch.setattr("diagnose.monitor._monitor.time.perf_counter", clock)
     monkeypatch.setattr(_sinks, "_clock", clock)
@@ -171,11 +153,14 @@ def test_a_slow_sinks_time_is_not_the_steps_time(tmp_path, monkeypatch):
         def step(self, record):
             clock.now += 1000.0  # an hour-long upload, by this clock
 
-    times = {}
+    steps = {}
     for name, sinks in (("slow", [Slow()]), ("quick", [Sink()])):
-        _train(tmp_path / name, sinks)
-        times[name] = [json.loads(x)["step_time"] for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-    assert times["slow"] == times["quick"] and all(t is None or t < 1000 for t in times["slow"])
+        _train(tmp_path / name, sinks, every=1)
+        steps[name] = read_run(tmp_path / name).steps.iloc[1:]  # the first logged step has no time
+    slow, quick = steps["slow"], steps["quick"]
+    assert len(slow) == 4 and list(slow["step_time"]) == list(quick["step_time"]) and (quick["step_time"] < 1000).all()
+    assert (slow["sink_time"] >= 1000).all() and (quick["sink_time"] < 1000).all()  # its own field, apart
+    assert re.search(r"sinks median 1\d{3} s/step", invoke("stats", tmp_path / "slow").output)  # readers show it
 
 
 def test_sinks_that_cannot_work_are_refused_when_made(tmp_path):
@@ -188,12 +173,20 @@ def test_sinks_that_cannot_work_are_refused_when_made(tmp_path):
 
 
 @pytest.mark.slow  # wandb.init starts wandb's service process: ~15 s on a busy 2-core box
-def test_wandb_sink_on_a_finished_run_is_refused_when_made(tmp_path, monkeypatch):
+def test_a_wandb_run_finished_mid_training_drops_its_sink_and_is_refused_when_made(tmp_path, monkeypatch, sink_free):
     wandb = required("wandb", "pip install -e '.[test]' or '.[wandb]'")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = wandb.init(project="diagnose-test", dir=str(tmp_path))
-    run.finish()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            seen = _train(tmp_path / "run", [WandbSink(run=run)], after_step=lambda s: s == 1 and run.finish())
+    finally:
+        run.finish()
+    said = dropped(caught)  # wandb: "Run (...) is finished. The call to `log` will be ignored."
+    assert len(said) == 1 and "sink WandbSink failed" in said[0] and WandbSink.fix in said[0], said
+    assert _folder(tmp_path / "run") == sink_free[0] and seen == sink_free[1]
     with pytest.raises(UsageError, match="finished"):
         WandbSink(run=run)
 
@@ -232,6 +225,55 @@ def test_mlflow_sink_takes_names_it_would_refuse(tmp_path, monkeypatch):
         assert logged[mlflow_name(f"diagnose/eval/{name}")] == value
 
 
+def test_an_mlflow_run_deleted_mid_training_is_dropped_and_the_run_goes_on(tmp_path, monkeypatch, sink_free):
+    required("mlflow", "pip install -e '.[test]' or '.[mlflow]'")
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    sink, client = MLflowSink(tracking_uri=uri), MlflowClient(tracking_uri=uri)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        seen = _train(tmp_path / "run", [sink], after_step=lambda s: s == 1 and client.delete_run(sink.run_id))
+    said = dropped(caught)  # MLflow refuses the next write: the run "must be in 'active' lifecycle_stage"
+    assert len(said) == 1 and "sink MLflowSink failed" in said[0] and MLflowSink.fix in said[0], said
+    assert _folder(tmp_path / "run") == sink_free[0] and seen == sink_free[1]
+
+
+class Keeper:
+    """A logger with Lightning's log_metrics that keeps what it is given."""
+
+    def __init__(self):
+        self.logged: list[tuple[int, dict]] = []
+
+    def log_metrics(self, metrics, step):
+        self.logged.append((step, dict(metrics)))
+
+
+class Down:
+    """A logger whose server is gone."""
+
+    fix = "restart the logging server"
+
+    def log_metrics(self, metrics, step):
+        raise ConnectionError("logging server down")
+
+
+def test_one_lightning_logger_failing_leaves_the_others_streaming(tmp_path, sink_free):
+    from diagnose.monitor._live_trackers import LightningLoggersSink
+
+    keeper = Keeper()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        seen = _train(tmp_path / "run", [LightningLoggersSink(types.SimpleNamespace(loggers=[Down(), keeper]))])
+    said = dropped(caught)
+    assert len(said) == 1 and "Lightning logger Down failed" in said[0] and Down.fix in said[0], said
+    assert _folder(tmp_path / "run") == sink_free[0] and seen == sink_free[1]
+    written = sink_free[0]
+    steps = sorted([r["step"] for r in written["metrics.jsonl"]] + [a["step"] for a in written["alerts.jsonl"]])
+    assert [s for s, _ in keeper.logged] == steps + [4]  # every record and alert, then the evaluation at 4
+
+
 @pytest.mark.slow  # importing Lightning and making an MLflow experiment: ~30 s on a busy 2-core box
 def test_lightning_mlflow_logger_gets_the_same_names(tmp_path, monkeypatch):
     pytest.importorskip("lightning.pytorch")
@@ -242,15 +284,18 @@ def test_lightning_mlflow_logger_gets_the_same_names(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     uri = (tmp_path / "mlruns").as_uri()
-    logger = MLFlowLogger(experiment_name="diagnose-test", tracking_uri=uri)
-    sink = LightningLoggersSink(types.SimpleNamespace(loggers=[logger]))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # Lightning's own stripping would warn
+    logger = MLFlowLogger(experiment_name="diagnose-test", tracking_uri=uri, prefix="fit")  # "fit-" + each name
+    sink = LightningLoggersSink(types.SimpleNamespace(loggers=[Down(), logger]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # Lightning's own stripping would warn
         with TrainingMonitor(Transformer(CFG), tmp_path / "run", echo=False, sinks=[sink]) as monitor:
-            monitor.log_eval(0, loss=1.0, **HOSTILE_NAMES)
+            monitor.log_eval(0, loss=1.0, nan_metric=float("nan"), **HOSTILE_NAMES)
+    assert [str(w.message) for w in caught if "diagnose" in str(w.message) or "MLFlow" in str(w.message)] == \
+        dropped(caught) and len(dropped(caught)) == 1  # the broken logger, said once; nothing from Lightning
     logged = _mlflow_logged(uri, logger.run_id)
-    for name, value in HOSTILE_NAMES.items():
-        assert logged[mlflow_name(f"diagnose/eval/{name}")] == value
+    for name, value in HOSTILE_NAMES.items():  # its prefix counted in MLflow's 250 characters
+        assert logged["fit-" + mlflow_name(f"diagnose/eval/{name}", 250 - len("fit-"))] == value
+    assert max(len(k) for k in logged) <= 250 and not any("nan_metric" in k for k in logged)  # NaN left out
 
 
 def test_streaming_to_no_tracker_says_so(tmp_path):
@@ -258,6 +303,20 @@ def test_streaming_to_no_tracker_says_so(tmp_path):
 
     with pytest.warns(RuntimeWarning, match="trackers=True.*nothing is streamed"):
         assert _tracker_sinks(types.SimpleNamespace(report_to=["none"], output_dir=str(tmp_path))) == []
+
+
+def test_a_tracker_without_its_run_is_said_and_the_others_stream(tmp_path):
+    wandb = required("wandb", "pip install -e '.[test]' or '.[wandb]'")
+    pytest.importorskip("tensorboard")
+    from diagnose.monitor.hf import _tracker_sinks
+
+    if wandb.run is not None:
+        pytest.skip("a wandb run is active in this process")
+    args = types.SimpleNamespace(report_to=["wandb", "tensorboard"], output_dir=str(tmp_path), logging_dir=None)
+    with pytest.warns(RuntimeWarning, match=r"streams nothing to wandb \(WandbSink: no wandb run: call wandb\.init"):
+        sinks = _tracker_sinks(args)  # in on_train_begin: trainer.train() goes on
+    assert [type(s).__name__ for s in sinks] == ["TensorBoardSink"]
+    sinks[0].close(0)
 
 
 @pytest.mark.slow  # importing Lightning: ~25 s on a busy 2-core box

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from diagnose.errors import UsageError
 from diagnose.monitor import MLflowSink, TensorBoardSink, TrainingMonitor, WandbSink
 from diagnose.monitor._live import flatten
+from diagnose.monitor._live_trackers import mlflow_name
 from diagnose.zoo import ModelConfig, Transformer
 from ..tolerance import approx
 from ..versions import required
@@ -24,6 +25,8 @@ CFG = ModelConfig(n_layers=2, n_heads=2, d_model=16, max_len=8, vocab_size=11)
 NAN_STEP = 3  # the loss given at this step is NaN: a `nonfinite` alert
 # in the `test` extra, so CI has them on every row: missing, these tests fail there and skip elsewhere
 WANDB = "pip install -e '.[test]' or '.[wandb]'"
+# evaluation names the trackers take as they are (MLflow's through mlflow_name): issue 36
+NAMES = {"acc@1": 0.5, "m" * 300: 0.25, "précision·β": 0.125}
 MLFLOW = "pip install -e '.[test]' or '.[mlflow]'"
 
 
@@ -41,7 +44,7 @@ def _train(run_dir, sinks) -> tuple[list[dict], list[dict]]:
             monitor.step(torch.tensor(math.nan) if s == NAN_STEP else loss, optimizer=opt)
             opt.step()
             opt.zero_grad()
-        monitor.log_eval(4, loss=1.25, accuracy=0.5)
+        monitor.log_eval(4, loss=1.25, accuracy=0.5, **NAMES)
     lines = lambda name: [json.loads(x) for x in (run_dir / name).read_text().splitlines()]  # noqa: E731
     return lines("metrics.jsonl"), lines("alerts.jsonl")
 
@@ -66,6 +69,7 @@ def test_callable_sink_streams_every_scalar_and_alert(tmp_path):
     assert math.isnan(logged[NAN_STEP]["diagnose/loss"])
     assert alerts and logged[NAN_STEP]["diagnose/alerts/nonfinite"] == 2.0  # an error
     assert logged[4]["diagnose/eval/loss"] == 1.25 and logged[4]["diagnose/eval/accuracy"] == 0.5
+    assert {n: logged[4][f"diagnose/eval/{n}"] for n in NAMES} == NAMES
 
 
 def test_tensorboard_sink_event_file_reads_back(tmp_path):
@@ -84,6 +88,7 @@ def test_tensorboard_sink_event_file_reads_back(tmp_path):
         assert logged[r["step"]]["diagnose/loss"] == approx(r["loss"])
     assert logged[NAN_STEP]["diagnose/alerts/nonfinite"] == 2.0
     assert any(t.startswith("diagnose/alert_text/nonfinite") for t in acc.Tags()["tensors"])  # the alert's text
+    assert {n: logged[4][f"diagnose/eval/{n}"] for n in NAMES} == approx(NAMES)  # every name as it is
 
 
 def test_wandb_sink_offline_run_reads_back(tmp_path, monkeypatch):
@@ -110,6 +115,7 @@ def test_wandb_sink_offline_run_reads_back(tmp_path, monkeypatch):
         assert logged[r["step"]]["diagnose/loss"] == r["loss"]
     assert logged[NAN_STEP]["diagnose/alerts/nonfinite"] == 2.0
     assert summary(path)["diagnose/alert_text/nonfinite"].startswith(f"step {NAN_STEP}: loss")
+    assert {n: logged[4][f"diagnose/eval/{n}"] for n in NAMES} == NAMES  # every name as it is
 
 
 def test_wandb_sink_without_a_run_says_so(tmp_path, monkeypatch):
@@ -143,6 +149,7 @@ def test_mlflow_sink_file_store_reads_back(tmp_path, monkeypatch):
     assert "diagnose/loss" not in logged.get(NAN_STEP, {})  # NaN left out of MLflow, kept in the run folder
     assert logged[NAN_STEP]["diagnose/alerts/nonfinite"] == 2.0
     assert run.data.tags["diagnose/alert_text/nonfinite"].startswith(f"step {NAN_STEP}: loss")
+    assert {n: logged[4][mlflow_name(f"diagnose/eval/{n}")] for n in NAMES} == NAMES  # the names MLflow takes
 
 
 @pytest.mark.slow
