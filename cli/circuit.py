@@ -1,4 +1,4 @@
-"""`diagnose circuit`: which heads feed which (through queries, keys or values, or the output), with intervals."""
+"""`diagnose circuit`: which heads feed which (through queries, keys or values, MLPs, or the output), with intervals."""
 
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ ESTIMATORS = ("eap", "eap-ig")  # literal so that --help needs no torch; a test 
                    "for saturated models whose clean gradient is near 0).")
 @click.option("--correction", type=click.Choice(("holm", "bh")), default="holm", show_default=True,
               help="Multiple-testing correction across the edges tested.")
+@click.option("--mlps/--no-mlps", default=True, show_default=True,
+              help="Each layer's MLP as a node (edges into and out of it) where the model's adapter declares it.")
 @min_effect_option()
 @batch_size_option
 @click.option("--json", "json_path", type=click.Path(path_type=str), default=None,
@@ -51,11 +53,12 @@ ESTIMATORS = ("eap", "eap-ig")  # literal so that --help needs no torch; a test 
 def circuit(model: str, factory: str | None, forward: str | None, trust_pickle: bool, attn_implementation: str | None,
             data: str, max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
             method: str, methods: str | None, draws: int | None, seed: int, top: int | None, faithfulness: float,
-            estimator: str, correction: str, min_effect: float, batch_size: int | None, json_path: str | None,
-            html_path: str | None) -> None:
+            estimator: str, correction: str, mlps: bool, min_effect: float, batch_size: int | None,
+            json_path: str | None, html_path: str | None) -> None:
     """Find the circuit: which heads read which, and which reach the output.
 
-    Every edge (a head to a later head's query, key or value input, or to the output) is
+    Every edge (a head to a later head's query, key or value input, or to the output; with
+    --mlps, also into and out of each layer's MLP where the adapter declares it) is
     removed alone by path patching, every other path held at its clean value, and tested as
     diagnose heads tests a head: change in loss with its 95 % CI, the corrected p-value, the
     verdict. Then the minimal circuit: the fewest edges keeping --faithfulness of the loss gap,
@@ -79,7 +82,7 @@ def circuit(model: str, factory: str | None, forward: str | None, trust_pickle: 
                                  attention_module, n_heads, task, forward)
     result = find_circuit(net, ds, method=method, methods=compared, top=top, faithfulness=faithfulness,
                           estimator=estimator, task=task, batch_size=batch_size, draws=draws, seed=seed,
-                          correction=correction, min_effect=min_effect, sites=sites)
+                          correction=correction, min_effect=min_effect, sites=sites, mlps=mlps)
     if json_path:
         result.save(json_path)
     _print(result)
@@ -100,7 +103,9 @@ def _print(result) -> None:
 
     out = Console(highlight=False, width=max(Console().width, 132))
     b = result.baseline
-    out.print(text(f"{result.model['family']} model, {result.model['n_layers']} layers, {result.n_edges} edges; "
+    mlps = result.model.get("mlps") or []
+    out.print(text(f"{result.model['family']} model, {result.model['n_layers']} layers"
+                   + (f" (MLP nodes in {len(mlps)})" if mlps else "") + f", {result.n_edges} edges; "
                    f"{result.task}, {result.method} ablation, {result.n_examples} examples; baseline accuracy "
                    f"{b['accuracy']:.2%}, loss {b['loss']:.4f}"
                    + (f", logit diff {b['logit_diff']:.3f} (label - wrong answer)" if "logit_diff" in b else "")))
@@ -118,3 +123,5 @@ def _print(result) -> None:
                        + ("" if rho is None else f" (Spearman to exact {rho:+.2f})")))
     for h in result.heads:
         out.print(text(f"{head_label(h['layer'], h['head'])}: {h['role'] or 'no named pattern'}"))
+    for note in result.notes:
+        out.print(text(f"note: {note}"))

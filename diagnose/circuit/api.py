@@ -28,6 +28,7 @@ from .attribution import ESTIMATORS, attribute, spearman
 from .edges import Edge, all_edges
 from .evidence import edge_effects
 from .minimal import RESAMPLES, Search, minimal, removed_sets
+from .mlp import mlp_gated
 from .patch import Patcher, over_data
 from .result import CircuitResult, name_heads
 from .wiring import wiring
@@ -40,13 +41,14 @@ def find_circuit(model: torch.nn.Module, data: Any, *, method: str = "zero", met
                  top: int | None = None, faithfulness: float = 0.8, estimator: str = "eap", task: str | None = None,
                  batch_size: int | None = None, draws: int | None = None, seed: int = 0, alpha: float = 0.05,
                  n_boot: int = 2000, correction: str = "holm", min_effect: float = 0.05, resamples: int = RESAMPLES,
-                 sites: Sequence | None = None) -> CircuitResult:
-    """Path-patch the edges between heads (and to the output), test each, and find the minimal circuit.
+                 sites: Sequence | None = None, mlps: bool = True) -> CircuitResult:
+    """Path-patch the edges between heads, MLPs and the output, test each, and find the minimal circuit.
 
     methods: the methods the circuit is checked under (the first is the main one, else `method`). top: edges
     verified exactly (default: every edge when there are at most EXACT_ALL, else the DEFAULT_TOP the
     estimator ranks first). faithfulness: the share of the loss gap (every edge removed to none) the circuit
-    keeps. estimator: 'eap' or 'eap-ig'. The rest as in ablate_heads."""
+    keeps. estimator: 'eap' or 'eap-ig'. mlps: each layer's MLP is a node where the adapter declares it
+    (else, or False, the nodes are the heads and `notes` says why). The rest as in ablate_heads."""
     names = list(dict.fromkeys(methods)) if methods else [method]
     _check(faithfulness, estimator, top, correction)
     started = time.perf_counter()
@@ -59,12 +61,30 @@ def find_circuit(model: torch.nn.Module, data: Any, *, method: str = "zero", met
     with eval_mode(model), gated(sites) as gates:
         sweep = Sweep(model, sites, gates, task)  # reuse: the blocks before a moved input replay (patch.py)
         sweep.wrong = wrong  # the logit difference label - wrong answer beside the loss, as the heads' sweep
-        wired = wiring(model, sites, batches[0][0])
-        prepared = [_prepare(sweep, batches, name, draws, seed) for name in names]
-        prepared[0].use(sweep)
-        return _measure(model, sites, sweep, wired, batches, prepared, started, task=task, top=top,
-                        target=faithfulness, estimator=estimator, alpha=alpha, n_boot=n_boot, seed=seed,
-                        correction=correction, min_effect=min_effect, resamples=resamples)
+        wired = wiring(model, sites, batches[0][0], mlps=mlps)
+        with mlp_gated(wired.mlps) as mlp_gates:
+            # the methods' fills for every node from one data pass: an MLP is one head as wide as the stream
+            nodes = Nodes(sweep, Sweep(model, [*sites, *(m.site for m in wired.mlps)], [*gates, *mlp_gates], task,
+                                       reuse=False))
+            prepared = [_prepare(nodes.all, batches, name, draws, seed) for name in names]
+            nodes.use(prepared[0])
+            patcher = Patcher(sweep, wired, all_edges(sites, [m.site.layer for m in wired.mlps]),
+                              mlp_gates=mlp_gates)
+            return _measure(model, sites, patcher, nodes, batches, prepared, started, task=task, top=top,
+                            target=faithfulness, estimator=estimator, alpha=alpha, n_boot=n_boot, seed=seed,
+                            correction=correction, min_effect=min_effect, resamples=resamples)
+
+
+class Nodes:
+    """The heads' sweep (the patcher's) and the sweep over every node's gate (heads and MLPs) that the
+    methods are prepared on: `use` sets a prepared method's fills on every gate and its draws on both."""
+
+    def __init__(self, heads: Sweep, every: Sweep):
+        self.heads, self.all = heads, every
+
+    def use(self, prepared: Prepared) -> None:
+        prepared.use(self.all)
+        self.heads.draws = prepared.draws
 
 
 def _check(faithfulness: float, estimator: str, top: int | None, correction: str) -> None:
@@ -84,12 +104,12 @@ def _prepare(sweep: Sweep, batches, name: str, draws: int | None, seed: int) -> 
     return Prepared(entry, state, sweep.draws)
 
 
-def _measure(model, sites, sweep: Sweep, wired, batches, prepared: list[Prepared], started: float, *, task: str,
-             top: int | None, target: float, estimator: str, alpha: float, n_boot: int, seed: int,
+def _measure(model, sites, patcher: Patcher, nodes: Nodes, batches, prepared: list[Prepared], started: float, *,
+             task: str, top: int | None, target: float, estimator: str, alpha: float, n_boot: int, seed: int,
              correction: str, min_effect: float, resamples: int) -> CircuitResult:
-    edges = all_edges(sites)
+    edges = patcher.edges
     plan = plan_sweep(model, sites, batches, task=task)  # as the head sweep: rows per forward that fit the cache
-    patcher = Patcher(sweep, wired, edges, per_forward=plan.replication)
+    patcher.per_forward = plan.replication
     t0 = time.perf_counter()
     estimates = attribute(patcher, batches, estimator) if len(edges) > EXACT_ALL or top is not None else None
     t_attr = time.perf_counter() - t0
@@ -114,10 +134,11 @@ def _measure(model, sites, sweep: Sweep, wired, batches, prepared: list[Prepared
     order = sorted(range(len(effects)), key=lambda j: -effects[j].delta_loss)
     effects = [effects[j] for j in order]
     per_edge = (measured.set_loss - measured.loss_sum[:, None])[:, order]  # [N, M]
-    circuit = _circuit(patcher, batches, edges, effects, per_edge, prepared, sweep, target=target,
+    circuit = _circuit(patcher, batches, edges, effects, per_edge, prepared, nodes, target=target,
                        resamples=resamples, n_boot=n_boot, seed=seed, units=units)
     return CircuitResult(
-        model={"family": sites[0].adapter.family, "n_layers": len(sites), "heads": [s.n_heads for s in sites]},
+        model={"family": sites[0].adapter.family, "n_layers": len(sites), "heads": [s.n_heads for s in sites],
+               "mlps": [m.site.layer for m in patcher.mlps]},
         task=task, method=prepared[0].method.name, n_examples=len(measured.count), n_units=int(units),
         baseline=baseline, band=band,
         significance={"loss_test": significance.LOSS_TEST, "accuracy_test": significance.TEST,
@@ -125,6 +146,7 @@ def _measure(model, sites, sweep: Sweep, wired, batches, prepared: list[Prepared
         n_edges=len(edges), edges=effects, circuit=circuit,
         attribution=_attribution(estimator, estimates, effects, edges),
         heads=name_heads(circuit, _stats(model, sites, batches)),
+        notes=[patcher.wiring.mlp_note] if patcher.wiring.mlp_note else [],
         timing={"attribution_s": t_attr, "exact_s": t_exact, "total_s": time.perf_counter() - started,
                 "forwards": patcher.forwards, "per_forward": patcher.per_forward, "micro_batch": plan.micro_batch})
 
@@ -136,8 +158,8 @@ def _chosen(edges: list[Edge], estimates: np.ndarray | None, top: int | None) ->
     return [edges[i] for i in np.argsort(-np.abs(estimates), kind="stable")[:k]]
 
 
-def _circuit(patcher: Patcher, batches, edges, effects, per_edge, prepared, sweep, *, target, resamples, n_boot,
-             seed, units):
+def _circuit(patcher: Patcher, batches, edges, effects, per_edge, prepared, nodes: Nodes, *, target, resamples,
+             n_boot, seed, units):
     def run(kept):
         m = over_data(patcher, batches, removed_sets(kept, edges))
         return m.loss_sum, m.set_loss, m.diff, m.set_diff
@@ -154,10 +176,10 @@ def _circuit(patcher: Patcher, batches, edges, effects, per_edge, prepared, swee
         e.effect_in_circuit = float((loss - without[-1]).sum()) / units
         e.self_repair_gap = e.effect_in_circuit - e.delta_loss
     for p in prepared[1:]:
-        p.use(sweep)
+        nodes.use(p)
         other = Search(run, per_edge.shape[0])
         circuit.methods[p.method.name] = _holds(other, inside, target, n_boot, seed)
-    prepared[0].use(sweep)
+    nodes.use(prepared[0])
     return circuit
 
 

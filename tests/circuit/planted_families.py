@@ -4,7 +4,7 @@ grouped-query attention (separate q/k/v projections, RMSNorm, rotary positions, 
 1 key/value head).
 
 GPT-2 and nanoGPT are the reference model's weights copied over, module for module (both are pre-norm
-with learned positions, MLPs at 0). LLaMA has no position embedding, so its previous-token head is set by
+with learned positions; MLPs at 0, but GPT-2's in "relay", copied too, with the reference's exact GELU). LLaMA has no position embedding, so its previous-token head is set by
 hand through the rotary angles: query and key read the constant pair onto rotary pair ROPE_PAIR (angle
 theta per position), the key turned back by one position, so that the score A cos(theta (s - t + 1)) peaks
 at key s = t - 1 (theta 0.56: the next peak is 11 positions away, past the sequence). The later heads'
@@ -33,7 +33,7 @@ def gpt2(kind: str = "induction"):
     ref = planted(kind)
     cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=D_MODEL, vocab_size=V, n_positions=T, bos_token_id=0,
                                   eos_token_id=0, attn_implementation="eager", resid_pdrop=0, embd_pdrop=0,
-                                  attn_pdrop=0, tie_word_embeddings=False)
+                                  attn_pdrop=0, tie_word_embeddings=False, activation_function="gelu")
     model = transformers.GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -45,6 +45,9 @@ def gpt2(kind: str = "induction"):
             _norms((block.ln_1, block.ln_2), (src.ln1, src.ln2))
             block.attn.c_attn.weight.copy_(src.attn.qkv.weight.T)  # Conv1D: [in, out]
             block.attn.c_proj.weight.copy_(src.attn.proj.weight.T)
+            for dst, w in ((block.mlp.c_fc, src.mlp.fc), (block.mlp.c_proj, src.mlp.proj)):
+                dst.weight.copy_(w.weight.T)
+                dst.bias.copy_(w.bias)
         _norms((t.ln_f,), (ref.ln_f,))
         model.lm_head.weight.copy_(ref.head.weight)
     return model

@@ -32,12 +32,14 @@ def _gpt2(n_layer: int = 2):
 def test_gpt2_output_edges_are_the_heads_direct_effects():
     model, data = _gpt2()
     result = find_circuit(model, data, task="lm", resamples=2, n_boot=200)
-    assert result.model["family"] == "hf-gpt2" and result.n_edges == 16 and len(result.edges) == 16
+    # 16 edges between heads and to the output, 15 of the MLP nodes: 2 + 4 heads -> MLP0, MLP1; MLP0 -> MLP1;
+    # MLP0 -> each layer-1 head's q, k, v (6); each MLP -> output (2)
+    assert result.model["family"] == "hf-gpt2" and result.n_edges == 16 + 15 and len(result.edges) == 31
     heads = ablate_heads(model, data, task="lm", progress=False, attention=False)
     for h in heads.heads:
         edge = result.edge(f"L{h.layer}.H{h.head} -> output")
         assert edge.delta_loss == approx(h.direct_delta_loss, scale=1.0), (h.layer, h.head)
-    assert {e.edge.composition for e in result.edges} == {"Q", "K", "V", "direct"}
+    assert {e.edge.composition for e in result.edges} == {"Q", "K", "V", "direct", "MLP"}
 
 
 def test_llama_grouped_query_attention_keys_and_values_are_key_value_heads():
@@ -49,7 +51,9 @@ def test_llama_grouped_query_attention_keys_and_values_are_key_value_heads():
     model = transformers.LlamaForCausalLM(cfg).eval()
     data = {"input_ids": torch.randint(0, 24, (8, 10), generator=torch.Generator().manual_seed(1))}
     result = find_circuit(model, data, task="lm", resamples=2, n_boot=200)
-    assert result.n_edges == 4 * 4 + 2 * 2 * 4 + 8  # q: 4 x 4 senders; k, v: 2 kv heads x 4 senders; 8 outputs
+    # q: 4 query heads x 5 senders (4 heads, MLP0); k, v: 2 kv heads x 5 senders; MLP0 reads layer 0's 4 heads,
+    # MLP1 them, MLP0 and layer 1's 4; 10 outputs (8 heads, 2 MLPs)
+    assert result.n_edges == 4 * 5 + 2 * 2 * 5 + 4 + 9 + 10
     assert {e.edge.receiver[1] for e in result.edges if e.edge.part in "kv" and e.edge.receiver} == {0, 1}
     heads = ablate_heads(model, data, task="lm", progress=False, attention=False)
     for h in heads.heads:
