@@ -6,7 +6,12 @@ An edge s -> (r, p, h) is removed by moving receiver r's projection output block
 
 where out_s is what sender s outputs in this very forward (observed through its gate, which is left
 open) and fill_s the method's fill (methods.py, through the gate's `fill`). An output edge moves the
-final norm's output by the same change through that norm. Everything else runs as it is.
+final norm's output by the same change through that norm. Everything else runs as it is, but for the
+norm a replica moves, whose own output there is made with its clean scale too (the norm frozen, not
+only the change): with one edge removed its input is the clean one, so nothing changes; with a circuit's
+edges removed, a removed sender's output, in the stream and taken off again, then cancels exactly
+(at the norm's own scale in that forward, (1 / sigma - 1 / sigma_clean) of it would stay in, a leak that
+large MLP writes make large).
 
 With one edge removed, out_s is its clean value (nothing before it moved), so the forward is path
 patching (Wang et al. 2022; Goldowsky-Dill et al. 2023): the sender's effect only through that
@@ -169,7 +174,8 @@ class Patcher:
         mask = torch.cat([sets.float(), sets.new_zeros(K, 1).float()], dim=1)  # the last column: "no such edge"
         rows = None if clean.rows is None else clean.rows.repeat(K)
         writes: dict[int, torch.Tensor] = {}  # gate -> [K * B, T, H, D]: each head's (MLP's) output minus its fill
-        with self._observing(writes, rows, draw) as observe, hooks(*self._moves(writes, normed, mask, K, B)), \
+        moves = self._frozen(normed, mask, K, B) + self._moves(writes, normed, mask, K, B)
+        with self._observing(writes, rows, draw) as observe, hooks(*moves), \
                 torch.no_grad(), replay(self.sweep.recorder, clean.recorded, blocks, K, B) if blocks else nullcontext():
             if blocks:
                 assert self._heads is not None and self._heads[0] == id(clean), "removed() on a batch not cleaned"
@@ -201,6 +207,33 @@ class Patcher:
         finally:
             for gate in self.gates:
                 gate.observer = None
+
+    def _frozen(self, normed, mask: torch.Tensor, K: int, B: int) -> list:
+        """The hook registrations making each moved norm's output with its clean scale in the replicas that move
+        it: out + change(clean x, x) - change(x, x), the bias and the gain as they are."""
+        moving: dict[int, torch.Tensor] = {}  # id(norm) -> [K] whether replica k moves an input behind it
+        for site, receive in zip(self.wiring.sites, self.receive):
+            for rec in receive if site.norm is not None else ():
+                moving[id(site.norm)] = moving.get(id(site.norm), 0) + mask[:, rec].flatten(1).sum(1)
+        for mlp, rec in zip(self.mlps, self.receive_mlp):
+            moving[id(mlp.norm)] = moving.get(id(mlp.norm), 0) + mask[:, rec].sum(1)
+        moving[id(self.wiring.final)] = moving.get(id(self.wiring.final), 0) + mask[:, self.output].sum(1)
+        regs = []
+        for norm in self.wiring.norms:
+            rows = moving.get(id(norm))
+            if rows is not None and bool((rows > 0).any()):
+                regs.append(self._freeze(norm, normed, (rows > 0).repeat_interleave(B), K))
+        return regs
+
+    def _freeze(self, norm, normed, rows: torch.Tensor, K: int):
+        form = self.wiring.form_of(norm)
+
+        def freeze(_module, args, out):  # rows [K * B]: the replicas' rows whose norm is frozen
+            x = args[0]
+            clean = normed[id(norm)].repeat(K, *([1] * (x.dim() - 1))).to(x.device)  # [K * B, T, d]
+            fix = form.change(norm, clean, x) - form.change(norm, x, x)
+            return out + (fix * rows.to(x.device)[:, None, None]).to(out.dtype)
+        return lambda: norm.register_forward_hook(freeze)
 
     def _moves(self, writes, normed, mask: torch.Tensor, K: int, B: int) -> list:
         """The hook registrations moving each receiver input, and the final norm's output, by its removed edges."""

@@ -87,3 +87,34 @@ def test_replaying_the_clean_prefix_changes_no_outcome():
             got[reuse] = patch.over_data(patcher, batches, sets).set_loss
             assert patcher.replaying == reuse and bool(patcher.checked) == reuse
     assert_close(torch.as_tensor(got[True]), torch.as_tensor(got[False]), depth=3, width=32)
+
+
+def test_a_circuit_edge_whose_receiver_reaches_nothing_changes_nothing():
+    """Every edge out of L1.H0 removed (the output, MLP1), its key edge kept: the circuit's loss is the empty
+    circuit's, the sender's output taken off exactly, however much the large MLP writes move each norm's
+    scale (patch.py: each moved norm frozen at its clean scale, its own output too)."""
+    from diagnose.ablation.gate import gated
+    from diagnose.ablation.sweep import Sweep
+    from diagnose.circuit import patch
+    from diagnose.circuit.edges import all_edges, parse_edge
+    from diagnose.circuit.minimal import removed_sets
+    from diagnose.circuit.mlp import mlp_gated
+    from diagnose.circuit.wiring import wiring
+    from diagnose.sites import find_heads
+    from ..tolerance import assert_close, assert_differ
+
+    model, data = _gpt2()
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.mlp.c_proj.weight.mul_(8)
+    batches = [({"input_ids": data["input_ids"]}, None)]
+    sites = find_heads(model, example=batches[0][0])
+    with gated(sites) as gates:
+        wired = wiring(model, sites, batches[0][0])
+        with mlp_gated(wired.mlps) as mlp_gates:
+            edges = all_edges(sites, [m.site.layer for m in wired.mlps])
+            patcher = patch.Patcher(Sweep(model, sites, gates, "lm"), wired, edges, mlp_gates=mlp_gates)
+            kept = [frozenset(), frozenset({parse_edge("L0.H0->L1.H0(k)")}), frozenset({parse_edge("L1.H0->output")})]
+            loss = torch.as_tensor(patch.over_data(patcher, batches, removed_sets(kept, edges)).set_loss)
+    assert_close(loss[:, 1], loss[:, 0], depth=2, width=32, dtype=torch.float32)
+    assert_differ(loss[:, 2], loss[:, 0], depth=2, width=32, dtype=torch.float32)  # a kept edge that reaches the output does count

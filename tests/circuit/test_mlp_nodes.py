@@ -140,3 +140,10 @@ def test_without_mlp_nodes_the_head_reaches_the_output_through_nothing_and_the_n
     assert result.edge("L1.H0 -> output").verdict == "negligible"
     nano = find_circuit(planted_families.nano("induction"), planted_data("induction", n=8), **FAST)
     assert len(nano.notes) == 1 and "generic adapter declares no MLP" in nano.notes[0]
+
+
+def test_eap_ig_ranks_the_relayed_path_first():
+    """The estimator scores the MLP edges as it scores the heads': the three planted edges rank first."""
+    result = find_circuit(planted("relay"), planted_data("relay", n=12), top=3, estimator="eap-ig", **FAST)
+    assert {e["label"] for e in result.attribution["top"][:3]} == RELAY
+    assert {e.label for e in result.circuit.edges} == RELAY
