@@ -68,21 +68,35 @@ def circuit(model: str, factory: str | None, forward: str | None, trust_pickle: 
     --top ones are patched exactly. Data that names a wrong answer per unit (wrong_labels)
     also gets the logit difference, per edge and the circuit's share of it.
 
+    Under torchrun each process measures a shard of the examples, as diagnose heads does; the
+    per-example results are gathered, so the output is one process's, and only rank 0 prints
+    and writes (start it with `torchrun ... --no-python diagnose`).
+
     \b
     Example: diagnose circuit demo-out/induction/model.pt --data demo-out/induction/eval.pt --json circuit.json
              diagnose circuit model.pt --data eval.pt --methods zero,mean --html circuit.html
+             torchrun --nproc-per-node 4 --no-python diagnose circuit model.pt --data eval.pt --json circuit.json
     """
     check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data])  # before the slow imports
     compared = parse_methods(methods) if methods is not None else None
     from diagnose.circuit import find_circuit
+    from diagnose.distributed import init_from_env, leave
 
     from .heads import _load
 
-    net, ds, sites, task = _load(model, factory, trust_pickle, attn_implementation, data, max_length,
-                                 attention_module, n_heads, task, forward)
+    ranks, device = init_from_env()  # torchrun: join the group (NCCL on this rank's GPU, else gloo)
+    # every rank loads; one failing tells the others, so none is left waiting in a collective
+    net, ds, sites, task = ranks.run_local("loading the model and data", lambda: _load(
+        model, factory, trust_pickle, attn_implementation, data, max_length, attention_module, n_heads, task, forward))
+    if device is not None:
+        net.to(device)
     result = find_circuit(net, ds, method=method, methods=compared, top=top, faithfulness=faithfulness,
                           estimator=estimator, task=task, batch_size=batch_size, draws=draws, seed=seed,
-                          correction=correction, min_effect=min_effect, sites=sites, mlps=mlps)
+                          correction=correction, min_effect=min_effect, sites=sites, mlps=mlps,
+                          distributed=ranks.active)
+    leave()  # on an error the group stays up until rank 0 has said it (cli.main, say_on_rank0)
+    if not ranks.main:  # under torchrun, rank 0 prints and writes
+        return
     if json_path:
         result.save(json_path)
     _print(result)

@@ -17,7 +17,7 @@ head removed by the method (each gate's scale 1 - alpha), the change delta_s sti
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -31,16 +31,21 @@ ESTIMATORS = ("eap", "eap-ig")
 STEPS = 5  # EAP-IG's integration points
 
 
-def attribute(patcher: Patcher, batches: Sequence[tuple[Any, Any]], estimator: str = "eap") -> np.ndarray:
-    """The estimated delta loss per unit of every edge of `patcher.edges` [E]."""
+def attribute(patcher: Patcher, batches: Sequence[tuple[Any, Any]], estimator: str = "eap", first: int = 0,
+              reduce: Callable[[list, list], tuple[list, list]] | None = None) -> np.ndarray:
+    """The estimated delta loss per unit of every edge of `patcher.edges` [E]. first: the data set's index of
+    the first example of `batches`; reduce: the sums over the ranks (shards.py), None when alone."""
     scores = np.zeros(len(patcher.edges) + 1)  # the last slot: where "no such edge" indices land
     units = 0.0
     alphas = [0.0] if estimator == "eap" else [(k + 0.5) / STEPS for k in range(STEPS)]
-    for inputs, labels, rows in indexed(batches, 0):
+    for inputs, labels, rows in indexed(batches, first):
         writes, normed, count, clean_grads = _pass(patcher, inputs, labels, rows, None)
         g = clean_grads if estimator == "eap" else _mean([_pass(patcher, inputs, labels, rows, a)[3] for a in alphas])
         _score(patcher, writes, normed, g, scores)
         units += count
+    if reduce is not None:
+        (total,), (units,) = reduce([torch.from_numpy(scores)], [units])
+        scores = total.numpy()
     return scores[:-1] / max(units, 1.0)
 
 

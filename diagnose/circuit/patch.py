@@ -339,15 +339,16 @@ class Measured:
     set_diff: Any = None
 
 
-def over_data(patcher: Patcher, batches: Sequence[tuple[Any, Any]], sets: torch.Tensor) -> Measured:
-    """Each removed set of `sets` [M, E] on every batch (one clean pass per batch, then K sets per forward)."""
+def over_data(patcher: Patcher, batches: Sequence[tuple[Any, Any]], sets: torch.Tensor, first: int = 0) -> Measured:
+    """Each removed set of `sets` [M, E] on every batch (one clean pass per batch, then K sets per forward);
+    first: the data set's index of the first batch's first example (a rank's shard, shards.py)."""
     import numpy as np
 
     from ..ablation.steps import indexed
 
     parts: list[tuple] = []
     diffs: list[tuple] = []
-    for inputs, labels, rows in indexed(batches, 0):
+    for inputs, labels, rows in indexed(batches, first):
         clean, normed = patcher.clean(inputs, labels, rows)
         out = patcher.removed(clean, normed, sets) if len(sets) else None
         B = clean.batch
