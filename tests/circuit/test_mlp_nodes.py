@@ -147,3 +147,13 @@ def test_eap_ig_ranks_the_relayed_path_first():
     result = find_circuit(planted("relay"), planted_data("relay", n=12), top=3, estimator="eap-ig", **FAST)
     assert {e["label"] for e in result.attribution["top"][:3]} == RELAY
     assert {e.label for e in result.circuit.edges} == RELAY
+
+
+def test_the_report_draws_the_mlp_nodes_and_their_edges_apart(relay, tmp_path):
+    """The circuit section's graph: MLP1 a square of its own class, the edge into it in the MLP colour."""
+    from diagnose.reports import write_report
+
+    html = write_report([relay[2]], tmp_path / "report.html").read_text()
+    assert html.count('class="node node-mlp node-circuit"') == 1 and 'class="node node-mlp"' in html  # MLP1; MLP0
+    assert html.count('class="edge edge-mlp"') == 1 and "L1.H0 -&gt; MLP1: Δloss" in html
+    assert "MLP1 -&gt; output: Δloss" in html
