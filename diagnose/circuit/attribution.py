@@ -125,25 +125,32 @@ def _adjoint(patcher: Patcher, norm, normed, u: torch.Tensor) -> torch.Tensor:
 def _score(patcher: Patcher, writes, normed, grads, scores: np.ndarray) -> None:
     """Add this batch's first-order delta loss of every edge to `scores` [E + 1]."""
     sites = patcher.wiring.sites
-    every = torch.cat([writes[g] for g in patcher.order], dim=2)  # [B, T, N, d]: every sender, in sender order
+    # every sender's change, sender-major so that the senders before a receiver are one contiguous block
+    every = torch.cat([writes[g].permute(2, 0, 1, 3) for g in patcher.order])  # [N, B, T, d]
     for r, site in enumerate(sites):
         if not r:
             continue
-        delta = every[:, :, :patcher.before[r]]  # [B, T, n, d]
         for i, inp in enumerate(site.inputs):
             D = patcher.wiring.head_dim[r]
             g = grads[(r, i)]  # [B, T, F]
             u = torch.einsum("btjD,djD->btjd", g.reshape(*g.shape[:2], -1, D),
                              inp.weight.float().to(g.device).reshape(inp.weight.shape[0], -1, D))  # [B, T, J, d]
-            s = torch.einsum("btjd,btnd->nj", _adjoint(patcher, site.norm, normed, u), delta.to(u.device))
+            s = _dot(every[:patcher.before[r]], _adjoint(patcher, site.norm, normed, u))  # [n, J]
             np.add.at(scores, patcher.receive[r][i].numpy(), s.double().cpu().numpy())
-    for i, (mlp, n) in enumerate(zip(patcher.mlps, patcher.before_mlp)):
-        u = _adjoint(patcher, mlp.norm, normed, grads[("mlp", i)][:, :, None, :])  # [B, T, 1, d]
-        s = torch.einsum("btjd,btnd->n", u, every[:, :, :n].to(u.device))
-        np.add.at(scores, patcher.receive_mlp[i].numpy(), s.double().cpu().numpy())
-    u = _adjoint(patcher, patcher.wiring.final, normed, grads["final"][:, :, None, :])  # [B, T, 1, d]
-    s = torch.einsum("btjd,btnd->n", u, every.to(u.device))
-    np.add.at(scores, patcher.output.numpy(), s.double().cpu().numpy())
+    # the MLPs' inputs and the final norm's output in one product over every sender (a receiver's later
+    # senders are no edges of it: their scores are not read)
+    us = [_adjoint(patcher, mlp.norm, normed, grads[("mlp", i)][:, :, None, :]) for i, mlp in enumerate(patcher.mlps)]
+    us.append(_adjoint(patcher, patcher.wiring.final, normed, grads["final"][:, :, None, :]))
+    s = _dot(every, torch.cat(us, dim=2)).double().cpu().numpy()  # [N, M + 1]
+    for i, n in enumerate(patcher.before_mlp):
+        np.add.at(scores, patcher.receive_mlp[i].numpy(), s[:n, i])
+    np.add.at(scores, patcher.output.numpy(), s[:, -1])
+
+
+def _dot(senders: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """sum over b, t, d of senders [n, B, T, d] times u [B, T, J, d] -> [n, J], as one matrix product."""
+    J = u.shape[2]
+    return senders.reshape(senders.shape[0], -1) @ u.to(senders.device).permute(0, 1, 3, 2).reshape(-1, J)
 
 
 def spearman(a: Sequence[float | None], b: Sequence[float | None]) -> float | None:
