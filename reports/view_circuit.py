@@ -64,7 +64,8 @@ def _index(v: Any) -> bool:
 
 def _pair(value: Any, where: str, name: str) -> list[int]:
     """A (layer, head) pair, or (layer, null): the layer's MLP node."""
-    if not (isinstance(value, list) and len(value) == 2 and _index(value[0]) and (value[1] is None or _index(value[1]))):
+    if not (isinstance(value, list) and len(value) == 2 and _index(value[0])
+            and (value[1] is None or _index(value[1]))):
         raise InputFileError(f"{where}: `{name}` is {kind(value)}, not a (layer, head) pair; {_FIX}")
     return value
 

@@ -72,7 +72,8 @@ def find_circuit(model: torch.nn.Module, data: Any, *, method: str = "zero", met
             # the methods' fills for every node from one data pass: an MLP is one head as wide as the stream
             nodes = Nodes(sweep, Sweep(model, [*sites, *(m.site for m in wired.mlps)], [*gates, *mlp_gates], task,
                                        reuse=False))
-            prepared = [_prepare(nodes.all, shard, getattr(batches, "device", None), name, draws, seed) for name in names]
+            device = getattr(batches, "device", None)
+            prepared = [_prepare(nodes.all, shard, device, name, draws, seed) for name in names]
             nodes.use(prepared[0])
             patcher = Patcher(sweep, wired, all_edges(sites, [m.site.layer for m in wired.mlps]),
                               mlp_gates=mlp_gates)

@@ -117,4 +117,5 @@ def test_a_circuit_edge_whose_receiver_reaches_nothing_changes_nothing():
             kept = [frozenset(), frozenset({parse_edge("L0.H0->L1.H0(k)")}), frozenset({parse_edge("L1.H0->output")})]
             loss = torch.as_tensor(patch.over_data(patcher, batches, removed_sets(kept, edges)).set_loss)
     assert_close(loss[:, 1], loss[:, 0], depth=2, width=32, dtype=torch.float32)
-    assert_differ(loss[:, 2], loss[:, 0], depth=2, width=32, dtype=torch.float32)  # a kept edge that reaches the output does count
+    # a kept edge that reaches the output does count
+    assert_differ(loss[:, 2], loss[:, 0], depth=2, width=32, dtype=torch.float32)
