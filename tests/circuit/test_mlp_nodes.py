@@ -1,8 +1,9 @@
 """MLPs as nodes: on the planted "relay" model (planted.py) the induction head's write reaches the logits only
 through layer 1's MLP, so its direct edge is 0 and the circuit is L0.H0 -> L1.H0 (k), L1.H0 -> MLP1,
-MLP1 -> output, on the reference model and GPT-2. Independent of the circuit code: each MLP edge's change
-in loss is the same model run by hand with that path patched (the receiving norm's input minus the
-sender's write, its scale frozen at its clean input), written here from the models' own modules."""
+MLP1 -> output, on the reference model, GPT-2 and LLaMA (SwiGLU, RMSNorm, grouped-query attention).
+Independent of the circuit code: each MLP edge's change in loss is the same model run by hand with that
+path patched (the receiving norm's input minus the sender's write, its scale frozen at its clean input),
+written here from the models' own modules."""
 
 from __future__ import annotations
 
@@ -40,10 +41,12 @@ def _hand_patched(model, data, capture, norm) -> float:
         clean = _loss(model, data)
 
     def frozen(_m, args, _out):
-        x = args[0]
-        sigma = (x.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
-        y = x - seen["write"]
-        return (y - y.mean(-1, keepdim=True)) / sigma * norm.weight + norm.bias
+        x, y = args[0], args[0] - seen["write"]
+        if isinstance(norm, torch.nn.LayerNorm):
+            sigma = (x.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
+            return (y - y.mean(-1, keepdim=True)) / sigma * norm.weight + norm.bias
+        rms = (x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon).sqrt()  # LLaMA's RMSNorm
+        return y / rms * norm.weight
 
     handle = norm.register_forward_hook(frozen)
     try:
@@ -93,21 +96,28 @@ def _gpt2_ends(model):
     return {"L1.H0 -> MLP1": (head, b.ln_2), "MLP1 -> output": (_Capture(b.mlp), model.transformer.ln_f)}
 
 
+def _llama_ends(model):
+    b, m = model.model.layers[1], model.model
+    head = _Capture(b.self_attn.o_proj, 0, b.self_attn.o_proj.weight.T, planted_families.HEAD_DIM)
+    return {"L1.H0 -> MLP1": (head, b.post_attention_layernorm), "MLP1 -> output": (_Capture(b.mlp), m.norm)}
+
+
 @pytest.fixture(scope="module")
 def relay():
     model, data = planted("relay"), planted_data("relay", n=12, wrong=True)
     return model, data, find_circuit(model, data, methods=["zero", "mean"], **FAST)
 
 
-@pytest.mark.parametrize("layout", ["reference", "gpt2"])
+@pytest.mark.parametrize("layout", ["reference", "gpt2", "llama"])
 def test_an_mlp_relaying_a_head_is_in_the_circuit_and_its_edges_are_the_hand_patched_paths(relay, layout):
     if layout == "reference":
         model, data, result = relay
         ends = _reference_ends(model)
     else:
         pytest.importorskip("transformers")
-        model, data = planted_families.gpt2("relay"), relay[1]
-        result, ends = find_circuit(model, data, **FAST), _gpt2_ends(model)
+        model, data = getattr(planted_families, layout)("relay"), relay[1]
+        result = find_circuit(model, data, **FAST)
+        ends = (_gpt2_ends if layout == "gpt2" else _llama_ends)(model)
     assert result.model["mlps"] == [0, 1] and result.notes == []
     assert {e.label for e in result.circuit.edges} == RELAY
     assert result.circuit.reached and result.circuit.faithfulness_ci[0] >= 0.8
