@@ -2,8 +2,9 @@
 top 50, against one clean forward and backward, one exact head sweep, and the naive loop of one patched
 forward per edge.
 
-Model: bench_ablation's GPT-2 (6 layers, 8 heads, d_model 256, eager), trained 10 steps; data: N repeated
-random sequences of 64 tokens, task lm, batches of 32, one thread. Per repeat, in one process:
+Model: bench_ablation's GPT-2 (6 layers, 8 heads, d_model 256, eager), trained 10 steps, each layer's MLP a
+node (--no-mlps: heads only); data: N repeated random sequences of 64 tokens, task lm, batches of 32, one
+thread. Per repeat, in one process:
 - one clean forward and backward of the loss over the data (the unit EAP is measured in);
 - EAP over every edge (find_circuit's attribution), then the 50 edges it ranks first patched exactly as
   find_circuit does (the head sweep's plan: micro-batches and replicas per forward that keep a forward in a
@@ -12,7 +13,7 @@ random sequences of 64 tokens, task lm, batches of 32, one thread. Per repeat, i
 TransformerLens 4.3 has activation patching (transformer_lens.patching) but no path patching between
 heads' q/k/v inputs, so the naive loop is the baseline.
 
-Run: cd bench && OMP_NUM_THREADS=1 ../.venv/bin/python bench_circuit.py [--n 32] [--repeats 1] [--top 50]
+Run: cd bench && OMP_NUM_THREADS=1 ../.venv/bin/python bench_circuit.py [--n 32] [--repeats 1] [--top 50] [--no-mlps]
 """
 
 from __future__ import annotations
@@ -39,24 +40,26 @@ def clean_pass(model, batches) -> float:
     return time.perf_counter() - t0
 
 
-def parts(model, batches, top: int):
+def parts(model, batches, top: int, mlps: bool = True):
     """(edges, seconds of EAP over every edge, of the top edges patched 8 per forward, of the same one per
     forward, their Spearman correlation), through find_circuit's own pieces (no minimal-circuit search)."""
     from diagnose.ablation.gate import gated
     from diagnose.ablation.sweep import Sweep
     from diagnose.circuit.attribution import attribute, spearman
     from diagnose.circuit.edges import all_edges
+    from diagnose.circuit.mlp import mlp_gated
     from diagnose.circuit.wiring import wiring
     from diagnose.sites import find_heads
 
     from diagnose.ablation.plan import micro_batches, plan_sweep
 
     sites = find_heads(model, example=batches[0][0])
-    with gated(sites) as gates:
+    wired = wiring(model, sites, batches[0][0], mlps=mlps)
+    with gated(sites) as gates, mlp_gated(wired.mlps) as mlp_gates:
         sweep = Sweep(model, sites, gates, "lm")  # as find_circuit: the clean prefix replays (patch.py)
-        edges = all_edges(sites)
+        edges = all_edges(sites, [m.site.layer for m in wired.mlps])
         plan = plan_sweep(model, sites, batches, task="lm")  # as find_circuit: the head sweep's rows per forward
-        patcher = patch.Patcher(sweep, wiring(model, sites, batches[0][0]), edges, per_forward=plan.replication)
+        patcher = patch.Patcher(sweep, wired, edges, per_forward=plan.replication, mlp_gates=mlp_gates)
         print(f"plan: {plan.describe()}", flush=True)
         t0 = time.perf_counter()
         scores = attribute(patcher, batches, "eap")
@@ -81,6 +84,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--top", type=int, default=50)
+    ap.add_argument("--no-mlps", dest="mlps", action="store_false", help="heads-only edges (no MLP nodes)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     model = ba.gpt2(10).eval()
@@ -88,7 +92,7 @@ def main() -> None:
     batches = [({"input_ids": ids[i:i + 32]}, None) for i in range(0, args.n, 32)]
     for r in range(args.repeats):
         unit = clean_pass(model, batches)
-        n_edges, eap, exact, loop, rho = parts(model, batches, args.top)
+        n_edges, eap, exact, loop, rho = parts(model, batches, args.top, args.mlps)
         sweep = ablate_heads(model, batches, task="lm", attention=False, direct=False).timing["ablation_seconds"]
         print(f"repeat {r}: {n_edges} edges; clean forward+backward {unit:.2f} s; EAP over every edge {eap:.2f} s = "
               f"{eap / unit:.2f}x; exact top {args.top} as find_circuit {exact:.1f} s vs one head sweep {sweep:.1f} s "

@@ -1,4 +1,4 @@
-"""`diagnose circuit`: which heads feed which (through queries, keys or values, or the output), with intervals."""
+"""`diagnose circuit`: which heads feed which (through queries, keys or values, MLPs, or the output), with intervals."""
 
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ ESTIMATORS = ("eap", "eap-ig")  # literal so that --help needs no torch; a test 
                    "for saturated models whose clean gradient is near 0).")
 @click.option("--correction", type=click.Choice(("holm", "bh")), default="holm", show_default=True,
               help="Multiple-testing correction across the edges tested.")
+@click.option("--mlps/--no-mlps", default=True, show_default=True,
+              help="Each layer's MLP as a node (edges into and out of it) where the model's adapter declares it.")
 @min_effect_option()
 @batch_size_option
 @click.option("--json", "json_path", type=click.Path(path_type=str), default=None,
@@ -51,11 +53,12 @@ ESTIMATORS = ("eap", "eap-ig")  # literal so that --help needs no torch; a test 
 def circuit(model: str, factory: str | None, forward: str | None, trust_pickle: bool, attn_implementation: str | None,
             data: str, max_length: int | None, attention_module: str | None, n_heads: int | None, task: str | None,
             method: str, methods: str | None, draws: int | None, seed: int, top: int | None, faithfulness: float,
-            estimator: str, correction: str, min_effect: float, batch_size: int | None, json_path: str | None,
-            html_path: str | None) -> None:
+            estimator: str, correction: str, mlps: bool, min_effect: float, batch_size: int | None,
+            json_path: str | None, html_path: str | None) -> None:
     """Find the circuit: which heads read which, and which reach the output.
 
-    Every edge (a head to a later head's query, key or value input, or to the output) is
+    Every edge (a head to a later head's query, key or value input, or to the output; with
+    --mlps, also into and out of each layer's MLP where the adapter declares it) is
     removed alone by path patching, every other path held at its clean value, and tested as
     diagnose heads tests a head: change in loss with its 95 % CI, the corrected p-value, the
     verdict. Then the minimal circuit: the fewest edges keeping --faithfulness of the loss gap,
@@ -65,21 +68,35 @@ def circuit(model: str, factory: str | None, forward: str | None, trust_pickle: 
     --top ones are patched exactly. Data that names a wrong answer per unit (wrong_labels)
     also gets the logit difference, per edge and the circuit's share of it.
 
+    Under torchrun each process measures a shard of the examples, as diagnose heads does; the
+    per-example results are gathered, so the output is one process's, and only rank 0 prints
+    and writes (start it with `torchrun ... --no-python diagnose`).
+
     \b
     Example: diagnose circuit demo-out/induction/model.pt --data demo-out/induction/eval.pt --json circuit.json
              diagnose circuit model.pt --data eval.pt --methods zero,mean --html circuit.html
+             torchrun --nproc-per-node 4 --no-python diagnose circuit model.pt --data eval.pt --json circuit.json
     """
     check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data])  # before the slow imports
     compared = parse_methods(methods) if methods is not None else None
     from diagnose.circuit import find_circuit
+    from diagnose.distributed import init_from_env, leave
 
     from .heads import _load
 
-    net, ds, sites, task = _load(model, factory, trust_pickle, attn_implementation, data, max_length,
-                                 attention_module, n_heads, task, forward)
+    ranks, device = init_from_env()  # torchrun: join the group (NCCL on this rank's GPU, else gloo)
+    # every rank loads; one failing tells the others, so none is left waiting in a collective
+    net, ds, sites, task = ranks.run_local("loading the model and data", lambda: _load(
+        model, factory, trust_pickle, attn_implementation, data, max_length, attention_module, n_heads, task, forward))
+    if device is not None:
+        net.to(device)
     result = find_circuit(net, ds, method=method, methods=compared, top=top, faithfulness=faithfulness,
                           estimator=estimator, task=task, batch_size=batch_size, draws=draws, seed=seed,
-                          correction=correction, min_effect=min_effect, sites=sites)
+                          correction=correction, min_effect=min_effect, sites=sites, mlps=mlps,
+                          distributed=ranks.active)
+    leave()  # on an error the group stays up until rank 0 has said it (cli.main, say_on_rank0)
+    if not ranks.main:  # under torchrun, rank 0 prints and writes
+        return
     if json_path:
         result.save(json_path)
     _print(result)
@@ -100,7 +117,9 @@ def _print(result) -> None:
 
     out = Console(highlight=False, width=max(Console().width, 132))
     b = result.baseline
-    out.print(text(f"{result.model['family']} model, {result.model['n_layers']} layers, {result.n_edges} edges; "
+    mlps = result.model.get("mlps") or []
+    out.print(text(f"{result.model['family']} model, {result.model['n_layers']} layers"
+                   + (f" (MLP nodes in {len(mlps)})" if mlps else "") + f", {result.n_edges} edges; "
                    f"{result.task}, {result.method} ablation, {result.n_examples} examples; baseline accuracy "
                    f"{b['accuracy']:.2%}, loss {b['loss']:.4f}"
                    + (f", logit diff {b['logit_diff']:.3f} (label - wrong answer)" if "logit_diff" in b else "")))
@@ -118,3 +137,5 @@ def _print(result) -> None:
                        + ("" if rho is None else f" (Spearman to exact {rho:+.2f})")))
     for h in result.heads:
         out.print(text(f"{head_label(h['layer'], h['head'])}: {h['role'] or 'no named pattern'}"))
+    for note in result.notes:
+        out.print(text(f"note: {note}"))

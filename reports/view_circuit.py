@@ -1,6 +1,7 @@
-"""The circuit section: an SVG graph of the edges that matter (layers left to right, heads as nodes, the
-output last; edge width the effect, q / k / v / direct told apart by colour and dash, the interval in each
-edge's hover title) and the edge table, from a `diagnose.circuit/1` JSON document. Every field read is
+"""The circuit section: an SVG graph of the edges that matter (layers left to right, heads as nodes, each
+layer's MLP node, where the document has them, a square in the row below, after its layer's heads; the
+output last; edge width the effect, q / k / v / MLP input / direct told apart by colour and dash, the
+interval in each edge's hover title) and the edge table, from a `diagnose.circuit/1` JSON document. Every field read is
 checked here first, so that drawing cannot fail half-way; the template escapes everything it prints."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ _FIX = "regenerate it with `diagnose circuit --json`"
 MAX_HEADS = 1 << 16
 MAX_DRAWN = 60  # edges drawn: the circuit's, then the others that matter, largest first
 X0, GAP, Y0, ROW, R = 50, 150, 30, 34, 11
-PART_OFFSET = {"q": -6, "k": 0, "v": 6, "out": 0}  # where on the receiver a q / k / v edge lands
+PART_OFFSET = {"q": -6, "k": 0, "v": 6, "out": 0, "mlp": 0}  # where on the receiver a q / k / v edge lands
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Node:
     y: float
     label: str
     in_circuit: bool
+    kind: str = "head"  # or "mlp"
 
 
 @dataclass
@@ -56,22 +58,31 @@ class CircuitSection:
     heads: list[tuple[str, str, str]] = field(default_factory=list)  # the circuit's heads: (label, role, row id)
 
 
+def _index(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 def _pair(value: Any, where: str, name: str) -> list[int]:
-    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
-                                                               and v >= 0 for v in value)):
+    """A (layer, head) pair, or (layer, null): the layer's MLP node."""
+    if not (isinstance(value, list) and len(value) == 2 and _index(value[0])
+            and (value[1] is None or _index(value[1]))):
         raise InputFileError(f"{where}: `{name}` is {kind(value)}, not a (layer, head) pair; {_FIX}")
     return value
 
 
-def _edge(e: Any, where: str, heads: list[int]) -> dict[str, Any]:
-    if not isinstance(e, dict) or e.get("part") not in ("q", "k", "v", "out"):
-        raise InputFileError(f"{where}: an edge is not an object with a part q, k, v or out; {_FIX}")
+def _label(node: tuple) -> str:
+    return f"MLP{node[0]}" if node[1] is None else head_label(*node)
+
+
+def _edge(e: Any, where: str, heads: list[int], mlps: list[int]) -> dict[str, Any]:
+    if not isinstance(e, dict) or e.get("part") not in PART_OFFSET:
+        raise InputFileError(f"{where}: an edge is not an object with a part q, k, v, mlp or out; {_FIX}")
     for name in ("sender", "receiver"):
         if name == "receiver" and e.get("receiver") is None:
             continue
         layer, head = _pair(e.get(name), where, name)
-        if layer >= len(heads) or head >= heads[layer]:
-            raise InputFileError(f"{where}: `{name}` {head_label(layer, head)} is not a head of the model; {_FIX}")
+        if layer >= len(heads) or (head is None and layer not in mlps) or (head is not None and head >= heads[layer]):
+            raise InputFileError(f"{where}: `{name}` {_label((layer, head))} is not a node of the model; {_FIX}")
     for name in ("delta_loss", "delta_logit_diff"):
         if e.get(name) is not None and number(e[name]) is None:
             raise InputFileError(f"{where}: `{name}` is {kind(e[name])}, not a number; {_FIX}")
@@ -87,11 +98,14 @@ def check_circuit(data: dict[str, Any], where: str) -> dict[str, Any]:
     if not (isinstance(heads, list) and heads and all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
                                                       for h in heads)) or sum(heads) > MAX_HEADS:
         raise InputFileError(f"{where}: `model.heads` is not a list of head counts per layer; {_FIX}")
+    mlps = model.get("mlps", [])  # absent in documents written before MLP nodes: none
+    if not (isinstance(mlps, list) and all(_index(m) and m < len(heads) for m in mlps)):
+        raise InputFileError(f"{where}: `model.mlps` is not a list of the layers whose MLP is a node; {_FIX}")
     if not isinstance(data.get("edges"), list) or not isinstance(circuit, dict) \
             or not isinstance(circuit.get("edges"), list):
         raise InputFileError(f"{where}: a {CIRCUIT_SCHEMA} document needs `edges` and `circuit.edges` lists; {_FIX}")
     for e in data["edges"] + circuit["edges"]:
-        _edge(e, where, heads)
+        _edge(e, where, heads, mlps)
     for h in data.get("heads") or []:
         if not (isinstance(h, dict) and isinstance(h.get("layer"), int) and isinstance(h.get("head"), int)
                 and (h.get("role") is None or isinstance(h["role"], str))):
@@ -130,13 +144,15 @@ def circuit_section(name: str, data: dict[str, Any], sections: list[Section], in
     drawn = [e for e in data["edges"] if e.get("in_circuit") or e.get("verdict") == "matters"]
     drawn = sorted(drawn, key=lambda e: (not e.get("in_circuit"), -abs(number(e.get("delta_loss")) or 0.0)))[:MAX_DRAWN]
     big = max([abs(number(e.get("delta_loss")) or 0.0) for e in drawn] + [1e-12])
+    mlps = data["model"].get("mlps", [])
     at = {(l, h): (X0 + l * GAP, Y0 + h * ROW) for l, n in enumerate(heads) for h in range(n)}
+    at.update({(l, None): (X0 + l * GAP + GAP / 2, Y0 + max(heads) * ROW) for l in mlps})  # after the layer's heads
     out = (X0 + len(heads) * GAP, Y0 + (max(heads) - 1) * ROW / 2)
     used = {tuple(e["sender"]) for e in drawn} | {tuple(e["receiver"]) for e in drawn if e["receiver"]}
     in_circuit = {tuple(e["sender"]) for e in data["circuit"]["edges"]} | \
                  {tuple(e["receiver"]) for e in data["circuit"]["edges"] if e["receiver"]}
-    nodes = [Node(x, y, head_label(l, h), (l, h) in in_circuit) for (l, h), (x, y) in at.items()
-             if (l, h) in used or len(at) <= 64]
+    nodes = [Node(x, y, _label(n), n in in_circuit, "head" if n[1] is not None else "mlp") for n, (x, y) in at.items()
+             if n in used or len(at) <= 64]
     lines = []
     for e in drawn:
         x1, y1 = at[tuple(e["sender"])]
@@ -157,10 +173,11 @@ def circuit_section(name: str, data: dict[str, Any], sections: list[Section], in
         summary.append((f"under {method}", ("-" if hf is None else f"{hf:.2f}") +
                         (" (holds)" if isinstance(held, dict) and held.get("holds") else " (does not hold)")))
     width = int(out[0] + 60)
-    height = int(Y0 + max(heads) * ROW + 10)
+    height = int(Y0 + (max(heads) + bool(mlps)) * ROW + 10)
     anchor = f"circuit-{index}"
     roles = {(h["layer"], h["head"]): h.get("role") or "" for h in data.get("heads") or []}
-    named = [(head_label(l, h), roles.get((l, h), ""), f"{anchor}-head-{l}-{h}") for l, h in sorted(in_circuit)]
+    named = [(head_label(l, h), roles.get((l, h), ""), f"{anchor}-head-{l}-{h}")
+             for l, h in sorted(n for n in in_circuit if n[1] is not None)]
     return CircuitSection(name, data, width, height, nodes, lines, out, summary, sections, anchor, named)
 
 

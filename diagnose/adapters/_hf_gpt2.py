@@ -11,7 +11,7 @@ from ._hooks import hooks
 from ._probs import LazyProbs
 from .base import AttentionSite, PatternCallback, hand_over
 from .layout import BLOCKED, HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
-from .readout import named
+from .readout import in_layer, named
 
 
 class GPT2Adapter(HFAdapter):
@@ -69,6 +69,10 @@ class GPT2Adapter(HFAdapter):
     def final_norm(self, model: nn.Module) -> nn.Module:
         """transformer.ln_f: GPT-2 is pre-norm, each c_proj output added to the stream (readout.py)."""
         return named(model, "ln_f", "GPT-2")
+
+    def mlp(self, model: nn.Module, site: AttentionSite) -> nn.Module:
+        """h.{i}.mlp (GPT2MLP): it reads ln_2 of the stream after h.{i}.attn wrote; its output is added."""
+        return in_layer(model, site, "mlp", "GPT-2")
 
 
 def _scaling(m: nn.Module, head_dim: int) -> float:

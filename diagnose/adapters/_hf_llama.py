@@ -16,7 +16,7 @@ from .base import AttentionSite, PatternCallback
 from ..errors import ConfigError
 from .layout import HF_MIN_HEADS_NOTE, Projection, ProjectionLayout
 from .norms import NormForm
-from .readout import named
+from .readout import in_layer, named
 
 HF_RMS_NORM = NormForm("RMSNorm (transformers)", centred=False, weight="weight", eps="variance_epsilon")
 GEMMA_RMS_NORM = NormForm("Gemma RMSNorm, gain 1 + weight", centred=False, gain_offset=1.0, weight="weight", eps="eps")
@@ -96,6 +96,15 @@ class LlamaAdapter(HFAdapter):
             raise ConfigError("this model norms each sublayer's output before the residual add (Gemma 2/3 style), "
                               "so a head's direct path is not a subtraction; direct effects are not measured")
         return named(model, "norm", "LLaMA")
+
+    def mlp(self, model: nn.Module, site: AttentionSite) -> nn.Module:
+        """layers.{i}.mlp: it reads post_attention_layernorm of the stream after self_attn wrote; its output
+        is added. A mixture of experts (Mixtral's block_sparse_moe, a router's logits returned beside the
+        write) is not declared: its layer's nodes are its heads."""
+        found = in_layer(model, site, "mlp", "LLaMA")
+        if "Moe" in type(found).__name__ or hasattr(found, "experts"):
+            raise ConfigError(f"{site.name}: its layer's MLP is a mixture of experts ({type(found).__name__})")
+        return found
 
 
 def _rope(m: nn.Module):

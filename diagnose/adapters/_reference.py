@@ -12,6 +12,7 @@ from ..zoo.model import SelfAttention, Transformer
 from ._hooks import blocks_around, gate_projection, hooks
 from .base import TRACED_HOOKS, AttentionSite, HeadOutputFn, PatternCallback, send_scores
 from .layout import BLOCKED, Projection, ProjectionLayout
+from .readout import in_layer
 
 
 class ReferenceAdapter:
@@ -52,6 +53,10 @@ class ReferenceAdapter:
                               f"norm={getattr(getattr(model, 'cfg', None), 'norm', '?')!r}, residual="
                               f"{getattr(getattr(model, 'cfg', None), 'residual', '?')}, so they are not measured")
         return model.ln_f
+
+    def mlp(self, model: nn.Module, site: AttentionSite) -> nn.Module:
+        """blocks.{i}.mlp: it reads ln2 of the stream after blocks.{i}.attn wrote, and its output is added."""
+        return in_layer(model, site, "mlp", "reference")
 
     def blocks(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         if isinstance(model, Transformer):

@@ -56,7 +56,9 @@ class Adapter(Protocol):
     a method `compile_safe(site) -> bool`, for a family whose modules differ (compile_safe() below).
     For direct effects: `final_norm(model)` or `residual_path(model, site)`, the path from a head to the
     output (readout.py; without either the path is traced, _stream.py), and `norm_form(module)`, the
-    frozen form of the family's own norm classes (norms.py). `output_layer(model)`: the per-position module
+    frozen form of the family's own norm classes (norms.py). For circuits: `mlp(model, site)`, the module of
+    the MLP in the site's layer, reading the stream after the site wrote and adding its one output tensor
+    (readout.py; without it the circuit's nodes are the heads). `output_layer(model)`: the per-position module
     that makes the logits from the hidden states (Hugging Face: get_output_embeddings), so that a sweep
     makes logits only at the scored positions (ablation/scored.py); absent: every position's are made."""
 

@@ -13,6 +13,11 @@ and moves the output of one module, after which only the output layers run. An a
 
 Either raises ConfigError with one line saying why its model has no such path; the path is then traced
 from one forward (_stream.py). Each norm on it is frozen by the form the adapter declares (norms.py).
+
+Circuits (diagnose/circuit) also read `mlp(model, site)`: the module of the MLP in the site's layer, whose
+first input is what the MLP reads (the stream after that layer's attention wrote to it, through the
+MLP's own norm) and whose one output tensor is what it adds to the stream. Without it (or where it raises
+ConfigError, one line) the circuit's nodes are the heads only.
 """
 
 from __future__ import annotations
@@ -85,3 +90,24 @@ def named(model: nn.Module, suffix: str, what: str) -> nn.Module:
         raise ConfigError(f"{what}: found {len(found)} modules named {suffix!r} where one final norm was expected, "
                           "so direct effects are not measured")
     return found[0]
+
+
+def mlp_of(adapter, model: nn.Module, site) -> nn.Module:
+    """The adapter's declared MLP of the site's layer; ConfigError (one line) when it declares none."""
+    declared = getattr(adapter, "mlp", None)
+    if declared is None:
+        raise ConfigError(f"the {adapter.family} adapter declares no MLP per layer (`mlp`, "
+                          "diagnose/adapters/readout.py)")
+    return declared(getattr(model, "_orig_mod", model), site)
+
+
+def in_layer(model: nn.Module, site, attribute: str, what: str) -> nn.Module:
+    """The module `attribute` of the layer holding `site` (the module the site's attention module sits in,
+    by name: 'h.0.attn' -> h.0's `attribute`); ConfigError (one line) when the layer has none."""
+    layer = site.name.split("#")[0].rpartition(".")[0]
+    parent = model.get_submodule(layer) if layer else model
+    found = getattr(parent, attribute, None)
+    if not isinstance(found, nn.Module):
+        raise ConfigError(f"{what}: the layer {layer or 'model'} of {site.name} has no module `{attribute}` "
+                          f"(a {type(parent).__name__})")
+    return found

@@ -16,6 +16,8 @@ import torch
 
 from ..ablation import contrast, significance
 from ..ablation.batches import as_batches, for_last_position, wrong_labels
+from .._distributed import ranks
+from ..ablation.attention import summarise
 from ..ablation.gate import gated
 from ..ablation.methods import DataPass, Prepared, get_method, prepare
 from ..ablation.plan import micro_batches, plan_sweep
@@ -28,7 +30,9 @@ from .attribution import ESTIMATORS, attribute, spearman
 from .edges import Edge, all_edges
 from .evidence import edge_effects
 from .minimal import RESAMPLES, Search, minimal, removed_sets
-from .patch import Patcher, over_data
+from .mlp import mlp_gated
+from .patch import Patcher
+from .shards import Shard
 from .result import CircuitResult, name_heads
 from .wiring import wiring
 
@@ -40,13 +44,16 @@ def find_circuit(model: torch.nn.Module, data: Any, *, method: str = "zero", met
                  top: int | None = None, faithfulness: float = 0.8, estimator: str = "eap", task: str | None = None,
                  batch_size: int | None = None, draws: int | None = None, seed: int = 0, alpha: float = 0.05,
                  n_boot: int = 2000, correction: str = "holm", min_effect: float = 0.05, resamples: int = RESAMPLES,
-                 sites: Sequence | None = None) -> CircuitResult:
-    """Path-patch the edges between heads (and to the output), test each, and find the minimal circuit.
+                 sites: Sequence | None = None, mlps: bool = True, distributed: bool | None = None) -> CircuitResult:
+    """Path-patch the edges between heads, MLPs and the output, test each, and find the minimal circuit.
 
     methods: the methods the circuit is checked under (the first is the main one, else `method`). top: edges
     verified exactly (default: every edge when there are at most EXACT_ALL, else the DEFAULT_TOP the
     estimator ranks first). faithfulness: the share of the loss gap (every edge removed to none) the circuit
-    keeps. estimator: 'eap' or 'eap-ig'. The rest as in ablate_heads."""
+    keeps. estimator: 'eap' or 'eap-ig'. mlps: each layer's MLP is a node where the adapter declares it
+    (else, or False, the nodes are the heads and `notes` says why). distributed: as ablate_heads (None: shard
+    the examples over an initialised torch.distributed group's ranks, each returning the whole result;
+    shards.py). The rest as in ablate_heads."""
     names = list(dict.fromkeys(methods)) if methods else [method]
     _check(faithfulness, estimator, top, correction)
     started = time.perf_counter()
@@ -56,15 +63,35 @@ def find_circuit(model: torch.nn.Module, data: Any, *, method: str = "zero", met
     wrong = wrong_labels(data) if scored is batches else None  # a last-position cut moves the labels
     batches = scored
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
+    shard = Shard.of(batches, ranks(distributed))
     with eval_mode(model), gated(sites) as gates:
         sweep = Sweep(model, sites, gates, task)  # reuse: the blocks before a moved input replay (patch.py)
         sweep.wrong = wrong  # the logit difference label - wrong answer beside the loss, as the heads' sweep
-        wired = wiring(model, sites, batches[0][0])
-        prepared = [_prepare(sweep, batches, name, draws, seed) for name in names]
-        prepared[0].use(sweep)
-        return _measure(model, sites, sweep, wired, batches, prepared, started, task=task, top=top,
-                        target=faithfulness, estimator=estimator, alpha=alpha, n_boot=n_boot, seed=seed,
-                        correction=correction, min_effect=min_effect, resamples=resamples)
+        wired = wiring(model, sites, batches[0][0], mlps=mlps)
+        with mlp_gated(wired.mlps) as mlp_gates:
+            # the methods' fills for every node from one data pass: an MLP is one head as wide as the stream
+            nodes = Nodes(sweep, Sweep(model, [*sites, *(m.site for m in wired.mlps)], [*gates, *mlp_gates], task,
+                                       reuse=False))
+            device = getattr(batches, "device", None)
+            prepared = [_prepare(nodes.all, shard, device, name, draws, seed) for name in names]
+            nodes.use(prepared[0])
+            patcher = Patcher(sweep, wired, all_edges(sites, [m.site.layer for m in wired.mlps]),
+                              mlp_gates=mlp_gates)
+            return _measure(model, sites, patcher, nodes, batches, shard, prepared, started, task=task, top=top,
+                            target=faithfulness, estimator=estimator, alpha=alpha, n_boot=n_boot, seed=seed,
+                            correction=correction, min_effect=min_effect, resamples=resamples)
+
+
+class Nodes:
+    """The heads' sweep (the patcher's) and the sweep over every node's gate (heads and MLPs) that the
+    methods are prepared on: `use` sets a prepared method's fills on every gate and its draws on both."""
+
+    def __init__(self, heads: Sweep, every: Sweep):
+        self.heads, self.all = heads, every
+
+    def use(self, prepared: Prepared) -> None:
+        prepared.use(self.all)
+        self.heads.draws = prepared.draws
 
 
 def _check(faithfulness: float, estimator: str, top: int | None, correction: str) -> None:
@@ -78,29 +105,34 @@ def _check(faithfulness: float, estimator: str, top: int | None, correction: str
         raise ConfigError(f"correction {correction!r} is not one of {', '.join(significance.CORRECTIONS)}")
 
 
-def _prepare(sweep: Sweep, batches, name: str, draws: int | None, seed: int) -> Prepared:
+def _prepare(sweep: Sweep, shard: Shard, device, name: str, draws: int | None, seed: int) -> Prepared:
     entry = get_method(name)
-    state = prepare(entry, DataPass(sweep, batches, draws=None if entry.foldable else draws, seed=seed))
+    data_pass = DataPass(sweep, shard.batches, shard.reduce(device), None, shard.first,
+                         draws=None if entry.foldable else draws, seed=seed)
+    state = shard.ranks.run_local(f"preparing the {name} ablation", lambda: prepare(entry, data_pass))
     return Prepared(entry, state, sweep.draws)
 
 
-def _measure(model, sites, sweep: Sweep, wired, batches, prepared: list[Prepared], started: float, *, task: str,
-             top: int | None, target: float, estimator: str, alpha: float, n_boot: int, seed: int,
-             correction: str, min_effect: float, resamples: int) -> CircuitResult:
-    edges = all_edges(sites)
+def _measure(model, sites, patcher: Patcher, nodes: Nodes, batches, shard: Shard, prepared: list[Prepared],
+             started: float, *, task: str, top: int | None, target: float, estimator: str, alpha: float,
+             n_boot: int, seed: int, correction: str, min_effect: float, resamples: int) -> CircuitResult:
+    edges = patcher.edges
     plan = plan_sweep(model, sites, batches, task=task)  # as the head sweep: rows per forward that fit the cache
-    patcher = Patcher(sweep, wired, edges, per_forward=plan.replication)
+    patcher.per_forward = plan.replication
     t0 = time.perf_counter()
-    estimates = attribute(patcher, batches, estimator) if len(edges) > EXACT_ALL or top is not None else None
+    estimates = None
+    if len(edges) > EXACT_ALL or top is not None:
+        estimates = shard.ranks.run_local("attributing the edges", lambda: attribute(
+            patcher, shard.batches, estimator, shard.first, shard.reduce(getattr(batches, "device", None))))
     t_attr = time.perf_counter() - t0
-    batches = micro_batches(batches, plan.micro_batch)
+    parts = micro_batches(shard.batches, plan.micro_batch)
     chosen = _chosen(edges, estimates, top)
     one = torch.zeros(len(chosen), len(edges), dtype=torch.bool)
     index = {e: i for i, e in enumerate(edges)}
     for j, e in enumerate(chosen):
         one[j, index[e]] = True
     t0 = time.perf_counter()
-    measured = over_data(patcher, batches, one)
+    measured = shard.over_data(patcher, parts, one)
     t_exact = time.perf_counter() - t0
     units = float(max(measured.count.sum(), 1.0))
     baseline = {"loss": float(measured.loss_sum.sum()) / units, "accuracy": float(measured.correct.sum()) / units}
@@ -114,19 +146,22 @@ def _measure(model, sites, sweep: Sweep, wired, batches, prepared: list[Prepared
     order = sorted(range(len(effects)), key=lambda j: -effects[j].delta_loss)
     effects = [effects[j] for j in order]
     per_edge = (measured.set_loss - measured.loss_sum[:, None])[:, order]  # [N, M]
-    circuit = _circuit(patcher, batches, edges, effects, per_edge, prepared, sweep, target=target,
+    circuit = _circuit(patcher, shard, parts, edges, effects, per_edge, prepared, nodes, target=target,
                        resamples=resamples, n_boot=n_boot, seed=seed, units=units)
     return CircuitResult(
-        model={"family": sites[0].adapter.family, "n_layers": len(sites), "heads": [s.n_heads for s in sites]},
+        model={"family": sites[0].adapter.family, "n_layers": len(sites), "heads": [s.n_heads for s in sites],
+               "mlps": [m.site.layer for m in patcher.mlps]},
         task=task, method=prepared[0].method.name, n_examples=len(measured.count), n_units=int(units),
         baseline=baseline, band=band,
         significance={"loss_test": significance.LOSS_TEST, "accuracy_test": significance.TEST,
                       "correction": correction, "alpha": alpha, "n_tested": len(chosen)},
         n_edges=len(edges), edges=effects, circuit=circuit,
         attribution=_attribution(estimator, estimates, effects, edges),
-        heads=name_heads(circuit, _stats(model, sites, batches)),
+        heads=name_heads(circuit, summarise(model, sites, batches, 0, ranks=shard.ranks)["stats"]),
+        notes=[patcher.wiring.mlp_note] if patcher.wiring.mlp_note else [],
         timing={"attribution_s": t_attr, "exact_s": t_exact, "total_s": time.perf_counter() - started,
-                "forwards": patcher.forwards, "per_forward": patcher.per_forward, "micro_batch": plan.micro_batch})
+                "forwards": sum(shard.ranks.gather(patcher.forwards)), "per_forward": patcher.per_forward,
+                "micro_batch": plan.micro_batch, "ranks": shard.ranks.world})
 
 
 def _chosen(edges: list[Edge], estimates: np.ndarray | None, top: int | None) -> list[Edge]:
@@ -136,10 +171,10 @@ def _chosen(edges: list[Edge], estimates: np.ndarray | None, top: int | None) ->
     return [edges[i] for i in np.argsort(-np.abs(estimates), kind="stable")[:k]]
 
 
-def _circuit(patcher: Patcher, batches, edges, effects, per_edge, prepared, sweep, *, target, resamples, n_boot,
-             seed, units):
+def _circuit(patcher: Patcher, shard: Shard, parts, edges, effects, per_edge, prepared, nodes: Nodes, *, target,
+             resamples, n_boot, seed, units):
     def run(kept):
-        m = over_data(patcher, batches, removed_sets(kept, edges))
+        m = shard.over_data(patcher, parts, removed_sets(kept, edges))
         return m.loss_sum, m.set_loss, m.diff, m.set_diff
 
     search = Search(run, per_edge.shape[0])
@@ -154,10 +189,10 @@ def _circuit(patcher: Patcher, batches, edges, effects, per_edge, prepared, swee
         e.effect_in_circuit = float((loss - without[-1]).sum()) / units
         e.self_repair_gap = e.effect_in_circuit - e.delta_loss
     for p in prepared[1:]:
-        p.use(sweep)
+        nodes.use(p)
         other = Search(run, per_edge.shape[0])
         circuit.methods[p.method.name] = _holds(other, inside, target, n_boot, seed)
-    prepared[0].use(sweep)
+    nodes.use(prepared[0])
     return circuit
 
 
@@ -182,8 +217,3 @@ def _attribution(estimator: str, estimates, effects, edges) -> dict[str, Any] | 
     return {"estimator": estimator, "n_edges": len(edges), "n_verified": len(effects), "spearman_vs_exact": rho,
             "top": [{**edges[i].to_json(), "estimate": float(estimates[i])} for i in ranked]}
 
-
-def _stats(model, sites, batches) -> list[dict[str, list]] | None:
-    from ..attention_stats import attention_summary
-
-    return attention_summary(model, batches, keep=0, sites=list(sites)).stats

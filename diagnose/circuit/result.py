@@ -83,8 +83,10 @@ class CircuitResult:
 
 
 def name_heads(circuit: Circuit, stats: list[dict[str, list]] | None) -> list[dict[str, Any]]:
-    """Each head of the circuit with its NAMING statistics and the strongest of them at NAMED_AT or more."""
-    heads = sorted({e.sender for e in circuit.edges} | {e.receiver for e in circuit.edges if e.receiver})
+    """Each head of the circuit (not its MLPs) with its NAMING statistics and the strongest of them at NAMED_AT
+    or more."""
+    ends = {e.sender for e in circuit.edges} | {e.receiver for e in circuit.edges if e.receiver}
+    heads = sorted(n for n in ends if n[1] is not None)
     out = []
     for layer, head in heads:
         per = {k: None for k in NAMING}

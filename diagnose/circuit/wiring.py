@@ -15,7 +15,8 @@ whose heads reach the output through more than that one norm (post-norm) has no 
 Code whose adapter declares no path (nanoGPT-style models under the generic adapter) gets it from the
 traced residual stream the direct effects use (adapters.stream_plan): the one norm called after its
 layers is the final norm, and each receiver's input norm must sit in its own layer (a pre-norm stream;
-a post-norm layer reads the previous layer's norm, and is refused).
+a post-norm layer reads the previous layer's norm, and is refused). Where the adapter declares each
+layer's MLP, the MLPs are nodes too (mlp.py), their input norms found the same way.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ..adapters.readout import residual_path
 from ..ablation.direct import head_weights, norm_form
 from ..errors import ConfigError
 from .edges import PARTS
+from .mlp import NOT_MEASURED, Mlp, find_mlps
 
 _WHY = "so its circuit is not measured"
 
@@ -61,25 +63,31 @@ class Site:
 
 @dataclass(frozen=True)
 class Wiring:
-    """Every site's ends, and the final norm (the output edges' path)."""
+    """Every site's ends, the final norm (the output edges' path), and the MLP nodes (none: `mlp_note` says
+    why)."""
 
     sites: tuple[Site, ...]
     final: nn.Module
     final_form: NormForm
     head_dim: tuple[int, ...]
+    mlps: tuple[Mlp, ...] = ()
+    mlp_note: str | None = None
 
     @property
     def norms(self) -> list[nn.Module]:
         """Each norm whose clean input the edges freeze, once."""
-        found = [s.norm for s in self.sites if s.norm is not None] + [self.final]
+        found = [s.norm for s in self.sites if s.norm is not None] + [m.norm for m in self.mlps] + [self.final]
         return list({id(n): n for n in found}.values())
 
     def form_of(self, norm: nn.Module) -> NormForm:
-        return self.final_form if norm is self.final else next(s.form for s in self.sites if s.norm is norm)
+        if norm is self.final:
+            return self.final_form
+        return next(x.form for x in (*self.sites, *self.mlps) if x.norm is norm)
 
 
-def wiring(model: nn.Module, sites: Sequence[AttentionSite], example: Any) -> Wiring:
-    """The wiring of `sites`; ConfigError (one line) where the adapter declares too little."""
+def wiring(model: nn.Module, sites: Sequence[AttentionSite], example: Any, mlps: bool = True) -> Wiring:
+    """The wiring of `sites` (with the MLP nodes the adapter declares, unless `mlps` is False); ConfigError
+    (one line) where the adapter declares too little for the heads."""
     if not sites:
         raise ConfigError(f"the model has no attention sites, {_WHY}")
     model = getattr(model, "_orig_mod", model)
@@ -90,7 +98,9 @@ def wiring(model: nn.Module, sites: Sequence[AttentionSite], example: Any) -> Wi
     built = tuple(_site(site, calls) for site in sites)
     if stack is not None:
         _own_layers({m: n for n, m in model.named_modules()}, sites, built, stack)
-    return Wiring(built, final, form, tuple(s.head_dim for s in sites))
+    found, note = find_mlps(model, sites, calls, norm_in_front) if mlps else \
+        ((), f"{NOT_MEASURED}: they were not asked for (mlps=False, --no-mlps)")
+    return Wiring(built, final, form, tuple(s.head_dim for s in sites), found, note)
 
 
 def _declared_final(model: nn.Module, sites: Sequence[AttentionSite]) -> tuple[nn.Module, NormForm, None]:
@@ -166,15 +176,28 @@ def _input_norm(site: AttentionSite, proj: nn.Module, calls) -> tuple[nn.Module 
     if first is None or not first.inputs:
         raise ConfigError(f"{site.name}: its query/key/value projection was not called as a module in a forward, "
                           f"{_WHY}")
-    x = first.inputs[0]
-    for call in calls:
-        if call.module is proj or not any(o is x for o in call.outputs):
-            continue
-        if call.module is site.module or not call.inputs:
-            continue
-        form = declared(site.adapter, call.module) or infer(call.module, call.inputs[0], x)
-        if form is not None:
-            return call.module, form
-    if any(x is c.inputs[0] for c in calls if c.module is site.module and c.inputs):
+    norm, form = norm_in_front(site.name, site.adapter, proj, calls, container=site.module)
+    if norm is not None:
+        return norm, form
+    if any(first.inputs[0] is c.inputs[0] for c in calls if c.module is site.module and c.inputs):
         return None, None  # the attention reads its input unnormed: the residual stream itself
     raise ConfigError(f"{site.name}: no norm was found in front of its projections, {_WHY}")
+
+
+def norm_in_front(name: str, adapter: Any, module: nn.Module, calls, container: nn.Module | None = None
+                  ) -> tuple[nn.Module | None, NormForm | None]:
+    """The norm whose output `module`'s first call reads as its first input (not `container`, the module it
+    runs inside), and its form; (None, None) when no norm's output is that input."""
+    first = next((c for c in calls if c.module is module), None)
+    if first is None or not first.inputs:
+        raise ConfigError(f"{name} was not called as a module in a forward")
+    x = first.inputs[0]
+    for call in calls:
+        if call.module is module or call.module is container or not call.inputs:
+            continue
+        if not any(o is x for o in call.outputs):
+            continue
+        form = declared(adapter, call.module) or infer(call.module, call.inputs[0], x)
+        if form is not None:
+            return call.module, form
+    return None, None

@@ -61,7 +61,8 @@ def measure(model: torch.nn.Module, data: dict[str, torch.Tensor], task: str, ru
     matters = sorted((h for h in sweep.heads if h.verdict == "matters"), key=lambda h: -h.delta_loss)
     groups = [f for f in sweep.flags if f["kind"] == "redundant_group"]
     circuit = find_circuit(model, {k: v[:CIRCUIT_EXAMPLES] for k, v in data.items()}, task=task)
-    edges = [e for e in circuit.edges if e.in_circuit and e.edge.receiver is not None]
+    # the circuit's largest edge from a head to a head (its edges are ordered by effect; MLP nodes aside)
+    edges = [e for e in circuit.edges if e.in_circuit and e.edge.heads_only][:1]
     roles = {(h["layer"], h["head"]): h for h in circuit.heads}
 
     def row(metric: str, a: Any, b: Any, fmt: str) -> dict[str, Any]:

@@ -16,8 +16,10 @@ subspace the unembedding reads). L0.H1 and L1.H1 are idle (all weights 0), MLPs 
   - "backup": "induction", and L1.H1 a second induction head writing BACKUP times as much: with L1.H0 gone
     the logits' margin falls from 1.4 GAIN to 0.4 GAIN, still right, so L1.H0's edges cost little alone
     and everything inside a circuit without L1.H1 (the self-repair gap).
+  - "relay": "induction", but L1.H0 writes RELAY, which the unembedding does not read, and layer 1's MLP
+    relays it: hidden unit t fires (GELU past a threshold) where RELAY t is written, and writes OUT t.
 So the circuit is exactly {L0.H0 -> L1.H0 (k | q | v), L1.H0 -> output}; every other edge is 0 (but
-L1.H1's, in "backup").
+L1.H1's, in "backup"); in "relay" it is {L0.H0 -> L1.H0 (k), L1.H0 -> MLP1, MLP1 -> output}.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from diagnose.zoo import ModelConfig, Transformer
 V, HALF = 7, 5  # token 0 is BOS
 T = 1 + 2 * HALF
 BIG, SHARP, GAIN, BACKUP = 30.0, 40.0, 12.0, 0.4
-PAIRS = {"C": 1, "TOK": V, "POS": T, "PREV": V, "OUT": V}
-D_MODEL = 2 * sum(PAIRS.values())  # 64
+PAIRS = {"C": 1, "TOK": V, "POS": T, "PREV": V, "OUT": V, "RELAY": V}
+D_MODEL = 2 * sum(PAIRS.values())  # 80
+FIRE, THRESHOLD = 4.0, 2.0  # the relay's hidden unit: GELU(FIRE * RELAY_t - THRESHOLD)
 
 
 def pair(space: str, i: int = 0) -> int:
@@ -80,17 +83,32 @@ def planted(kind: str = "induction") -> Transformer:
             _read(a0.qkv.weight, v_of + t, "TOK", t, sigma)
             _write(a0.proj.weight, t, "PREV", t, 1.0)
         q_space, k_space, v_space = {"induction": ("TOK", "PREV", "TOK"), "q": ("PREV", "TOK", "TOK"),
-                                     "v": ("POS", "POS", "PREV"), "backup": ("TOK", "PREV", "TOK")}[kind]
+                                     "v": ("POS", "POS", "PREV"), "backup": ("TOK", "PREV", "TOK"),
+                                     "relay": ("TOK", "PREV", "TOK")}[kind]
         for head, gain in ((0, 1.0), (1, BACKUP)) if kind == "backup" else ((0, 1.0),):
             for i in range(T if q_space == "POS" else V):
                 _read(a1.qkv.weight, q_of + head * D + i, q_space, i, sharp / sigma)
                 _read(a1.qkv.weight, k_of + head * D + i, k_space, i, sigma)
             for t in range(V):
                 _read(a1.qkv.weight, v_of + head * D + t, v_space, t, sigma)
-                _write(a1.proj.weight, head * D + t, "OUT", t, gain)
+                _write(a1.proj.weight, head * D + t, "RELAY" if kind == "relay" else "OUT", t, gain)
+        if kind == "relay":
+            _relay(model.blocks[1].mlp, sigma)
         for t in range(V):
             _read(model.head.weight, t, "OUT", t, GAIN * sigma)
     return model.eval()
+
+
+def _relay(mlp, sigma: float) -> None:
+    """Hidden unit t: GELU(FIRE * RELAY_t - THRESHOLD), written onto OUT t scaled (and offset by the proj's
+    bias) so that it writes 1 where RELAY_t is 1 and 0 where it is 0: a thresholded, not a linear, relay."""
+    gelu = torch.nn.functional.gelu
+    on, off = (float(gelu(torch.tensor(x))) for x in (FIRE - THRESHOLD, -THRESHOLD))
+    for t in range(V):
+        _read(mlp.fc.weight, t, "RELAY", t, FIRE * sigma)
+        mlp.fc.bias[t] = -THRESHOLD
+        _write(mlp.proj.weight, t, "OUT", t, 1 / (on - off))
+        _write(mlp.proj.bias[:, None], 0, "OUT", t, -off / (on - off))
 
 
 def planted_data(kind: str = "induction", n: int = 40, seed: int = 0, wrong: bool = False) -> dict[str, torch.Tensor]:
@@ -100,7 +118,7 @@ def planted_data(kind: str = "induction", n: int = 40, seed: int = 0, wrong: boo
     first = torch.stack([torch.randperm(V - 1, generator=g)[:HALF] + 1 for _ in range(n)])  # [N, HALF]
     ids = torch.cat([torch.zeros(n, 1, dtype=torch.long), first, first], dim=1)  # [N, T]
     labels = torch.full_like(ids, -100)
-    if kind in ("induction", "backup"):
+    if kind in ("induction", "backup", "relay"):
         labels[:, HALF + 1:-1] = ids[:, HALF + 2:]
     else:
         labels[:, 1:] = ids[:, :-1]

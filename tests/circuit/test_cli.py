@@ -56,3 +56,12 @@ def test_bad_input_is_one_line_and_exit_2(files, args, names):
 def test_a_share_outside_0_to_1_is_refused_by_its_option(files):
     res = invoke("circuit", files / "model.pt", "--data", files / "eval.pt", "--faithfulness", "1.5")
     assert res.exit_code == 2 and "--faithfulness" in res.output
+
+
+def test_no_mlps_gives_the_heads_edges_and_says_so_once(files):
+    res = invoke("circuit", files / "model.pt", "--data", files / "eval.pt", "--no-mlps", "--json", files / "h.json")
+    assert res.exit_code == 0, res.output
+    assert res.output.count("MLP nodes were not measured") == 1 and "(MLP nodes in" not in res.output
+    doc = json.loads((files / "h.json").read_text())
+    assert doc["n_edges"] == 16 and doc["model"]["mlps"] == [] and len(doc["notes"]) == 1
+    assert {e["receiver_kind"] for e in doc["edges"]} == {"head", "output"}

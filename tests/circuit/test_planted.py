@@ -64,10 +64,11 @@ def test_the_json_is_strict_and_the_frame_has_a_row_per_edge(induction, tmp_path
     _, _, result, _ = induction
     path = result.save(tmp_path / "circuit.json")
     doc = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
-    assert doc["schema"] == "diagnose.circuit/1" and doc["n_edges"] == 16 and len(doc["edges"]) == 16
+    # 16 edges between heads and to the output, 15 of the MLP nodes (test_families.py counts them)
+    assert doc["schema"] == "diagnose.circuit/1" and doc["n_edges"] == 31 and len(doc["edges"]) == 31
     assert [e["label"] for e in doc["circuit"]["edges"]] == [e.label for e in result.circuit.edges]
     frame = result.to_frame()
-    assert len(frame) == 16 and set(frame["composition"]) == {"Q", "K", "V", "direct"}
+    assert len(frame) == 31 and set(frame["composition"]) == {"Q", "K", "V", "direct", "MLP"}
 
 
 def _frozen_final_norm_logit_diff(model, data) -> tuple[float, float]:
