@@ -90,10 +90,13 @@ def circuit(model: str, factory: str | None, forward: str | None, trust_pickle: 
         model, factory, trust_pickle, attn_implementation, data, max_length, attention_module, n_heads, task, forward))
     if device is not None:
         net.to(device)
-    result = find_circuit(net, ds, method=method, methods=compared, top=top, faithfulness=faithfulness,
-                          estimator=estimator, task=task, batch_size=batch_size, draws=draws, seed=seed,
-                          correction=correction, min_effect=min_effect, sites=sites, mlps=mlps,
-                          distributed=ranks.active)
+    from ._progress import progress_bar
+
+    with progress_bar("finding the circuit", shown=ranks.main) as bar:
+        result = find_circuit(net, ds, method=method, methods=compared, top=top, faithfulness=faithfulness,
+                              estimator=estimator, task=task, batch_size=batch_size, draws=draws, seed=seed,
+                              correction=correction, min_effect=min_effect, sites=sites, mlps=mlps,
+                              distributed=ranks.active, progress=bar)
     leave()  # on an error the group stays up until rank 0 has said it (cli.main, say_on_rank0)
     if not ranks.main:  # under torchrun, rank 0 prints and writes
         return

@@ -21,6 +21,7 @@ from ..ablation.attention import summarise
 from ..ablation.gate import gated
 from ..ablation.methods import DataPass, Prepared, get_method, prepare
 from ..ablation.plan import micro_batches, plan_sweep
+from ..ablation.progress import Progress, ProgressCallback
 from ..ablation.sweep import Sweep
 from ..errors import ConfigError
 from ..modes import eval_mode
@@ -44,7 +45,8 @@ def find_circuit(model: torch.nn.Module, data: Any, *, method: str = "zero", met
                  top: int | None = None, faithfulness: float = 0.8, estimator: str = "eap", task: str | None = None,
                  batch_size: int | None = None, draws: int | None = None, seed: int = 0, alpha: float = 0.05,
                  n_boot: int = 2000, correction: str = "holm", min_effect: float = 0.05, resamples: int = RESAMPLES,
-                 sites: Sequence | None = None, mlps: bool = True, distributed: bool | None = None) -> CircuitResult:
+                 sites: Sequence | None = None, mlps: bool = True, distributed: bool | None = None,
+                 progress: ProgressCallback | None = None) -> CircuitResult:
     """Path-patch the edges between heads, MLPs and the output, test each, and find the minimal circuit.
 
     methods: the methods the circuit is checked under (the first is the main one, else `method`). top: edges
@@ -53,9 +55,12 @@ def find_circuit(model: torch.nn.Module, data: Any, *, method: str = "zero", met
     keeps. estimator: 'eap' or 'eap-ig'. mlps: each layer's MLP is a node where the adapter declares it
     (else, or False, the nodes are the heads and `notes` says why). distributed: as ablate_heads (None: shard
     the examples over an initialised torch.distributed group's ranks, each returning the whole result;
-    shards.py). The rest as in ablate_heads."""
+    shards.py). progress: a callable receiving a ProgressEvent per step of each stage (the methods' data
+    passes, the attribution, the exact patching, the minimal circuit, ...; each names its stage). The rest as in
+    ablate_heads."""
     names = list(dict.fromkeys(methods)) if methods else [method]
     _check(faithfulness, estimator, top, correction)
+    bar = Progress(progress)
     started = time.perf_counter()
     batches = as_batches(data, batch_size, next((p.device for p in model.parameters()), None))
     task = task or default_task(model, data)
@@ -73,11 +78,13 @@ def find_circuit(model: torch.nn.Module, data: Any, *, method: str = "zero", met
             nodes = Nodes(sweep, Sweep(model, [*sites, *(m.site for m in wired.mlps)], [*gates, *mlp_gates], task,
                                        reuse=False))
             device = getattr(batches, "device", None)
-            prepared = [_prepare(nodes.all, shard, device, name, draws, seed) for name in names]
+            bar.forwards = lambda: nodes.all.forwards
+            prepared = [_prepare(nodes.all, shard, device, name, draws, seed, bar) for name in names]
             nodes.use(prepared[0])
             patcher = Patcher(sweep, wired, all_edges(sites, [m.site.layer for m in wired.mlps]),
                               mlp_gates=mlp_gates)
-            return _measure(model, sites, patcher, nodes, batches, shard, prepared, started, task=task, top=top,
+            patcher.tick, bar.forwards = bar.tick, lambda: patcher.forwards
+            return _measure(model, sites, patcher, nodes, batches, shard, prepared, started, bar, task=task, top=top,
                             target=faithfulness, estimator=estimator, alpha=alpha, n_boot=n_boot, seed=seed,
                             correction=correction, min_effect=min_effect, resamples=resamples)
 
@@ -105,16 +112,18 @@ def _check(faithfulness: float, estimator: str, top: int | None, correction: str
         raise ConfigError(f"correction {correction!r} is not one of {', '.join(significance.CORRECTIONS)}")
 
 
-def _prepare(sweep: Sweep, shard: Shard, device, name: str, draws: int | None, seed: int) -> Prepared:
+def _prepare(sweep: Sweep, shard: Shard, device, name: str, draws: int | None, seed: int, bar: Progress) -> Prepared:
     entry = get_method(name)
-    data_pass = DataPass(sweep, shard.batches, shard.reduce(device), None, shard.first,
+    if entry.prepare is not None:
+        bar.stage(f"preparing the {name} ablation", len(shard.batches), first=1)
+    data_pass = DataPass(sweep, shard.batches, shard.reduce(device), bar.tick, shard.first,
                          draws=None if entry.foldable else draws, seed=seed)
     state = shard.ranks.run_local(f"preparing the {name} ablation", lambda: prepare(entry, data_pass))
     return Prepared(entry, state, sweep.draws)
 
 
 def _measure(model, sites, patcher: Patcher, nodes: Nodes, batches, shard: Shard, prepared: list[Prepared],
-             started: float, *, task: str, top: int | None, target: float, estimator: str, alpha: float,
+             started: float, bar: Progress, *, task: str, top: int | None, target: float, estimator: str, alpha: float,
              n_boot: int, seed: int, correction: str, min_effect: float, resamples: int) -> CircuitResult:
     edges = patcher.edges
     plan = plan_sweep(model, sites, batches, task=task)  # as the head sweep: rows per forward that fit the cache
@@ -122,6 +131,7 @@ def _measure(model, sites, patcher: Patcher, nodes: Nodes, batches, shard: Shard
     t0 = time.perf_counter()
     estimates = None
     if len(edges) > EXACT_ALL or top is not None:
+        bar.stage(f"attributing {len(edges)} edges ({estimator})", len(shard.batches), first=1)
         estimates = shard.ranks.run_local("attributing the edges", lambda: attribute(
             patcher, shard.batches, estimator, shard.first, shard.reduce(getattr(batches, "device", None))))
     t_attr = time.perf_counter() - t0
@@ -132,6 +142,8 @@ def _measure(model, sites, patcher: Patcher, nodes: Nodes, batches, shard: Shard
     for j, e in enumerate(chosen):
         one[j, index[e]] = True
     t0 = time.perf_counter()
+    per_part = -(-len(chosen) // max(patcher.per_forward, 1))
+    bar.stage(f"patching {len(chosen)} edges exactly", len(parts) * per_part, first=per_part)
     measured = shard.over_data(patcher, parts, one)
     t_exact = time.perf_counter() - t0
     units = float(max(measured.count.sum(), 1.0))
@@ -146,8 +158,9 @@ def _measure(model, sites, patcher: Patcher, nodes: Nodes, batches, shard: Shard
     order = sorted(range(len(effects)), key=lambda j: -effects[j].delta_loss)
     effects = [effects[j] for j in order]
     per_edge = (measured.set_loss - measured.loss_sum[:, None])[:, order]  # [N, M]
-    circuit = _circuit(patcher, shard, parts, edges, effects, per_edge, prepared, nodes, target=target,
+    circuit = _circuit(patcher, shard, parts, edges, effects, per_edge, prepared, nodes, bar, target=target,
                        resamples=resamples, n_boot=n_boot, seed=seed, units=units)
+    bar.stage("attention statistics")
     return CircuitResult(
         model={"family": sites[0].adapter.family, "n_layers": len(sites), "heads": [s.n_heads for s in sites],
                "mlps": [m.site.layer for m in patcher.mlps]},
@@ -171,12 +184,13 @@ def _chosen(edges: list[Edge], estimates: np.ndarray | None, top: int | None) ->
     return [edges[i] for i in np.argsort(-np.abs(estimates), kind="stable")[:k]]
 
 
-def _circuit(patcher: Patcher, shard: Shard, parts, edges, effects, per_edge, prepared, nodes: Nodes, *, target,
-             resamples, n_boot, seed, units):
+def _circuit(patcher: Patcher, shard: Shard, parts, edges, effects, per_edge, prepared, nodes: Nodes,
+             bar: Progress, *, target, resamples, n_boot, seed, units):
     def run(kept):
         m = shard.over_data(patcher, parts, removed_sets(kept, edges))
         return m.loss_sum, m.set_loss, m.diff, m.set_diff
 
+    bar.stage("the minimal circuit and its stability")  # a search of unknown length: its passes move
     search = Search(run, per_edge.shape[0])
     order = [e.edge for e in effects]
     circuit, inclusion = minimal(search, order, per_edge, target, resamples=resamples, n_boot=n_boot, seed=seed)
@@ -189,6 +203,7 @@ def _circuit(patcher: Patcher, shard: Shard, parts, edges, effects, per_edge, pr
         e.effect_in_circuit = float((loss - without[-1]).sum()) / units
         e.self_repair_gap = e.effect_in_circuit - e.delta_loss
     for p in prepared[1:]:
+        bar.stage(f"the circuit under {p.method.name} ablation")
         nodes.use(p)
         other = Search(run, per_edge.shape[0])
         circuit.methods[p.method.name] = _holds(other, inside, target, n_boot, seed)

@@ -43,6 +43,8 @@ def attribute(patcher: Patcher, batches: Sequence[tuple[Any, Any]], estimator: s
         g = clean_grads if estimator == "eap" else _mean([_pass(patcher, inputs, labels, rows, a)[3] for a in alphas])
         _score(patcher, writes, normed, g, scores)
         units += count
+        if patcher.tick:
+            patcher.tick()
     if reduce is not None:
         (total,), (units,) = reduce([torch.from_numpy(scores)], [units])
         scores = total.numpy()

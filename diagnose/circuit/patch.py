@@ -64,6 +64,8 @@ class Patcher:
     """The edges of `sweep`'s sites under its gates (their fills set by the method), wired by `wiring`; with
     `mlp_gates` (mlp.mlp_gated, one per wiring.mlps) the MLPs are nodes too."""
 
+    tick = None  # called after each forward of removed sets (the progress; api.find_circuit sets it)
+
     def __init__(self, sweep: Sweep, wiring: Wiring, edges: Sequence[Edge], per_forward: int = PER_FORWARD,
                  mlp_gates: Sequence[Any] = ()):
         self.sweep, self.wiring, self.edges = sweep, wiring, list(edges)
@@ -132,8 +134,11 @@ class Patcher:
         sender = torch.where(wide, self.sender_of, self.n_senders).min(1).values
         order = torch.argsort(first * (self.n_senders + 1) + sender, stable=True)
         K = self.per_forward
-        parts = [self._draws(clean, normed, sets[order[i:i + K]], int(first[order[i:i + K]].min()))
-                 for i in range(0, len(sets), K)]
+        parts = []
+        for i in range(0, len(sets), K):
+            parts.append(self._draws(clean, normed, sets[order[i:i + K]], int(first[order[i:i + K]].min())))
+            if self.tick:
+                self.tick()
         back = torch.argsort(order)
         diff = None if parts[0].diff_sum is None else torch.cat([p.diff_sum for p in parts])[back]
         return Outcome(torch.cat([p.loss_sum for p in parts])[back], torch.cat([p.correct for p in parts])[back], diff)

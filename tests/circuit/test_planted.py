@@ -134,11 +134,20 @@ def test_planted_q_and_v_composition(kind):
 
 def test_eap_ig_ranks_the_planted_edges_first():
     """A saturated model's clean gradient is ~0 (EAP misses it); integrated gradients find the edges."""
+    events = []
     result = find_circuit(planted("induction"), planted_data("induction", n=12), top=4, estimator="eap-ig",
-                          **FAST)
+                          progress=events.append, **FAST)
     top = {e["label"] for e in result.attribution["top"][:2]}
     assert top == {"L0.H0 -> L1.H0 (k)", "L1.H0 -> output"}
     assert {e.label for e in result.circuit.edges} == top
+    # every stage says its name, so a long one is never silent (the CLI logs them as diagnose heads does)
+    assert list(dict.fromkeys(e.stage for e in events)) == [
+        f"attributing {result.n_edges} edges (eap-ig)", "patching 4 edges exactly",
+        "the minimal circuit and its stability", "attention statistics"]
+    exact = [e for e in events if e.stage == "patching 4 edges exactly"]
+    assert exact[0].done == 0 and exact[-1].done == exact[-1].total > 0
+    assert [e.forwards for e in events] == sorted(e.forwards for e in events)
+    assert events[-1].forwards == result.timing["forwards"]
 
 
 def test_edge_labels_parse_back():
