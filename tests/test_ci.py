@@ -184,3 +184,13 @@ def test_demo_paths_covers_every_group_on_every_path_and_trains_a_wiring_group_o
     assert jobs[0] == (paths[0], groups[0], None)  # the longest first
     checked = [i for i, (_, _, s) in enumerate(jobs) if s]
     assert all(i > j for i in checked for j, (_, k, s) in enumerate(jobs) if not s)  # last: the weights are written
+
+
+def test_the_files_with_a_slow_test_come_first_and_xdist_keeps_that_order(request):
+    """tests/conftest.py: `make test`'s xdist workers (--dist loadfile) take the long files first, so that
+    neither waits alone on one at the end (xdist's own reorder, files with more tests first, is off)."""
+    items = request.session.items
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    order = [item.path in slow for item in items]
+    assert order == sorted(order, reverse=True)
+    assert getattr(request.config.option, "loadscopereorder", False) is False

@@ -40,6 +40,7 @@ def test_pick_the_first_token_heads_that_matter_and_that_do_not():
     assert pick(_result(heads[:2]))[1] is None  # every head matters
 
 
+@pytest.mark.slow
 def test_the_lesson_on_the_demo_order_model(tmp_path: Path):
     (t,) = [shipped_variant(v, tmp_path, {}) for v in demo_variants() if v.name == "order"]
     data, task = t.eval_data.tensors(), t.eval_data.task
