@@ -5,13 +5,14 @@ leaving out the digits that rounding may move: each lesson's claim and its verdi
 monitor alerts, flags), and for each of the three main models every head's verdict (significant,
 negligible, its verdict in words, compensated) and every flag and check. Exits 1 on any difference.
 
-Only what depends on the path is computed per path, in jobs of one thread each, two at a time,
-the longest first (so the two cores stay busy to the end): per path, the three shipped models'
-sweeps and checks (`run_demo` without lessons or report; nothing retrained), and each group of
-lessons that trains on its own (the lesson pairs are trained on the spot, which is what can differ
-per path). A group whose compared verdicts the models' wiring decides whatever their weights
-(WIRING) trains on the first path only; each other path checks those weights under its own kernels.
-The report, which only lays out those files, is not rendered per path (tests render it).
+Only what depends on the path is computed per path, in jobs of one thread each, two at a time, the
+longest first (so the two cores stay busy to the end): per path, the three shipped models' sweeps,
+checks and circuit with the two lessons on those models, which reuse them (`run_demo` with those
+lessons only and no report; nothing retrained), and each group of lessons that trains on its own
+(the lesson pairs are trained on the spot, which is what can differ per path). A group whose
+compared verdicts the models' wiring decides whatever their weights (WIRING) trains on the first
+path only; each other path checks those weights under its own kernels. The report, which only lays
+out those files, is not rendered per path (tests render it).
 
     python .ci/demo_paths.py OUT_DIR avx512 avx2 default
 """
@@ -37,13 +38,24 @@ def lesson_models() -> dict[str, set[str]]:
     return {les.key: {les.a, les.b} for les in _lessons.LESSONS}
 
 
+def on_shipped() -> list[str]:
+    """The lessons on shipped models only (nothing trained): the `main` job runs them, on the sweeps and
+    the circuit it makes of those models anyway (run_demo hands them over)."""
+    from diagnose.demo import _lessons
+
+    vs = _lessons.variants()
+    return [key for key, names in lesson_models().items() if not names & set(vs)]
+
+
 def groups() -> list[list[str]]:
-    """The lessons in groups that share no trained variant (each group one job), longest first."""
+    """The other lessons in groups that share no trained variant (each group one job), longest first."""
     from diagnose.demo import _lessons
 
     vs = _lessons.variants()
     out: list[tuple[set[str], list[str]]] = []
     for key, names in lesson_models().items():
+        if key in on_shipped():
+            continue
         joined = [g for g in out if g[0] & names]
         merged = (names.union(*(g[0] for g in joined)), [k for g in joined for k in g[1]] + [key])
         out = [g for g in out if g not in joined] + [merged]
@@ -90,8 +102,8 @@ def job(folder: Path, kind: str, source: Path | None = None) -> None:
     from diagnose.demo import _lessons, _shipped, demo_variants, run_demo, run_lessons
 
     torch.set_num_threads(1)
-    if kind == "main":
-        run_demo(folder, lessons=False, report=False, log=lambda _: None)
+    if kind == "main":  # the shipped models' sweeps, checks and circuit, and the lessons on them (lessons.json)
+        run_demo(folder, lessons=on_shipped(), report=False, log=lambda _: None)
         return
     keys = kind.split(",")
     here = folder / f"lessons-{keys[0]}"
@@ -151,11 +163,11 @@ def schedule(paths: list[str], lesson_groups: list[list[str]]) -> list[tuple[str
 
 
 def merge(folder: Path, lesson_groups: list[list[str]]) -> None:
-    """folder/lessons.json: every group's lessons, in the demo's order."""
+    """folder/lessons.json: every group's lessons and the `main` job's (written there), in the demo's order."""
     from diagnose.demo import _lessons
 
-    found = {les["key"]: les for keys in lesson_groups
-             for les in json.loads((folder / f"lessons-{keys[0]}" / "lessons.json").read_text())["lessons"]}
+    files = [folder / "lessons.json"] + [folder / f"lessons-{keys[0]}" / "lessons.json" for keys in lesson_groups]
+    found = {les["key"]: les for f in files for les in json.loads(f.read_text())["lessons"]}
     order = list(lesson_models())
     (folder / "lessons.json").write_text(json.dumps({"schema": _lessons.SCHEMA, "lessons": [found[k] for k in order]},
                                                     indent=1, ensure_ascii=False))
