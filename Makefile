@@ -60,7 +60,8 @@ change-cost: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python tools/change_cost.py
 
 # The demo's conclusions under each CPU kernel path, compared: the same lessons and flags on each (CI
-# runs it; per path only what can differ there, in one-thread jobs two at a time: .ci/demo_paths.py).
+# runs it; per path only what can differ there, in one-thread jobs two at a time, the scaling pair
+# trained on the first path and checked on the others: .ci/demo_paths.py).
 PATHS ?= $(shell bash .ci/kernel-paths)
 demo-paths: $(STAMP)
 	$(BIN)/python .ci/demo_paths.py demo-paths-out $(PATHS)
@@ -96,7 +97,7 @@ versions-newest: venv-newest
 	.venv-newest/bin/python -c '$(VERSIONS)'
 
 # The wheel and sdist (python -m build), installed into a clean venv in a temporary folder away from
-# the source tree, then `diagnose --help`, `diagnose demo --quick` and `diagnose report` there.
+# the source tree, then `diagnose --help`, `diagnose demo --quick --no-lessons` and `diagnose report` there.
 # WHEEL_STAGE=venv WHEEL_WORK=DIR only makes the clean venv with torch in DIR, WHEEL_STAGE=check the
 # rest (CI makes the venv in the background while the tests run: .ci/run).
 WHEEL_STAGE ?= all

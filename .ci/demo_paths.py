@@ -5,11 +5,14 @@ leaving out the digits that rounding may move: each lesson's claim and its verdi
 monitor alerts, flags), and for each of the three main models every head's verdict (significant,
 negligible, its verdict in words, compensated) and every flag and check. Exits 1 on any difference.
 
-Only what depends on the path is computed per path, in jobs of one thread each, two at a time,
-the longest first (so the two cores stay busy to the end): per path, the three shipped models'
-sweeps and checks (`run_demo` without lessons or report; nothing retrained), and each group of
-lessons that trains on its own (the lesson pairs are trained on the spot, which is what can differ
-per path). The report, which only lays out those files, is not rendered per path (tests render it).
+Only what depends on the path is computed per path, in jobs of one thread each, two at a time, the
+longest first (so the two cores stay busy to the end): per path, the three shipped models' sweeps,
+checks and circuit with the two lessons on those models, which reuse them (`run_demo` with those
+lessons only and no report; nothing retrained), and each group of lessons that trains on its own
+(the lesson pairs are trained on the spot, which is what can differ per path). A group whose
+compared verdicts the models' wiring decides whatever their weights (WIRING) trains on the first
+path only; each other path checks those weights under its own kernels. The report, which only lays
+out those files, is not rendered per path (tests render it).
 
     python .ci/demo_paths.py OUT_DIR avx512 avx2 default
 """
@@ -20,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,13 +38,24 @@ def lesson_models() -> dict[str, set[str]]:
     return {les.key: {les.a, les.b} for les in _lessons.LESSONS}
 
 
+def on_shipped() -> list[str]:
+    """The lessons on shipped models only (nothing trained): the `main` job runs them, on the sweeps and
+    the circuit it makes of those models anyway (run_demo hands them over)."""
+    from diagnose.demo import _lessons
+
+    vs = _lessons.variants()
+    return [key for key, names in lesson_models().items() if not names & set(vs)]
+
+
 def groups() -> list[list[str]]:
-    """The lessons in groups that share no trained variant (each group one job), longest first."""
+    """The other lessons in groups that share no trained variant (each group one job), longest first."""
     from diagnose.demo import _lessons
 
     vs = _lessons.variants()
     out: list[tuple[set[str], list[str]]] = []
     for key, names in lesson_models().items():
+        if key in on_shipped():
+            continue
         joined = [g for g in out if g[0] & names]
         merged = (names.union(*(g[0] for g in joined)), [k for g in joined for k in g[1]] + [key])
         out = [g for g in out if g not in joined] + [merged]
@@ -51,49 +66,108 @@ def groups() -> list[list[str]]:
     return [keys for names, keys in sorted(out, key=lambda g: -cost(g[0]))]
 
 
-def job(folder: Path, kind: str) -> None:
+# Lessons whose compared verdicts (`verdicts`: the claim and the "s" rows) the models' wiring decides
+# whatever their weights: the scaling check measures the scale each attention applies, the ratio of the
+# softmax's input to q @ k^T, which is the same for any weights (diagnose/checks/_scaling.py), and a
+# problem's title says only in how many layers it is missing. So this pair (the widest models: over half
+# of all the training here) trains on the first path only, and each other path checks those weights
+# under its own kernels. The lessons whose verdicts are their runs' alerts train on every path.
+WIRING = ("scaling",)
+
+
+def _trained_elsewhere(source: Path, v, runs_dir: Path, cache: dict):
+    """v as the first path trained it (its weights and run, from source), measured here."""
+    import torch
+
+    from diagnose.demo import _lessons, _shipped
+    from diagnose.zoo import Transformer
+    from diagnose.zoo.train import evaluate
+
+    _, ev = _lessons._split(v, cache)
+    model = Transformer(v.model)
+    model.load_state_dict(torch.load(source / "weights" / f"{v.name}.pt", weights_only=True))
+    model.eval()  # as train() leaves it
+    run_dir = _shipped.copy_run(source / "runs" / v.name, runs_dir / v.name)
+    loss, accuracy = evaluate(model, ev)
+    return _lessons.Trained(v, model, ev, run_dir, accuracy, loss)
+
+
+def job(folder: Path, kind: str, source: Path | None = None) -> None:
     """One job, in this process (ATEN_CPU_CAPABILITY already set): `main`, or a comma-separated
-    group of lesson keys, written to folder/lessons-<first key>/lessons.json."""
+    group of lesson keys, written to folder/lessons-<first key>/lessons.json. A WIRING group keeps
+    its trained weights there (weights/<variant>.pt), or, given `source` (that folder on the first
+    path), takes them from there instead of training."""
     import torch
 
     from diagnose.demo import _lessons, _shipped, demo_variants, run_demo, run_lessons
 
     torch.set_num_threads(1)
-    if kind == "main":
-        run_demo(folder, lessons=False, report=False, log=lambda _: None)
+    if kind == "main":  # the shipped models' sweeps, checks and circuit, and the lessons on them (lessons.json)
+        run_demo(folder, lessons=on_shipped(), report=False, log=lambda _: None)
         return
     keys = kind.split(",")
+    here = folder / f"lessons-{keys[0]}"
     needed = {n for les in _lessons.LESSONS if les.key in keys for n in (les.a, les.b)}
-    positions = _lessons.variants()["positions"]
+    vs = _lessons.variants()
     trained, cache = {}, {}
     for v in demo_variants():  # the shipped models a lesson uses as they are, as run_demo reuses them
-        names = {v.name} | ({positions.name} if _shipped.recipe(v) == _shipped.recipe(positions) else set())
+        names = {v.name} | ({vs["positions"].name} if _shipped.recipe(v) == _shipped.recipe(vs["positions"]) else set())
         if names & needed:
-            t = _lessons.shipped_variant(v, folder / f"lessons-{keys[0]}" / "runs", cache)
+            t = _lessons.shipped_variant(v, here / "runs", cache)
             trained.update(dict.fromkeys(names & needed, t))
-    run_lessons(folder / f"lessons-{keys[0]}", only=keys, trained=trained, log=lambda _: None)
+    if set(keys) <= set(WIRING):
+        for name in sorted(needed - set(trained)):
+            if source is not None:
+                trained[name] = _trained_elsewhere(source, vs[name], here / "runs", cache)
+                continue
+            trained[name] = t = _lessons.train_variant(vs[name], here / "runs", cache)
+            (here / "weights").mkdir(parents=True, exist_ok=True)
+            torch.save(t.model.state_dict(), here / "weights" / f"{name}.pt")
+    run_lessons(here, only=keys, trained=trained, log=lambda _: None)
 
 
-def run(out: Path, path: str, kind: str) -> None:
+def run(out: Path, path: str, kind: str, source: str | None = None, ended: threading.Event | None = None) -> None:
+    """One job under ATEN_CPU_CAPABILITY=path, in a process of its own. A WIRING group's: on the first
+    path it sets `ended` when it ends; elsewhere (source: the first path) it waits for that, then
+    checks the weights trained there."""
     folder = out / path
     env = {**os.environ, "ATEN_CPU_CAPABILITY": path, "OMP_NUM_THREADS": "1"}
-    start = time.perf_counter()
     name = kind.split(",")[0]
-    done = subprocess.run([sys.executable, __file__, "--job", str(folder), kind], env=env,
-                          capture_output=True, text=True)
+    extra = ["--weights-from", str(out / source / f"lessons-{name}")] if source else []
+    try:
+        if source and ended is not None:
+            ended.wait()
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, __file__, "--job", str(folder), kind, *extra], env=env,
+                              capture_output=True, text=True)
+    finally:
+        if not source and ended is not None:
+            ended.set()
     (out / f"{path}-{name}.log").write_text(done.stdout + done.stderr)
     if done.returncode:
         raise SystemExit(f"error: the demo's {kind} failed under ATEN_CPU_CAPABILITY={path} (exit {done.returncode}); "
                          f"see {out / f'{path}-{name}.log'}")
-    print(f"  {path:8s} {kind:22s} done in {time.perf_counter() - start:.0f} s", flush=True)
+    how = f" (checking the weights trained under {source})" if source else ""
+    print(f"  {path:8s} {kind:22s} done in {time.perf_counter() - start:.0f} s{how}", flush=True)
+
+
+def schedule(paths: list[str], lesson_groups: list[list[str]]) -> list[tuple[str, str, str | None]]:
+    """The jobs, (path, kind, the path whose trained weights it checks, or None), longest first: each
+    group of lessons on every path, a WIRING group trained on the first path only, then `main` on
+    every path, then the WIRING groups checked on the other paths (by then their weights are written)."""
+    kinds = [",".join(keys) for keys in lesson_groups]
+    wiring = [kind for keys, kind in zip(lesson_groups, kinds) if set(keys) <= set(WIRING)]
+    jobs = [(path, kind, None) for kind in kinds for path in (paths[:1] if kind in wiring else paths)]
+    jobs += [(path, "main", None) for path in paths]
+    return jobs + [(path, kind, paths[0]) for kind in wiring for path in paths[1:]]
 
 
 def merge(folder: Path, lesson_groups: list[list[str]]) -> None:
-    """folder/lessons.json: every group's lessons, in the demo's order."""
+    """folder/lessons.json: every group's lessons and the `main` job's (written there), in the demo's order."""
     from diagnose.demo import _lessons
 
-    found = {les["key"]: les for keys in lesson_groups
-             for les in json.loads((folder / f"lessons-{keys[0]}" / "lessons.json").read_text())["lessons"]}
+    files = [folder / "lessons.json"] + [folder / f"lessons-{keys[0]}" / "lessons.json" for keys in lesson_groups]
+    found = {les["key"]: les for f in files for les in json.loads(f.read_text())["lessons"]}
     order = list(lesson_models())
     (folder / "lessons.json").write_text(json.dumps({"schema": _lessons.SCHEMA, "lessons": [found[k] for k in order]},
                                                     indent=1, ensure_ascii=False))
@@ -120,15 +194,16 @@ def verdicts(folder: Path) -> dict:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--job"]:
-        job(Path(argv[1]), argv[2])
+        job(Path(argv[1]), argv[2], Path(argv[4]) if argv[3:4] == ["--weights-from"] else None)
         return 0
     out, paths = Path(argv[0]), argv[1:]
     out.mkdir(parents=True, exist_ok=True)
     lesson_groups = groups()
-    kinds = [",".join(keys) for keys in lesson_groups] + ["main"]
-    jobs = [(path, kind) for kind in kinds for path in paths]  # longest first, each on every path
+    jobs = schedule(paths, lesson_groups)
+    # a WIRING group's job on another path starts once the first path's has ended (its weights written)
+    ended = {kind: threading.Event() for _, kind, source in jobs if source}
     with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda pk: run(out, *pk), jobs))
+        list(pool.map(lambda j: run(out, *j, ended.get(j[1])), jobs))
     for path in paths:
         merge(out / path, lesson_groups)
     found = {p: verdicts(out / p) for p in paths}

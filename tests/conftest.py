@@ -69,3 +69,19 @@ def _no_leaked_torch_state(request):
         changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
         _restore(before)
         request.node.warn(pytest.PytestWarning(f"torch settings leaked and were restored: {changed}"))
+
+
+def pytest_configure(config):
+    # xdist's --dist loadfile hands out whole files, by default the files with the most tests first: the
+    # few-test multi-second ones (a real model, a 600-step run, a torchrun sweep) came last, and one worker
+    # then ran them alone while the other had nothing left. Off, it hands them out in collection order,
+    # which pytest_collection_modifyitems below sets.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files that hold a `slow` test first, each file's tests together and in order: under `make test`'s
+    xdist workers the long files start early and the last ones are short, so both cores stay busy to the end."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: collection order within each group

@@ -150,14 +150,48 @@ def test_no_tracked_file_holds_a_conflict_marker():
     assert not found, f"merge-conflict markers (resolve each by reading both sides): {found}"
 
 
-def test_demo_paths_runs_every_lesson_once_in_groups_that_share_no_trained_model():
+def _demo_paths():
+    """.ci/demo_paths.py, the script make demo-paths runs, imported as a module."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("demo_paths", ROOT / ".ci" / "demo_paths.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_demo_paths_runs_every_lesson_once_in_groups_that_share_no_trained_model():
+    module = _demo_paths()
     groups, lessons = module.groups(), module.lesson_models()
-    assert sorted(k for g in groups for k in g) == sorted(lessons)
+    assert sorted([k for g in groups for k in g] + module.on_shipped()) == sorted(lessons)
+    assert module.on_shipped() == ["heads", "induction"]  # the `main` job's, on the sweeps it makes anyway
     models = [set().union(*(lessons[k] for k in g)) for g in groups]
     assert all(not (a & b) for i, a in enumerate(models) for b in models[i + 1:]), models
     assert groups[0] == ["scaling"]  # the widest models train first, so the last jobs are short
+
+
+@pytest.mark.parametrize("paths", [["avx512", "avx2", "default"], ["avx2", "default"], ["default"]])
+def test_demo_paths_covers_every_group_on_every_path_and_trains_a_wiring_group_once(paths):
+    """Every group of lessons and the shipped models' sweeps run on every path; a WIRING group (its
+    verdicts decided by the wiring, whatever the weights) trains on the first path only, and each
+    other path checks those weights, after every job that trains, longest first."""
+    module = _demo_paths()
+    groups = [",".join(g) for g in module.groups()]
+    wiring = [k for k in groups if set(k.split(",")) <= set(module.WIRING)]
+    assert wiring == ["scaling"]  # the widest models: half of all the training demo-paths did
+    jobs = module.schedule(paths, module.groups())
+    assert sorted((p, k) for p, k, _ in jobs) == sorted((p, k) for k in groups + ["main"] for p in paths)
+    assert [(p, s) for p, k, s in jobs if k in wiring] == [(paths[0], None)] + [(p, paths[0]) for p in paths[1:]]
+    assert jobs[0] == (paths[0], groups[0], None)  # the longest first
+    checked = [i for i, (_, _, s) in enumerate(jobs) if s]
+    assert all(i > j for i in checked for j, (_, k, s) in enumerate(jobs) if not s)  # last: the weights are written
+
+
+def test_the_files_with_a_slow_test_come_first_and_xdist_keeps_that_order(request):
+    """tests/conftest.py: `make test`'s xdist workers (--dist loadfile) take the long files first, so that
+    neither waits alone on one at the end (xdist's own reorder, files with more tests first, is off)."""
+    items = request.session.items
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    order = [item.path in slow for item in items]
+    assert order == sorted(order, reverse=True)
+    assert getattr(request.config.option, "loadscopereorder", False) is False

@@ -40,7 +40,8 @@ def test_pick_the_first_token_heads_that_matter_and_that_do_not():
     assert pick(_result(heads[:2]))[1] is None  # every head matters
 
 
-def test_the_lesson_on_the_demo_order_model(tmp_path: Path):
+@pytest.mark.slow
+def test_the_lesson_on_the_demo_order_model(tmp_path: Path, monkeypatch):
     (t,) = [shipped_variant(v, tmp_path, {}) for v in demo_variants() if v.name == "order"]
     data, task = t.eval_data.tensors(), t.eval_data.task
     out = measure(t.model, data, task)
@@ -72,7 +73,12 @@ def test_the_lesson_on_the_demo_order_model(tmp_path: Path):
     backs = rows["Δ accuracy, removed after the other head"]["b"] <= -0.01
     same_pair = flag["twins"] == [[a.layer, a.head]]  # then the flag and the lesson measured the same pair
     assert not same_pair or ("so it backs them up" in flag["reason"]) == backs
-    # the demo hands its order model to the lessons: reused as it is, not trained again
+    # the demo hands its order model and its own sweep of it to the lessons: reused as they are, neither
+    # trained nor swept again (run_demo's step 2 is this same ablate_heads call)
+    import diagnose.demo._head_lesson as head_lesson
+
+    t.sweep = result
+    monkeypatch.setattr(head_lesson, "ablate_heads", lambda *a, **k: pytest.fail("the handed-over sweep is made again"))
     logs: list[str] = []
     path = run_lessons(tmp_path / "out", only=["heads"], trained={"order": t}, log=logs.append)
     (lesson,) = json.loads(path.read_text())["lessons"]

@@ -20,6 +20,7 @@ def _label(layer: int, head: int) -> str:
     return f"L{layer}.H{head}"
 
 
+@pytest.mark.slow
 def test_the_monitor_names_the_induction_heads_and_the_exact_checks_confirm_them(tmp_path: Path):
     logs: list[str] = []
     path = run_lessons(tmp_path, only=["induction"], log=logs.append)

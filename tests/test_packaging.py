@@ -36,3 +36,8 @@ def test_wheel_layout(tmp_path):
     shipped = {f"diagnose/demo/models/{p.relative_to(ROOT / 'diagnose/demo/models').as_posix()}"
                for p in (ROOT / "diagnose/demo/models").rglob("*") if p.is_file()}
     assert len(shipped) >= 10 and shipped - set(names) == set()
+    # ... and every template and static file of the report (the lessons' section too, which the wheel
+    # check's `diagnose demo --quick --no-lessons` does not render)
+    assets = {f"diagnose/reports/{p.relative_to(ROOT / 'reports').as_posix()}" for sub in ("templates", "static")
+              for p in (ROOT / "reports" / sub).rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    assert "diagnose/reports/templates/_lessons.html.j2" in assets and assets - set(names) == set()

@@ -47,9 +47,11 @@ def pick(result: HeadsResult) -> tuple[HeadEffect | None, HeadEffect | None]:
             most_first([h for h in inert if (h.layer, h.head) in flagged]) or most_first(inert))
 
 
-def measure(model: torch.nn.Module, data: dict[str, torch.Tensor], task: str) -> dict[str, Any]:
-    """The lesson's rows, column labels and claim for one model on its eval data."""
-    result = ablate_heads(model, data, task=task, progress=False)
+def measure(model: torch.nn.Module, data: dict[str, torch.Tensor], task: str,
+            sweep: HeadsResult | None = None) -> dict[str, Any]:
+    """The lesson's rows, column labels and claim for one model on its eval data. sweep: ablate_heads'
+    result on that model and data, where the caller has it already (the demo's own sweep), or None."""
+    result = sweep if sweep is not None else ablate_heads(model, data, task=task, progress=False)
     a, b = pick(result)
     if a is None or b is None:
         missing = "no head matters" if a is None else "no head's effect is shown to be negligible"

@@ -52,15 +52,20 @@ def _listed(events: list[tuple[int, str]]) -> str:
     return ", ".join(f"{where} (step {step})" for step, where in events) or "none"
 
 
-def measure(model: torch.nn.Module, data: dict[str, torch.Tensor], task: str, run_dir: Path) -> dict[str, Any]:
-    """The lesson's rows, column labels and claim for the induction model, its eval data and its run."""
+def measure(model: torch.nn.Module, data: dict[str, torch.Tensor], task: str, run_dir: Path,
+            sweep: Any = None, circuit: Any = None) -> dict[str, Any]:
+    """The lesson's rows, column labels and claim for the induction model, its eval data and its run.
+    sweep, circuit: ablate_heads' and find_circuit's results on that model and data where the caller has
+    them already (the demo's step 2 finds the circuit on more examples), or None: computed here."""
     run = read_run(run_dir)
     phase, induction, vital = (_events(run, k) for k in ("induction_phase_change", "induction_head", "head_vital"))
     halfway = loss_halfway([float(x) for x in run.steps["loss"]])
-    sweep = ablate_heads(model, data, task=task, progress=False)
+    if sweep is None:
+        sweep = ablate_heads(model, data, task=task, progress=False)
     matters = sorted((h for h in sweep.heads if h.verdict == "matters"), key=lambda h: -h.delta_loss)
     groups = [f for f in sweep.flags if f["kind"] == "redundant_group"]
-    circuit = find_circuit(model, {k: v[:CIRCUIT_EXAMPLES] for k, v in data.items()}, task=task)
+    if circuit is None:
+        circuit = find_circuit(model, {k: v[:CIRCUIT_EXAMPLES] for k, v in data.items()}, task=task)
     # the circuit's largest edge from a head to a head (its edges are ordered by effect; MLP nodes aside)
     edges = [e for e in circuit.edges if e.in_circuit and e.edge.heads_only][:1]
     roles = {(h["layer"], h["head"]): h for h in circuit.heads}

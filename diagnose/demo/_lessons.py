@@ -10,7 +10,7 @@ from collections import Counter
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -46,6 +46,10 @@ class Trained:
     accuracy: float
     loss: float
     measured: dict[str, Any] | None = None  # _run_rows' result: a run is read once, however many lessons use it
+    # the demo's own head sweep and circuit of this model on eval_data (run_demo's step 2), which the
+    # lessons on a shipped model take instead of computing the same again
+    sweep: Any = None
+    circuit: Any = None
 
 
 @dataclass
@@ -217,7 +221,7 @@ TRAINING = [("accuracy", "eval accuracy", ".3f"), ("loss", "eval loss", ".3f"),
 def heads_lesson(a: Trained) -> dict[str, Any]:
     """The attention-map lesson, on the shipped order model: the same weights on every machine, so
     the same heads are vital and inert whatever the CPU rounds (see _shipped)."""
-    return head_lesson.measure(a.model, a.eval_data.tensors(), a.eval_data.task)
+    return head_lesson.measure(a.model, a.eval_data.tensors(), a.eval_data.task, sweep=a.sweep)
 
 
 LESSONS = [
@@ -254,11 +258,12 @@ LESSONS = [
            "only removing heads shows which carry the task.", "order", "order",
            lambda a, _: heads_lesson(a)),
     Lesson("induction", induction_lesson.TITLE, induction_lesson.CLAIM, "induction", "induction",
-           lambda a, _: induction_lesson.measure(a.model, a.eval_data.tensors(), a.eval_data.task, a.run_dir)),
+           lambda a, _: induction_lesson.measure(a.model, a.eval_data.tensors(), a.eval_data.task, a.run_dir,
+                                                 sweep=a.sweep, circuit=a.circuit)),
 ]
 
 
-def run_lessons(out_dir: str | Path, *, quick: bool = False, only: list[str] | None = None,
+def run_lessons(out_dir: str | Path, *, quick: bool = False, only: Sequence[str] | None = None,
                 log: Callable[[str], None] = print, trained: dict[str, Trained] | None = None) -> Path:
     """Train the variants, measure the lessons (all, or the keys in `only`), write
     out_dir/lessons.json; returns its path. trained: variants already trained (by name), reused."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from .. import _json
 from .._write import atomic_write
@@ -76,10 +76,10 @@ def _write_json(obj: dict, path: Path) -> Path:
     return atomic_write(path, _json.dumps(obj, indent=1), what="demo JSON")
 
 
-def run_demo(out_dir: str | Path = "demo-out", *, quick: bool = False, lessons: bool = True,
+def run_demo(out_dir: str | Path = "demo-out", *, quick: bool = False, lessons: bool | Sequence[str] = True,
              report: bool = True, log: Callable[[str], None] = print) -> DemoResult:
     """Analyse the shipped demo models, train the lesson pairs, report, under out_dir; returns where
-    everything is.
+    everything is. lessons: all (True), none (False), or those keys only.
 
     Runs on one CPU thread, so that a rerun gives the same numbers whatever the number of cores.
     """
@@ -93,7 +93,7 @@ def run_demo(out_dir: str | Path = "demo-out", *, quick: bool = False, lessons: 
         torch.set_num_threads(threads)
 
 
-def _run(out: Path, quick: bool, lessons: bool, report: bool, log: Callable[[str], None]) -> DemoResult:
+def _run(out: Path, quick: bool, lessons: bool | Sequence[str], report: bool, log: Callable[[str], None]) -> DemoResult:
     from .. import write_report
 
     start = time.perf_counter()
@@ -114,20 +114,22 @@ def _run(out: Path, quick: bool, lessons: bool, report: bool, log: Callable[[str
         ckpt = save_checkpoint(t.model, folder / "model.pt",
                                meta={"task": data.task, "dataset": v.task, "description": data.description})
         data_file = save_tensors(t.eval_data.tensors(), folder / "eval.pt")
-        heads = ablate_heads(t.model, t.eval_data.tensors(), task=data.task, progress=False)
+        t.sweep = heads = ablate_heads(t.model, t.eval_data.tensors(), task=data.task, progress=False)
         heads_file = _write_json(heads.to_json(), folder / "heads.json")
         checks_file = _write_json(check_model(t.model, t.eval_data.tensors()).to_json(), folder / "checks.json")
         circuit = None
         if v.name in CIRCUIT_MODELS:
             few = {k: x[:CIRCUIT_EXAMPLES] for k, x in t.eval_data.tensors().items()}
-            circuit = find_circuit(t.model, few, task=data.task).save(folder / "circuit.json")
+            t.circuit = find_circuit(t.model, few, task=data.task)  # the induction lesson reads it too
+            circuit = t.circuit.save(folder / "circuit.json")
         item = DemoModel(v.name, data.task, ckpt, data_file, heads_file, checks_file, t.run_dir,
                          t.accuracy, t.loss, time.perf_counter() - t0, circuit)
         result.models.append(item)
         log(f"  {v.name:10s} accuracy {item.accuracy:.3f}  loss {item.loss:.3f}  ({item.seconds:.0f} s)")
     if lessons:
         log("Training the lesson pairs (one switch changed per pair) ...")
-        result.lessons = run_lessons(out, quick=quick, log=log, trained=reusable)
+        result.lessons = run_lessons(out, quick=quick, log=log, trained=reusable,
+                                     only=None if lessons is True else list(lessons))
         log(markdown_table(_json.loads(result.lessons.read_text())))
     if report:
         sources = [m.heads for m in result.models] + [m.checks for m in result.models]

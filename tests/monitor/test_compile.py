@@ -1,7 +1,8 @@
 """torch.compile: a compiled run records the eager run's names, statistics and attention samples,
 within a bounded number of graphs and without graph breaks.
 
-Kept cheap (the suite runs several times per CI pass on 2 cores): a 2-layer d_model 16 model, 5
+Kept cheap (the suite runs several times per CI pass on 2 cores): a 2-layer d_model 16 model (1
+layer in the Hugging Face cases but one per family: each block costs seconds of tracing), 5
 steps with attention on steps 0, 2 and 4 (the samples after the first are those a traced graph
 used to lose), one eager run shared by the module. What the monitor controls (its hooks inside
 the graph, the guards that pick a graph, graph counts and breaks) is dynamo's, so most runs use
@@ -16,6 +17,7 @@ import json
 import os
 import warnings
 from contextlib import ExitStack
+from dataclasses import replace
 
 import pytest
 import torch
@@ -237,31 +239,31 @@ def test_lightning_callback_with_compile_equals_eager(tmp_path):
     _assert_same_run(got, eager, graphs, breaks, ["net.blocks.0", "net.blocks.1"])
 
 
-def _gpt2(attn: str):
+def _gpt2(attn: str, layers: int = CFG.n_layers):
     """A tiny Hugging Face GPT-2 (dropout off: compiled and eager draw different masks)."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(n_layer=CFG.n_layers, n_head=CFG.n_heads, n_embd=CFG.d_model,
+    config = transformers.GPT2Config(n_layer=layers, n_head=CFG.n_heads, n_embd=CFG.d_model,
                                      n_positions=CFG.max_len, vocab_size=CFG.vocab_size, resid_pdrop=0.0,
                                      embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
                                      attn_implementation=attn)
     return transformers.GPT2LMHeadModel(config)
 
 
-def _llama(attn: str):
+def _llama(attn: str, layers: int = CFG.n_layers):
     """A tiny Hugging Face LLaMA with grouped-query attention (4 query heads read 2 key/value heads)
     and rotary positions."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(num_hidden_layers=CFG.n_layers, num_attention_heads=4, num_key_value_heads=2,
+    config = transformers.LlamaConfig(num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                                       hidden_size=CFG.d_model, intermediate_size=2 * CFG.d_model,
                                       max_position_embeddings=CFG.max_len, vocab_size=CFG.vocab_size,
                                       bos_token_id=0, eos_token_id=0, pad_token_id=0, attn_implementation=attn)
     return transformers.LlamaForCausalLM(config)
 
 
-def _bert(attn: str):
+def _bert(attn: str, layers: int = CFG.n_layers):
     """A tiny Hugging Face BERT masked-LM (post-norm encoder, no causal mask), dropout off."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(num_hidden_layers=CFG.n_layers, num_attention_heads=CFG.n_heads,
+    config = transformers.BertConfig(num_hidden_layers=layers, num_attention_heads=CFG.n_heads,
                                      hidden_size=CFG.d_model, intermediate_size=2 * CFG.d_model,
                                      max_position_embeddings=CFG.max_len, vocab_size=CFG.vocab_size,
                                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
@@ -269,11 +271,11 @@ def _bert(attn: str):
     return transformers.BertForMaskedLM(config)
 
 
-def _gemma2(attn: str):
+def _gemma2(attn: str, layers: int = CFG.n_layers):
     """A tiny Hugging Face Gemma 2: its attention logits are soft-capped (tanh) before the softmax,
     which the rebuilding hooks do not do, so under compile the intercept runs in its traced form."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.Gemma2Config(num_hidden_layers=CFG.n_layers, num_attention_heads=4, num_key_value_heads=2,
+    config = transformers.Gemma2Config(num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                                        head_dim=4, hidden_size=CFG.d_model, intermediate_size=2 * CFG.d_model,
                                        max_position_embeddings=CFG.max_len, vocab_size=CFG.vocab_size,
                                        bos_token_id=0, eos_token_id=0, pad_token_id=0, attn_implementation=attn)
@@ -315,11 +317,11 @@ class _HandBlock(torch.nn.Module):
 class _HandDecoder(torch.nn.Module):
     """A hand-written pre-LN decoder: no adapter of its own, found by the generic adapter."""
 
-    def __init__(self, sdpa: bool):
+    def __init__(self, sdpa: bool, layers: int = CFG.n_layers):
         super().__init__()
         d = CFG.d_model
         self.wte, self.wpe = torch.nn.Embedding(CFG.vocab_size, d), torch.nn.Embedding(CFG.max_len, d)
-        self.h = torch.nn.ModuleList(_HandBlock(sdpa) for _ in range(CFG.n_layers))
+        self.h = torch.nn.ModuleList(_HandBlock(sdpa) for _ in range(layers))
         self.lm_head = torch.nn.Linear(d, CFG.vocab_size)
 
     def forward(self, input_ids):
@@ -335,11 +337,11 @@ class _Out:
 
 
 def _train_gpt2(run_dir, how: str, attn: str, checkpointed: bool = False, steps: int = STEPS,
-                make=_gpt2) -> list[dict]:
-    """As _train, for a tiny Hugging Face model (GPT-2 unless `make` says), with gradient
-    checkpointing (each block's forward run again in backward) when asked."""
+                make=_gpt2, layers: int = CFG.n_layers) -> list[dict]:
+    """As _train, for a tiny Hugging Face model (GPT-2 unless `make` says) of `layers` blocks, with
+    gradient checkpointing (each block's forward run again in backward) when asked."""
     torch.manual_seed(0)
-    model = make(attn)
+    model = make(attn, layers)
     if checkpointed:  # transformers 5 renamed it; its own hook on the embedding stays
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     own = [(dict(m._forward_hooks), dict(m._forward_pre_hooks)) for m in model.modules()]
@@ -366,52 +368,57 @@ def _train_gpt2(run_dir, how: str, attn: str, checkpointed: bool = False, steps:
 
 
 # each value of each parameter at least once; a fifth case, compiled x sdpa unchecked, was its parts'
-# (compiled x sdpa checkpointed, before x sdpa unchecked) and proved nothing more
+# (compiled x sdpa checkpointed, before x sdpa unchecked) and proved nothing more. Each trace costs
+# seconds per block (dynamo unrolls them), so one case per family has two blocks (each block's hooks
+# its own, in one graph) and the others one: what they vary (the order of compile and monitor, the
+# attention kernel, checkpointing) is the same in every block
 @needs_traced_hooks
-@pytest.mark.parametrize("how, attn, checkpointed", [
-    ("compiled", "eager", False), ("before", "sdpa", False), ("compiled", "sdpa", True), ("before", "eager", True)])
-def test_compiled_hf_gpt2_run_equals_eager(tmp_path, how, attn, checkpointed):
+@pytest.mark.parametrize("how, attn, checkpointed, layers", [
+    ("compiled", "eager", False, 1), ("before", "sdpa", False, 1), ("compiled", "sdpa", True, 2), ("before", "eager", True, 1)])
+def test_compiled_hf_gpt2_run_equals_eager(tmp_path, how, attn, checkpointed, layers):
     """GPT-2's attention is watched by hooks dynamo traces (its adapter's watch_pattern_traced); the
     eager run is checkpointed (each block run again in backward) for three cases, which must not
     change a number, and so are two compiled runs (the hooks inside checkpoint's higher-order op)."""
-    eager = _train_gpt2(tmp_path / "eager", "eager", attn, checkpointed=checkpointed or how == "before")
+    eager = _train_gpt2(tmp_path / "eager", "eager", attn, checkpointed=checkpointed or how == "before", layers=layers)
     assert [r["step"] for r in eager if "attention" in r] == list(range(STEPS))[::ATTENTION_EVERY]
-    got, graphs, breaks = _counted(lambda: _train_gpt2(tmp_path / "compiled", how, attn, checkpointed))
-    _assert_same_run(got, eager, graphs, breaks, ["transformer.h.0", "transformer.h.1"])
+    got, graphs, breaks = _counted(lambda: _train_gpt2(tmp_path / "compiled", how, attn, checkpointed, layers=layers))
+    _assert_same_run(got, eager, graphs, breaks, [f"transformer.h.{i}" for i in range(layers)], replace(CFG, n_layers=layers))
     sampled = [r for r in got if "attention" in r]
     assert sampled and all("max_logit" in str(r["attention"]) for r in sampled)  # eager: from the softmax's input
 
 
 @needs_traced_hooks
-@pytest.mark.parametrize("how, attn, checkpointed", [("compiled", "eager", False), ("before", "sdpa", True)])
-def test_compiled_hf_llama_run_equals_eager(tmp_path, how, attn, checkpointed):
+@pytest.mark.parametrize("how, attn, checkpointed, layers", [("compiled", "eager", False, 1), ("before", "sdpa", True, 2)])
+def test_compiled_hf_llama_run_equals_eager(tmp_path, how, attn, checkpointed, layers):
     """LLaMA's attention is watched by hooks dynamo traces: q and k from q_proj and k_proj, rotated
     by the family's own apply_rotary_pos_emb, key heads repeated for grouped-query attention."""
-    eager = _train_gpt2(tmp_path / "eager", "eager", attn, checkpointed=checkpointed, make=_llama)
+    eager = _train_gpt2(tmp_path / "eager", "eager", attn, checkpointed=checkpointed, make=_llama, layers=layers)
     assert [r["step"] for r in eager if "attention" in r] == list(range(STEPS))[::ATTENTION_EVERY]
-    got, graphs, breaks = _counted(lambda: _train_gpt2(tmp_path / "compiled", how, attn, checkpointed, make=_llama))
-    _assert_same_run(got, eager, graphs, breaks, ["model.layers.0", "model.layers.1"])
+    got, graphs, breaks = _counted(lambda: _train_gpt2(tmp_path / "compiled", how, attn, checkpointed, make=_llama,
+                                                        layers=layers))
+    _assert_same_run(got, eager, graphs, breaks, [f"model.layers.{i}" for i in range(layers)], replace(CFG, n_layers=layers))
     assert all(len(r["attention"]["model.layers.0.self_attn"]["entropy"]) == 4 for r in got if "attention" in r)
 
 
-def _hand(attn: str):
-    return _HandDecoder(sdpa=attn == "sdpa")
+def _hand(attn: str, layers: int = CFG.n_layers):
+    return _HandDecoder(sdpa=attn == "sdpa", layers=layers)
 
 
 
 
 @needs_traced_hooks
-@pytest.mark.parametrize("how, attn, make", [("compiled", "softmax", _hand), ("compiled", "sdpa", _hand),
-                                             ("before", "softmax", _hand), ("compiled", "eager", _gemma2)])
-def test_compiled_intercepted_run_equals_eager(tmp_path, how, attn, make):
+@pytest.mark.parametrize("how, attn, make, layers", [("compiled", "softmax", _hand, 2), ("compiled", "sdpa", _hand, 1),
+                                                     ("before", "softmax", _hand, 1), ("compiled", "eager", _gemma2, 2)])
+def test_compiled_intercepted_run_equals_eager(tmp_path, how, attn, make, layers):
     """Attention read through the intercept (a hand-written model's softmax or SDPA call; Gemma 2's
-    soft-capped softmax) under compile: the mode runs as `with` around the attention's forward,
-    which dynamo traces into the graph; the forward is put back on close."""
-    eager = _train_gpt2(tmp_path / "eager", "eager", attn, make=make)
+    soft-capped softmax, its two blocks of two kinds: sliding-window, then global) under compile: the
+    mode runs as `with` around the attention's forward, which dynamo traces into the graph; the
+    forward is put back on close."""
+    eager = _train_gpt2(tmp_path / "eager", "eager", attn, make=make, layers=layers)
     assert [r["step"] for r in eager if "attention" in r] == list(range(STEPS))[::ATTENTION_EVERY]
-    got, graphs, breaks = _counted(lambda: _train_gpt2(tmp_path / "compiled", how, attn, make=make))
-    _assert_same_run(got, eager, graphs, breaks, list(eager[0]["layers"]))
-    assert len(eager[0]["layers"]) == CFG.n_layers
+    got, graphs, breaks = _counted(lambda: _train_gpt2(tmp_path / "compiled", how, attn, make=make, layers=layers))
+    _assert_same_run(got, eager, graphs, breaks, list(eager[0]["layers"]), replace(CFG, n_layers=layers))
+    assert len(eager[0]["layers"]) == layers
 
 
 @needs_traced_hooks

@@ -60,6 +60,7 @@ def test_warmup_schedule():
     assert lr_factor(0, TrainConfig(warmup=0)) == 1.0
 
 
+@pytest.mark.slow
 def test_trainer_learns_the_order_task():
     data = order(n=2048)
     tr, ev = data.split(1536)
