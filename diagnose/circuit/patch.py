@@ -48,6 +48,7 @@ from .wiring import Wiring
 
 PER_FORWARD = 8  # replicas (removed sets) per forward, unless the caller plans them (api.py: the sweep's plan)
 SENDERS = 8  # senders whose changes are summed at a time inside a hook
+MIX_ABOVE = 2  # more (replica, sender, block) triples per replica than this: _mixed, else one product each
 
 
 @dataclass
@@ -264,6 +265,8 @@ class Patcher:
         norm's output) -> [K * B, T, J * D or d]. SENDERS at a time, so memory does not grow with the senders."""
         active = (m.any(2) if m.dim() == 3 else m).any(0).nonzero().flatten().tolist()
         form = None if norm is None else self.wiring.form_of(norm)
+        if w is not None and int(m.sum()) > MIX_ABOVE * K:  # many edges (a circuit): mix, then project once
+            return self._mixed(norm, form, m, writes, normed, K, w, D, active)
         total = None
         for i in range(0, len(active), SENDERS):
             g = active[i:i + SENDERS]
@@ -278,6 +281,26 @@ class Patcher:
                     else _through(delta, w.to(delta.device, delta.dtype), mk, D))
             total = part if total is None else total + part
         return total.reshape(-1, *total.shape[2:])
+
+    def _mixed(self, norm, form, m: torch.Tensor, writes, normed, K: int, w: torch.Tensor, D: int,
+               active: list[int]) -> torch.Tensor:
+        """_removed for many (replica, sender, block) triples: the frozen norm and the projection are linear, so
+        each replica's removed senders are summed per receiver block first ([K, B, T, J, d]), and the norm's
+        change and the projection applied once, not once per sender (on SmolLM2 a circuit's forward took
+        minutes that way).  # [K * B, T, J * D]"""
+        J = m.shape[2]
+        mixed = None
+        for i in range(0, len(active), SENDERS):
+            g = active[i:i + SENDERS]
+            delta = -torch.stack([self._write(writes, j) for j in g], dim=2)  # [K * B, T, c, d]
+            delta = delta.reshape(K, -1, *delta.shape[1:])  # [K, B, T, c, d]
+            part = torch.einsum("kbtcd,kcj->kbtjd", delta, m[:, g].to(delta.device, delta.dtype))
+            mixed = part if mixed is None else mixed + part
+        if form is not None:
+            x = normed[id(norm)]  # [B, T, d]: its clean scale, broadcast over the replicas and blocks
+            mixed = form.change(norm, x[None, :, :, None, :].to(mixed.device), mixed)
+        out = torch.einsum("kbtjd,djD->kbtjD", mixed, w.to(mixed.device, mixed.dtype).view(w.shape[0], J, D))
+        return out.reshape(-1, *out.shape[2:3], J * D)
 
     def _write(self, writes, j: int) -> torch.Tensor:
         """Sender j's write minus its fill's in this forward: W_O[h] (out - fill) of a head, out - fill of an

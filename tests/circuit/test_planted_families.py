@@ -10,7 +10,8 @@ import pytest
 
 from diagnose import find_circuit
 from diagnose.ablation import ablate_heads
-from ..tolerance import approx
+from ..tolerance import approx, loss_tol
+from .planted import D_MODEL
 from . import planted_families
 from .planted import planted, planted_data
 
@@ -56,3 +57,24 @@ def test_the_heads_are_named_and_the_output_edge_is_the_direct_effect(layout):
                          attention=False)
     direct = next(h for h in heads.heads if (h.layer, h.head) == (1, 0)).direct_delta_loss
     assert result.edge("L1.H0 -> output").delta_loss == approx(direct, scale=max(1.0, abs(direct)))
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama"])
+def test_a_circuit_of_many_edges_moves_its_receivers_as_one_product_per_sender_would(layout, monkeypatch):
+    """The minimal circuit's sets move many edges at once; those are summed per receiver block before the
+    frozen norm and the projection (patch._mixed, both linear), which must give what one product per
+    sender gives (MIX_ABOVE raised: the per-sender path everywhere)."""
+    from diagnose.circuit import patch
+
+    model, data = getattr(planted_families, layout)("backup"), planted_data("backup", n=8)
+    calls, mix = [], patch.Patcher._mixed
+    monkeypatch.setattr(patch.Patcher, "_mixed", lambda self, *a: calls.append(1) or mix(self, *a))
+    mixed = find_circuit(model, data, **FAST)
+    assert calls  # the search's sets took the mixed path
+    monkeypatch.setattr(patch, "MIX_ABOVE", 10 ** 9)
+    apart = find_circuit(model, data, **FAST)
+    assert [e.label for e in mixed.circuit.edges] == [e.label for e in apart.circuit.edges]
+    tol = loss_tol(mixed.baseline["loss"], depth=2, width=D_MODEL)  # losses of two orders of sums
+    inside = [(e.effect_in_circuit, a.effect_in_circuit) for e, a in zip(mixed.edges, apart.edges) if e.in_circuit]
+    assert inside and all(abs(x - y) <= tol for x, y in inside)
+    assert mixed.circuit.faithfulness == approx(apart.circuit.faithfulness, depth=2, width=D_MODEL)
