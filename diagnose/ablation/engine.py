@@ -24,8 +24,9 @@ import torch
 from .._distributed import Ranks, pick, ranks
 from ..adapters.base import AttentionSite
 from ..adapters.shared import shared_modules
-from ..errors import ConfigError, UsageError
+from ..errors import ConfigError
 from ..modes import eval_mode
+from ..objectives import batch_size_of
 from ..sites import find_heads
 from . import contrast, roles, significance, verdict
 from .analyses import AnalysisInput, run_analyses
@@ -35,9 +36,10 @@ from .batches import Batches, as_batches, for_last_position, wrong_labels
 from . import direct as _direct
 from .config import DEFAULT_TOP, FAST_RANK, MIN_EFFECT, RANKINGS, AblationConfig
 from .gate import gated
-from .methods import METHODS, DataPass, Prepared, check_compared_draws, get_method, prepare
+from .methods import METHODS, DataPass, Prepared, check_compared_draws, get_method, method_names, prepare
 from .plan import Plan, micro_batches, plan_sweep
 from .progress import Progress, ProgressCallback
+from .resample import DRAWS, check_donor_table, resample_outputs
 from .result import HeadEffect, HeadsResult
 from .scored import ScoredOnly, output_layer
 from .self_repair import add_direct
@@ -84,6 +86,7 @@ def _run(model: torch.nn.Module, data: Any, cfgs: list[AblationConfig], sites: S
         tokens = None if known is None else [list(t)[:-1] for t in known]
         batches, data = scored, scored
     wrong = wrong_labels(data) if scored is batches else None  # a last-position cut moves the labels
+    _check_donors(batches, cfgs)  # before any forward: a donor table too large for memory is said now
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
     closing = time.perf_counter()
     groups = [[ablate_together(model, data, list(members), config=c, sites=sites, distributed=r.active).to_json()
@@ -111,10 +114,7 @@ def ablate_methods(model: torch.nn.Module, data: Any, methods: Sequence[str], *,
     serves all methods: each batch's clean pass and prefixes are computed once (with --fast each method
     ranks from its own clean passes, as the gradient depends on the fill). The attention summary, the
     groups closed together and the direct effects are the first method's."""
-    if isinstance(methods, (str, bytes)) or not all(isinstance(m, str) for m in methods):
-        raise UsageError(f"methods must be a list of method names such as ['zero', 'mean'], got {methods!r:.60}"
-                         + (" (split the string: methods.split(','))" if isinstance(methods, str) else ""))
-    names = list(dict.fromkeys(methods))
+    names = method_names(methods)
     check_compared_draws(names, draws)
     if len(names) < 2:
         raise ConfigError(f"methods: name at least two different methods to compare, got {', '.join(names)}")
@@ -149,6 +149,14 @@ class _Measured:
     direct: Accumulator | None  # the direct-path outcomes of the chosen heads (None: not measured)
     direct_info: dict | None  # how they were measured, or why not (result.direct)
     logits: dict  # whether the logits were made at the scored positions only (scored.py), or why not
+
+
+def _check_donors(batches: Batches, cfgs: list[AblationConfig]) -> None:
+    """Resample's donor table [examples, draws] checked against max_memory and the free memory."""
+    n = sum(batch_size_of(x) for x, _ in batches)
+    for c in cfgs:
+        if get_method(c.method).prepare is resample_outputs:
+            check_donor_table(n, c.draws or DRAWS, c.max_memory)
 
 
 def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batches: Batches,

@@ -17,12 +17,13 @@ import torch
 from ..ablation import contrast, significance
 from ..ablation.batches import as_batches, for_last_position, wrong_labels
 from ..ablation.gate import gated
-from ..ablation.methods import DataPass, Prepared, get_method, prepare
+from ..ablation.config import MAX_BOOT, AblationConfig
+from ..ablation.methods import DataPass, Prepared, _whole, check_compared_draws, get_method, method_names, prepare
 from ..ablation.plan import micro_batches, plan_sweep
 from ..ablation.sweep import Sweep
 from ..errors import ConfigError
 from ..modes import eval_mode
-from ..objectives import default_task
+from ..objectives import TASKS, default_task
 from ..sites import find_heads
 from .attribution import ESTIMATORS, attribute, spearman
 from .edges import Edge, all_edges
@@ -47,8 +48,10 @@ def find_circuit(model: torch.nn.Module, data: Any, *, method: str = "zero", met
     verified exactly (default: every edge when there are at most EXACT_ALL, else the DEFAULT_TOP the
     estimator ranks first). faithfulness: the share of the loss gap (every edge removed to none) the circuit
     keeps. estimator: 'eap' or 'eap-ig'. The rest as in ablate_heads."""
-    names = list(dict.fromkeys(methods)) if methods else [method]
+    names = method_names(methods) if methods is not None else [method]
     _check(faithfulness, estimator, top, correction)
+    _check_numbers(names or [method], task, batch_size, draws, seed, alpha, n_boot, min_effect, resamples)
+    names = names or [method]
     started = time.perf_counter()
     batches = as_batches(data, batch_size, next((p.device for p in model.parameters()), None))
     task = task or default_task(model, data)
@@ -76,6 +79,17 @@ def _check(faithfulness: float, estimator: str, top: int | None, correction: str
         raise ConfigError(f"top: verify at least 1 edge, got {top}")
     if correction not in significance.CORRECTIONS:
         raise ConfigError(f"correction {correction!r} is not one of {', '.join(significance.CORRECTIONS)}")
+
+
+def _check_numbers(names: list[str], task: str | None, batch_size, draws, seed, alpha, n_boot, min_effect,
+                   resamples) -> None:
+    """The settings find_circuit shares with ablate_heads checked as AblationConfig checks them, before any work
+    (a seed of -1 crashed the bootstrap at the end; a draws no method uses was ignored)."""
+    check_compared_draws(names, draws)
+    AblationConfig(task=task or TASKS[0], method=names[0], batch_size=batch_size, seed=seed, alpha=alpha,
+                   n_boot=n_boot, min_effect=min_effect)
+    if _whole(resamples) is None or not 1 <= _whole(resamples) <= MAX_BOOT:
+        raise ConfigError(f"resamples must be a whole number from 1 to {MAX_BOOT:,}, got {resamples!r:.40}")
 
 
 def _prepare(sweep: Sweep, batches, name: str, draws: int | None, seed: int) -> Prepared:
