@@ -118,6 +118,8 @@ class HeadsView:
     depends: list[str] = field(default_factory=list)  # --methods: "L0.H1 (zero: matters, mean: negligible)"
     undecided: list[str] = field(default_factory=list)  # --methods: heads firm under one method, undecided under another
     compared: list[str] = field(default_factory=list)  # --methods: the methods compared
+    n_depends: int = 0  # how many heads `depends` stands for (it names MAX_LISTED, then counts the rest)
+    n_undecided: int = 0  # likewise for `undecided`
     direct: dict[str, Any] | None = None  # how direct effects were measured, or why not (None: a /1 document)
     compensated: list[dict[str, Any]] = field(default_factory=list)  # heads whose direct effect the rest restores
 
@@ -312,6 +314,7 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
     ranked = sorted(data["heads"], key=_harm_key)
     examples, texts, note = _pack_examples(data.get("examples"), n_layers, n_heads, name, budget)
     timing = data.get("timing") or {}
+    agreement = data.get("agreement")
     return HeadsView(
         name=name, family=str(model.get("family", "unknown")), n_layers=n_layers, n_heads=n_heads,
         shared=shared_note(model),
@@ -322,7 +325,8 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
         correlations=_correlations(data.get("correlations")), examples=examples, example_texts=texts,
         examples_note=note, together=_groups(data.get("together"), data["heads"]),
         roles=roles if roles.astype(bool).any() else None, verdicts=verdicts,
-        depends=_depends(data.get("agreement"), True), undecided=_depends(data.get("agreement"), False), compared=_compared(data.get("agreement")),
+        depends=_depends(agreement, True), undecided=_depends(agreement, False), compared=_compared(agreement),
+        n_depends=len(_listed(agreement, True)), n_undecided=len(_listed(agreement, False)),
         direct=data.get("direct") if isinstance(data.get("direct"), dict) else None,
         compensated=sorted((h for h in data["heads"] if h.get("compensated") is True),
                            key=_repair_key))
@@ -346,6 +350,15 @@ def _compared(agreement: Any) -> list[str]:
 
 
 def _depends(agreement: Any, contradicting: bool) -> list[str]:
+    """_listed's heads as a page names them: the first MAX_LISTED, then one line counting the rest (the JSON
+    keeps every one)."""
+    out = _listed(agreement, contradicting)
+    if len(out) > MAX_LISTED:
+        out = out[:MAX_LISTED] + [f"{len(out) - MAX_LISTED:,} more heads (agreement in the JSON)"]
+    return out
+
+
+def _listed(agreement: Any, contradicting: bool) -> list[str]:
     """"L0.H1 (zero: matters, mean: negligible)" for each head whose verdict depends on the method:
     contradicting, those that matter under one method and are negligible under another (all of them in a
     document without `contradicts`); else the others, firm under one method and undecided under another."""
@@ -362,8 +375,6 @@ def _depends(agreement: Any, contradicting: bool) -> list[str]:
             continue
         said = ", ".join(f"{m}: {r['verdicts'].get(m)}" for m in methods if isinstance(r["verdicts"].get(m), str))
         out.append(f"{head_label(r['layer'], r['head'])} ({said})")
-    if len(out) > MAX_LISTED:  # a page names a few dozen; the JSON keeps every one
-        out = out[:MAX_LISTED] + [f"{len(out) - MAX_LISTED} more heads (agreement in the JSON)"]
     return out
 
 
