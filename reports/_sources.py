@@ -224,8 +224,14 @@ def _check_lessons(data: dict[str, Any], where: str) -> None:
                                      "such as \".3f\" in `fmt`; regenerate it with `diagnose demo`")
 
 
-def _add_document(out: Sources, data: Any, name: str, where: str) -> None:
+def _schema(data: Any) -> str | None:
+    """The document's `schema` when it is a string (a list there is no schema, and no dict key either)."""
     schema = data.get("schema") if isinstance(data, dict) else None
+    return schema if isinstance(schema, str) else None
+
+
+def _add_document(out: Sources, data: Any, name: str, where: str) -> None:
+    schema = _schema(data)
     if schema in HEADS_SCHEMAS:
         _check_heads(data, where)
         out.heads.append(HeadsSource(name, data, read_sections(data, where)))
@@ -277,7 +283,7 @@ def _object_name(data: Any, i: int) -> str:
     what = str(model.get("family") or model.get("class") or "model")
     kind = {"diagnose.heads/1": "heads", HEADS_SCHEMA: "heads", CHECKS_SCHEMA: "checks", LESSONS_SCHEMA: "lessons",
             PRUNE_SCHEMA: "prune", CIRCUIT_SCHEMA: "circuit", CHECKPOINTS_SCHEMA: "checkpoints"}.get(
-                data.get("schema") if isinstance(data, dict) else "")
+                _schema(data))
     return f"{what} {kind or 'source'} (source {i + 1})"
 
 
