@@ -137,7 +137,12 @@ def _whole_in(name: str, value: Any, low: int, high: int | None) -> int | None:
 
 def _real_in(name: str, value: Any, low: float, high: float | None, what: str) -> float:
     """value as a finite float, above low (strictly when high bounds it too) and below high; ConfigError otherwise."""
-    x = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) and abs(value) < 1e308 else None
+    x = None
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):  # numpy's numbers too
+        try:
+            x = float(value)
+        except OverflowError:  # an integer of 400 digits
+            x = None
     inside = x is not None and math.isfinite(x) and (low < x < high if high is not None else x >= low)
     if not inside:
         raise ConfigError(f"{name} must be {what}, got {type(value).__name__} {value!r:.40}")
@@ -146,7 +151,7 @@ def _real_in(name: str, value: Any, low: float, high: float | None, what: str) -
 
 def _switch(name: str, value: Any) -> bool:
     """True or False (numpy's bools too); ConfigError for a string such as 'no', which Python would call true."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")):
         return bool(value)
     raise ConfigError(f"{name} must be True or False, got {type(value).__name__} {value!r:.40}")
 

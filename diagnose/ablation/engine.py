@@ -80,13 +80,13 @@ def _run(model: torch.nn.Module, data: Any, cfgs: list[AblationConfig], sites: S
     r = ranks(cfg.distributed)
     started = time.perf_counter()
     batches = as_batches(data, cfg.batch_size, next((p.device for p in model.parameters()), None))
+    _check_donors(batches, cfgs)  # before any forward: a donor table too large for memory is said now
     scored = for_last_position(model, batches, cfg.task)
     if scored is not batches:  # scored on the token after the last input: one position fewer
         known = tokens if tokens is not None else getattr(data, "tokens", None)
         tokens = None if known is None else [list(t)[:-1] for t in known]
         batches, data = scored, scored
     wrong = wrong_labels(data) if scored is batches else None  # a last-position cut moves the labels
-    _check_donors(batches, cfgs)  # before any forward: a donor table too large for memory is said now
     sites = list(sites) if sites is not None else find_heads(model, example=batches[0][0])
     closing = time.perf_counter()
     groups = [[ablate_together(model, data, list(members), config=c, sites=sites, distributed=r.active).to_json()
