@@ -10,6 +10,7 @@ from ._options import (
     attention_options,
     check_outputs,
     data_option,
+    finite,
     html_option,
     max_length_option,
     method_option,
@@ -39,6 +40,7 @@ ESTIMATORS = ("eap", "eap-ig")  # literal so that --help needs no torch; a test 
               help="Edges verified exactly by path patching, the ones the estimator ranks first (default: every "
                    "edge of a model with at most 256, else 50).")
 @click.option("--faithfulness", type=click.FloatRange(min=0, max=1, min_open=True), default=0.8, show_default=True,
+              callback=finite,
               help="Share of the loss gap (every edge removed vs none) the minimal circuit must keep.")
 @click.option("--estimator", type=click.Choice(ESTIMATORS), default="eap", show_default=True,
               help="Edge attribution: eap (one forward and backward per batch) or eap-ig (integrated gradients, "

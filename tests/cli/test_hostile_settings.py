@@ -59,7 +59,9 @@ CLI = [("circuit a negative seed", ["circuit", *MISSING, "--seed", "-1"], "--see
        ("circuit 10**9 draws", ["circuit", *MISSING, "--method", "resample", "--draws", str(10 ** 9)], "1000"),
        ("heads-over a negative seed", ["heads-over", "a.pt", "b.pt", "--data", "d.pt", "--seed", "-1"], "--seed"),
        ("heads draws 1 zero ignores", ["heads", *MISSING, "--draws", "1"], "would be ignored"),
-       ("heads draws 0 for resample", ["heads", *MISSING, "--method", "resample", "--draws", "0"], "from 1 to 1000")]
+       ("heads draws 0 for resample", ["heads", *MISSING, "--method", "resample", "--draws", "0"], "from 1 to 1000"),
+       ("heads min-effect NaN", ["heads", *MISSING, "--min-effect", "nan"], "--min-effect must be a finite"),
+       ("circuit faithfulness NaN", ["circuit", *MISSING, "--faithfulness", "nan"], "--faithfulness")]
 
 
 @pytest.mark.parametrize("what, args, words", CLI, ids=[c[0] for c in CLI])
