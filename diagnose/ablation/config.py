@@ -88,19 +88,20 @@ class AblationConfig:
             elif value not in allowed:
                 raise ConfigError(f"{name} {value!r} is not one of {', '.join(allowed)}")
         draws = check_draws(get_method(self.method), self.draws)
-        ints = {"draws": None if self.draws is None else draws,  # numpy's integers stored as ints
-                "seed": check_seed(self.seed),
-                "batch_size": _whole_in("batch_size", self.batch_size, 1, MAX_BATCH),
-                "top": _whole_in("top", self.top, 0, None), "n_boot": _whole_in("n_boot", self.n_boot, 1, MAX_BOOT),
-                "keep": _whole_in("keep", self.keep, 0, MAX_KEEP), "max_memory": parse_size(self.max_memory),
-                "alpha": _real_in("alpha", self.alpha, 0, 1, "a level strictly between 0 and 1, e.g. 0.05"),
-                "min_effect": _real_in("min_effect", self.min_effect, 0, None,
-                                       "a finite fraction of the baseline loss, 0 or more"),
-                "together": _groups(self.together)}
+        checked = {"draws": None if self.draws is None else draws,  # numpy's integers stored as ints
+                   "seed": check_seed(self.seed),
+                   "batch_size": whole_in("batch_size", self.batch_size, 1, MAX_BATCH, optional=True),
+                   "top": whole_in("top", self.top, 0, None, optional=True),
+                   "n_boot": whole_in("n_boot", self.n_boot, 1, MAX_BOOT),
+                   "keep": whole_in("keep", self.keep, 0, MAX_KEEP), "max_memory": parse_size(self.max_memory),
+                   "alpha": _real_in("alpha", self.alpha, 0, 1, "a level strictly between 0 and 1, e.g. 0.05"),
+                   "min_effect": _real_in("min_effect", self.min_effect, 0, None,
+                                          "a finite fraction of the baseline loss, 0 or more"),
+                   "together": _groups(self.together)}
         for name in SWITCHES:
-            ints[name] = _switch(name, getattr(self, name))
-        ints["distributed"] = None if self.distributed is None else _switch("distributed", self.distributed)
-        for name, value in ints.items():
+            checked[name] = _switch(name, getattr(self, name))
+        checked["distributed"] = None if self.distributed is None else _switch("distributed", self.distributed)
+        for name, value in checked.items():
             object.__setattr__(self, name, value)
 
     @classmethod
@@ -124,9 +125,10 @@ class AblationConfig:
         return n_total if not self.fast else min(n_total, DEFAULT_TOP if self.top is None else int(self.top))
 
 
-def _whole_in(name: str, value: Any, low: int, high: int | None) -> int | None:
-    """value as an int from low to high (None: no upper bound); None stays None; ConfigError otherwise."""
-    if value is None and name in ("batch_size", "top"):
+def whole_in(name: str, value: Any, low: int, high: int | None, *, optional: bool = False) -> int | None:
+    """value as an int from low to high (None: no upper bound), numpy's integers included; ConfigError for
+    anything else (a bool, a float, a string). optional: None stays None."""
+    if value is None and optional:
         return None
     n = _whole(value)
     if n is None or n < low or (high is not None and n > high):

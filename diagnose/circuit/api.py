@@ -17,8 +17,8 @@ import torch
 from ..ablation import contrast, significance
 from ..ablation.batches import as_batches, for_last_position, wrong_labels
 from ..ablation.gate import gated
-from ..ablation.config import MAX_BOOT, AblationConfig
-from ..ablation.methods import DataPass, Prepared, _whole, check_compared_draws, get_method, method_names, prepare
+from ..ablation.config import MAX_BOOT, AblationConfig, whole_in
+from ..ablation.methods import DataPass, Prepared, check_compared_draws, get_method, method_names, prepare
 from ..ablation.plan import micro_batches, plan_sweep
 from ..ablation.sweep import Sweep
 from ..errors import ConfigError
@@ -88,8 +88,7 @@ def _check_numbers(names: list[str], task: str | None, batch_size, draws, seed, 
     check_compared_draws(names, draws)
     AblationConfig(task=task or TASKS[0], method=names[0], batch_size=batch_size, seed=seed, alpha=alpha,
                    n_boot=n_boot, min_effect=min_effect)
-    if _whole(resamples) is None or not 1 <= _whole(resamples) <= MAX_BOOT:
-        raise ConfigError(f"resamples must be a whole number from 1 to {MAX_BOOT:,}, got {resamples!r:.40}")
+    whole_in("resamples", resamples, 1, MAX_BOOT)
 
 
 def _prepare(sweep: Sweep, batches, name: str, draws: int | None, seed: int) -> Prepared:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import os
+import stat
 import platform
 import sys
 import tempfile
@@ -79,10 +80,8 @@ def _folder(out: Path) -> None:
         raise OutputError(f"{out}: is a symlink to {os.readlink(out)!r}, which does not exist; remove the link or "
                           f"give --out a folder to write the models into")
     if out.exists() and not out.is_dir():
-        from ..io._read import special_kind
-
-        raise OutputError(f"{out}: is {special_kind(out) or 'a file'}, not a folder; give --out a folder to write "
-                          f"the models into")
+        kind = "a named pipe (FIFO)" if stat.S_ISFIFO(os.stat(out).st_mode) else "a file"
+        raise OutputError(f"{out}: is {kind}, not a folder; give --out a folder to write the models into")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
