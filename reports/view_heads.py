@@ -170,8 +170,10 @@ def _plot_float(value: Any) -> float:
     """A float; beyond +-1e300 (where matplotlib's axis arithmetic overflows) it is taken as infinite."""
     try:
         out = float(value)
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError):
         return math.nan
+    except OverflowError:  # an integer of 400 digits: as large as an infinity (as the `num` filter shows it)
+        return math.inf if value > 0 else -math.inf
     return math.copysign(math.inf, out) if abs(out) > 1e300 else out
 
 
@@ -216,8 +218,12 @@ def _correlations(raw: Any) -> list[Correlation]:
     out = []
     for stat in (*ATTENTION_STATS, "grad_importance"):
         c = raw.get(stat)
-        if isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) for k in ("rho", "p_value")):
-            out.append(Correlation(stat, raw["effect"], float(c["rho"]), float(c["p_value"]), int(c.get("n") or 0)))
+        if isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) and not isinstance(c.get(k), bool)
+                                       for k in ("rho", "p_value")):
+            n = c.get("n")  # a count: a whole number a page can print, else 0 (as a missing one)
+            n = n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2 ** 63 else 0
+            # a 400-digit rho from a dict source is as large as an infinity, never an OverflowError
+            out.append(Correlation(stat, raw["effect"], _plot_float(c["rho"]), _plot_float(c["p_value"]), n))
     return out
 
 
@@ -354,7 +360,7 @@ def _depends(agreement: Any, contradicting: bool) -> list[str]:
     keeps every one)."""
     out = _listed(agreement, contradicting)
     if len(out) > MAX_LISTED:
-        out = out[:MAX_LISTED] + [f"{len(out) - MAX_LISTED:,} more heads (agreement in the JSON)"]
+        out = out[:MAX_LISTED] + [f"{len(out) - MAX_LISTED} more heads (agreement in the JSON)"]
     return out
 
 

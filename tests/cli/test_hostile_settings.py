@@ -226,3 +226,20 @@ def test_rank_zero_says_gloo_s_first_sentence_when_a_peer_died(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     line = assert_refused(invoke("info", "m.pt"), "another torchrun process exited")
     assert "(RuntimeError: Connection closed by peer [127.0.0.1]:48327)" in line and "pair.cc" not in line
+
+
+CORRELATIONS = [("rho", 10 ** 400, (math.inf, 0.5, 10)), ("p_value", -(10 ** 400), (0.25, -math.inf, 10)),
+                ("n", "x", (0.25, 0.5, 0)), ("n", [[1]], (0.25, 0.5, 0)), ("n", 2 ** 70, (0.25, 0.5, 0)),
+                ("rho", True, None)]
+
+
+@pytest.mark.parametrize("key, value, expected", CORRELATIONS, ids=[f"{k}={v!r:.12}" for k, v, _ in CORRELATIONS])
+def test_a_dict_source_s_correlations_are_read_as_bounded_numbers(key, value, expected):
+    import copy
+
+    from diagnose.reports.view_heads import heads_view
+
+    doc = copy.deepcopy(rf.make_heads())
+    doc["correlations"]["entropy"] = {"rho": 0.25, "p_value": 0.5, "n": 10, key: value}
+    got = {c.statistic: (c.rho, c.p_value, c.n) for c in heads_view("h", doc).correlations}
+    assert got.get("entropy") == expected  # a bool is no number: the row is left out
