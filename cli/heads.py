@@ -60,7 +60,8 @@ SHOWN_CONTRADICTS = 20  # heads whose verdict depends on the method named on the
                    "alone but more beside another was its backup.")
 @click.option("--max-memory", default=None, metavar="SIZE",
               help="Cap on the estimated memory of one sweep step, e.g. 2GB or 512MB; the examples per pass "
-                   "and heads per forward are chosen to fit it and the free memory (default: the free memory).")
+                   "and heads per forward are chosen to fit it and the free memory (default: the free memory). "
+                   "Resample's donor table (examples x --draws) must fit it too, checked before the first forward.")
 @click.option("--direct/--no-direct", default=True, show_default=True,
               help="Also measure each head's direct effect (removed on its direct path to the output only, the "
                    "scale of every norm on that path frozen), self-repair = direct - total, and flag compensated "

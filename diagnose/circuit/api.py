@@ -21,6 +21,7 @@ from ..ablation.config import MAX_BOOT, AblationConfig, whole_in
 from ..ablation.methods import DataPass, Prepared, check_compared_draws, get_method, method_names, prepare
 from ..ablation.plan import micro_batches, plan_sweep
 from ..ablation.sweep import Sweep
+from .._numbers import number
 from ..errors import ConfigError
 from ..modes import eval_mode
 from ..objectives import TASKS, default_task
@@ -71,13 +72,13 @@ def find_circuit(model: torch.nn.Module, data: Any, *, method: str = "zero", met
 
 
 def _check(faithfulness: float, estimator: str, top: int | None, correction: str) -> None:
-    if not 0 < faithfulness <= 1:
-        raise ConfigError(f"faithfulness is a share of the metric in (0, 1], got {faithfulness}")
-    if estimator not in ESTIMATORS:
-        raise ConfigError(f"estimator {estimator!r} is not one of {', '.join(ESTIMATORS)}")
-    if top is not None and top < 1:
-        raise ConfigError(f"top: verify at least 1 edge, got {top}")
-    if correction not in significance.CORRECTIONS:
+    share = number(faithfulness)
+    if share is None or not 0 < share <= 1:
+        raise ConfigError(f"faithfulness is a share of the metric in (0, 1], got {faithfulness!r:.40}")
+    if not isinstance(estimator, str) or estimator not in ESTIMATORS:
+        raise ConfigError(f"estimator {estimator!r:.40} is not one of {', '.join(ESTIMATORS)}")
+    whole_in("top (edges verified exactly)", top, 1, None, optional=True)
+    if not isinstance(correction, str) or correction not in significance.CORRECTIONS:
         raise ConfigError(f"correction {correction!r} is not one of {', '.join(significance.CORRECTIONS)}")
 
 

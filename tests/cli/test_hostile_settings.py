@@ -92,7 +92,9 @@ CIRCUIT = [("methods a string", dict(methods="zero,mean"), UsageError, "split"),
            ("draws 2.5", dict(method="resample", draws=2.5), ConfigError, "whole number"),
            ("no bootstrap", dict(n_boot=0), ConfigError, "n_boot"),
            ("no resamples", dict(resamples=0), ConfigError, "resamples"),
-           ("alpha a string", dict(alpha="0.05"), ConfigError, "alpha")]
+           ("alpha a string", dict(alpha="0.05"), ConfigError, "alpha"),
+           ("top 2.5", dict(top=2.5), ConfigError, "top"),
+           ("faithfulness a string", dict(faithfulness="0.8"), ConfigError, "faithfulness")]
 
 
 @pytest.mark.parametrize("what, kw, error, words", CIRCUIT, ids=[c[0] for c in CIRCUIT])
