@@ -169,6 +169,7 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
     scored = ScoredOnly(output_layer(model, sites))
     plan = plan_sweep(model, sites, batches, max_memory=cfg.max_memory, scored=scored, task=cfg.task)
     parts = micro_batches(mine, plan.micro_batch)  # this rank's shard, in the plan's pieces
+    probe = micro_batches(batches[:1], plan.micro_batch)[0]  # the data set's first piece: the same on every rank
     bar.note(plan.describe())
     sweep = Sweep(model, sites, gates, cfg.task, reuse=cfg.reuse, replication=plan.replication, scored=scored)
     sweep.wrong = wrong
@@ -202,22 +203,24 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
     direct = []
     for c, p, (_, chosen) in zip(cfgs, prepared, runs):
         p.use(sweep)
-        direct.append(_direct_effects(model, sweep, parts, first, r, chosen, c) if c.direct else (None, None))
+        direct.append(_direct_effects(model, sweep, parts, probe, first, r, chosen, c) if c.direct else (None, None))
     counts = r.gather((sweep.forwards, sweep.examples_forwarded, sweep.reuse))
     return [_Measured(acc, chosen, sweep.heads, plan, ranked_at[0] if ranked_at else None, ablation_seconds, counts,
                       direct_acc, direct_info, scored.to_json()) for (acc, chosen), (direct_acc, direct_info) in zip(runs, direct)]
 
 
-def _direct_effects(model: torch.nn.Module, sweep: Sweep, parts: list, first: int, r: Ranks, chosen: list[int],
-                    cfg: AblationConfig) -> tuple[Accumulator | None, dict]:
-    """The direct effects of the chosen heads (direct.py), or None and the one-line reason they cannot be had."""
-    paths, reason = _direct.readiness(sweep.sites, model, parts[0][0] if parts else None)
+def _direct_effects(model: torch.nn.Module, sweep: Sweep, parts: list, probe: tuple, first: int, r: Ranks,
+                    chosen: list[int], cfg: AblationConfig) -> tuple[Accumulator | None, dict]:
+    """The direct effects of the chosen heads (direct.py), or None and the one-line reason they cannot be had.
+    Whether they can is judged on `probe`, the data set's first piece, so every rank decides alike (a rank
+    with no batch of its own, when there are fewer batches than ranks, still joins the passes' collectives)."""
+    paths, reason = _direct.readiness(sweep.sites, model, probe[0])
     if paths is not None and not chosen:
         paths, reason = None, "no head was ablated exactly (--top 0), so there is no total effect to set beside one"
     if paths is None:
         return None, {"measured": False, "reason": reason}
     passes = _direct.passes(sweep, paths)
-    reason = passes.verify(*parts[0][:2])
+    reason = passes.verify(*probe[:2])
     if reason is not None:
         return None, {"measured": False, "reason": reason}
     acc = passes.run(parts, first, r, chosen)
