@@ -164,6 +164,10 @@ def _check_heads(data: dict[str, Any], where: str) -> None:
                 isinstance(members, (list, tuple)) and all(_is_pair(m) for m in members))):
             raise InputFileError(f"{where}: flags[{i}] is not an object whose `heads` are [layer, head] pairs; "
                                  f"{_REGENERATE}")
+        for key, n in (("layer", n_layers), ("head", n_heads)):  # the page marks the flagged head on its grids
+            if f.get(key) is not None and not (_is_int(f[key]) and 0 <= f[key] < n):
+                raise InputFileError(f"{where}: flags[{i}].{key} {f[key]!r:.20} is not a {key} of the "
+                                     f"{n_layers}x{n_heads} model; {_REGENERATE}")
 
 
 def _is_pair(m: Any) -> bool:

@@ -240,7 +240,7 @@ def _pack_examples(raw: Any, n_layers: int, n_heads: int, where: str,
         tokens = ex.get("tokens") if isinstance(ex, dict) else None
         try:
             att = np.asarray(ex.get("attention"), dtype=np.float32)  # [L, H, Tq, Tk]
-        except (TypeError, ValueError, AttributeError):
+        except (TypeError, ValueError, AttributeError, OverflowError):  # a 400-digit number: no map either
             att = np.zeros(0)
         if not isinstance(tokens, list) or att.ndim != 4 or att.shape[:2] != (n_layers, n_heads) \
                 or att.shape[3] != len(tokens) or att.shape[2] > att.shape[3]:

@@ -245,3 +245,28 @@ def test_a_dict_source_s_correlations_are_read_as_bounded_numbers(key, value, ex
     doc["correlations"]["entropy"] = {"rho": 0.25, "p_value": 0.5, "n": 10, key: value}
     got = {c.statistic: (c.rho, c.p_value, c.n) for c in heads_view("h", doc).correlations}
     assert got.get("entropy") == expected  # a bool is no number: the row is left out
+
+
+@pytest.mark.parametrize("key, value", [("layer", 10 ** 400), ("layer", True), ("head", 99), ("head", -1)])
+def test_a_flag_on_no_head_of_the_model_is_one_line(key, value):
+    import copy
+
+    from diagnose.reports._sources import load_sources
+
+    doc = copy.deepcopy(rf.make_heads())
+    doc["flags"][0][key] = value
+    with pytest.raises(DiagnoseError, match=rf"source 1 \(dict\): flags\[0\]\.{key}") as caught:
+        load_sources([doc])
+    assert "\n" not in str(caught.value)
+
+
+def test_an_example_map_of_400_digit_numbers_is_one_line():
+    import copy
+
+    from diagnose.reports.view_heads import heads_view
+
+    doc = copy.deepcopy(rf.make_heads())
+    doc["examples"][0]["attention"][0][0][0][0] = 10 ** 400
+    with pytest.raises(DiagnoseError, match=r"examples\[0\] needs `tokens`") as caught:
+        heads_view("h", doc)
+    assert "\n" not in str(caught.value)
