@@ -291,11 +291,13 @@ def _groups(raw: Any, heads: list[dict[str, Any]]) -> list[Group]:
 def shared_note(model: dict[str, Any]) -> str:
     """One sentence per module the model applies at several depths, naming the layers it became."""
     notes = []
-    for g in model.get("shared") or []:
+    shared = model.get("shared")
+    for g in (shared if isinstance(shared, list) else [])[:MAX_LISTED]:  # a list of objects, a few of them
         if isinstance(g, dict) and isinstance(g.get("layers"), list):
-            layers = ", ".join(f"L{i}" for i in g["layers"])
-            notes.append(f"{g.get('module')} is one set of weights applied {g.get('applications')} times per "
-                         f"forward; each application is its own layer here ({layers}), with its own map, "
+            more = ", ..." if len(g["layers"]) > MAX_LISTED else ""
+            layers = ", ".join(f"L{i}" for i in g["layers"][:MAX_LISTED]) + more
+            notes.append(f"{str(g.get('module'))[:80]} is one set of weights applied {g.get('applications')!s:.20} "
+                         f"times per forward; each application is its own layer here ({layers}), with its own map, "
                          "statistics and ablation (closing a head closes it at that depth only).")
     return " ".join(notes)
 

@@ -270,3 +270,10 @@ def test_an_example_map_of_400_digit_numbers_is_one_line():
     with pytest.raises(DiagnoseError, match=r"examples\[0\] needs `tokens`") as caught:
         heads_view("h", doc)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("shared", [10 ** 400, True, "x", [{"module": "m", "applications": 2, "layers": 5}]])
+def test_a_model_s_shared_layers_of_the_wrong_type_say_nothing(shared):
+    from diagnose.reports.view_heads import shared_note
+
+    assert shared_note({"shared": shared}) == ""
