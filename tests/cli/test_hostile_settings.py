@@ -277,3 +277,34 @@ def test_a_model_s_shared_layers_of_the_wrong_type_say_nothing(shared):
     from diagnose.reports.view_heads import shared_note
 
     assert shared_note({"shared": shared}) == ""
+
+
+SECTIONS = [("a column without a key", {"columns": [{"label": "x"}], "rows": []}, "malformed"),
+            ("300k rows", {"columns": [{"key": "a"}], "rows": [{"a": 1}] * 300_000}, "300,000 rows")]
+
+
+@pytest.mark.parametrize("what, part, words", SECTIONS, ids=[c[0] for c in SECTIONS])
+def test_a_source_s_analysis_section_is_checked_and_bounded(what, part, words):
+    import copy
+
+    from diagnose.reports._sources import load_sources
+
+    doc = copy.deepcopy(rf.make_heads())
+    doc["sections"] = [{"name": "s", "title": "t", **part}]
+    with pytest.raises(DiagnoseError, match=words) as caught:
+        load_sources([doc])
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("key, value", [("heads", 5), ("sections", True), ("circuit.methods", "x")])
+def test_a_circuit_document_s_lists_and_methods_are_checked(key, value):
+    import json as _json
+
+    from diagnose.reports._sources import load_sources
+
+    doc = {"schema": "diagnose.circuit/1", "model": {"heads": [2, 2]}, "edges": [], "circuit": {"edges": []}}
+    where = doc["circuit"] if key == "circuit.methods" else doc
+    where[key.split(".")[-1]] = value
+    with pytest.raises(DiagnoseError, match=f"`{key}`") as caught:
+        load_sources([_json.loads(_json.dumps(doc))])
+    assert "\n" not in str(caught.value)
