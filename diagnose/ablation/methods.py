@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from ..errors import ConfigError, UsageError
 from ..registry import Registry
@@ -170,11 +170,11 @@ def check_draws(method: AblationMethod, draws: int | None, name: str = "draws") 
 def method_names(methods: Any, name: str = "methods") -> list[str]:
     """`methods` as a list of registered names, each once; UsageError for a string (which would be read
     letter by letter) or anything that is not a sequence of strings, ConfigError for an unknown name."""
-    if isinstance(methods, (str, bytes)) or not isinstance(methods, Sequence) or \
-            not all(isinstance(m, str) for m in methods):
+    given = list(methods) if isinstance(methods, Iterable) and not isinstance(methods, (str, bytes, dict)) else None
+    if given is None or not all(isinstance(m, str) for m in given):
         raise UsageError(f"{name} must be a list of method names such as ['zero', 'mean'], got {methods!r:.60}"
                          + (" (split the string: methods.split(','))" if isinstance(methods, str) else ""))
-    names = list(dict.fromkeys(methods))
+    names = list(dict.fromkeys(given))
     for n in names:
         get_method(n)
     return names
