@@ -319,7 +319,7 @@ def parse_methods(text: str) -> list[str]:
     for name in names:
         get_method(name)
     if len(names) < 2:
-        raise ConfigError(f"--methods {text!r}: name at least two methods, comma-separated, e.g. zero,mean,resample")
+        raise ConfigError(f"--methods {text!r:.60}: name at least two methods, comma-separated, e.g. zero,mean,resample")
     return names
 
 
@@ -333,11 +333,11 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         m = re.fullmatch(r"[Ll]?(\d+)\.?[Hh]?(\d+)", part) if re.search(r"[.Hh]", part) else None
         if m is None:
-            raise ConfigError(f"--together {text!r}: {part!r} is not a head; write heads as L<layer>.H<head>, "
+            raise ConfigError(f"--together {text!r:.60}: {part!r:.40} is not a head; write heads as L<layer>.H<head>, "
                               "comma-separated, e.g. L0.H3,L0.H0")
         heads.append((int(m.group(1)), int(m.group(2))))
     if not heads:
-        raise ConfigError(f"--together {text!r} names no head; write e.g. L0.H3,L0.H0")
+        raise ConfigError(f"--together {text!r:.60} names no head; write e.g. L0.H3,L0.H0")
     return heads
 
 

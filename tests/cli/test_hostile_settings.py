@@ -308,3 +308,13 @@ def test_a_circuit_document_s_lists_and_methods_are_checked(key, value):
     with pytest.raises(DiagnoseError, match=f"`{key}`") as caught:
         load_sources([_json.loads(_json.dumps(doc))])
     assert "\n" not in str(caught.value)
+
+
+LONG = [("a method name of 30,000 letters", ["--methods", "zero," + "q" * 30_000]),
+        ("3,000 copies of one method", ["--methods", "zero," * 3_000]),
+        ("3,000 heads and a typo", ["--together", "L0.H0," * 3_000 + "x"])]
+
+
+@pytest.mark.parametrize("what, args", LONG, ids=[c[0] for c in LONG])
+def test_a_refusal_quoting_a_long_value_stays_one_short_line(what, args):
+    assert len(assert_refused(invoke("heads", *MISSING, *args))) < 300
