@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import click
@@ -33,13 +34,23 @@ max_length_option = click.option(
          "(default: the model's maximum positions, e.g. max_position_embeddings or block_size).")
 
 
-batch_size_option = click.option("--batch-size", type=click.IntRange(min=1), default=None,
+batch_size_option = click.option("--batch-size", type=click.IntRange(min=1, max=2 ** 31 - 1), default=None,
                                  help="Examples per batch (default 32).")
+
+
+def finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A click callback: NaN and infinities refused in one line before anything loads (a FloatRange lets NaN
+    through: it compares false with every bound)."""
+    from diagnose.errors import ConfigError
+
+    if value is not None and not math.isfinite(value):
+        raise ConfigError(f"{param.opts[0]} must be a finite number, got {value}")
+    return value
 
 
 def min_effect_option(of: str = "the baseline loss") -> Callable:
     """--min-effect: the negligible band of the verdicts, a fraction of `of`."""
-    return click.option("--min-effect", type=click.FloatRange(min=0), default=0.05, show_default=True,
+    return click.option("--min-effect", type=click.FloatRange(min=0), default=0.05, show_default=True, callback=finite,
                         help=f"Negligible band, as a fraction of {of}: a head is called inert only when the 95 % "
                              "CI of its delta loss lies inside it (and that of its delta accuracy within 2 points).")
 

@@ -10,6 +10,7 @@ from ._options import (
     attention_options,
     check_outputs,
     data_option,
+    finite,
     html_option,
     max_length_option,
     method_option,
@@ -31,12 +32,15 @@ ESTIMATORS = ("eap", "eap-ig")  # literal so that --help needs no torch; a test 
 @click.option("--methods", default=None, metavar="NAMES",
               help="Find the circuit under the first of these methods (e.g. zero,mean,resample) and say whether it "
                    "still holds under each other one (overrides --method).")
-@click.option("--draws", type=click.IntRange(min=1), default=None, help="resample: donors per example (default 2).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the donors and the bootstrap.")
+@click.option("--draws", type=int, default=None,
+              help="resample: donors per example, whose outcomes are averaged (default 2, at most 1000).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the donors and of the bootstrap intervals (0 to 2**63 - 1).")
 @click.option("--top", type=click.IntRange(min=1), default=None,
               help="Edges verified exactly by path patching, the ones the estimator ranks first (default: every "
                    "edge of a model with at most 256, else 50).")
 @click.option("--faithfulness", type=click.FloatRange(min=0, max=1, min_open=True), default=0.8, show_default=True,
+              callback=finite,
               help="Share of the loss gap (every edge removed vs none) the minimal circuit must keep.")
 @click.option("--estimator", type=click.Choice(ESTIMATORS), default="eap", show_default=True,
               help="Edge attribution: eap (one forward and backward per batch) or eap-ig (integrated gradients, "
@@ -79,6 +83,10 @@ def circuit(model: str, factory: str | None, forward: str | None, trust_pickle: 
     """
     check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data])  # before the slow imports
     compared = parse_methods(methods) if methods is not None else None
+    from diagnose.ablation.methods import check_compared_draws, check_seed
+
+    check_seed(seed, "--seed")  # before the model is loaded, as diagnose heads does
+    check_compared_draws(compared or [method], draws, "--draws")
     from diagnose.circuit import find_circuit
     from diagnose.distributed import init_from_env, leave
 

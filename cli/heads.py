@@ -21,6 +21,7 @@ from diagnose.ablation.methods import METHODS  # noqa: E402  (the registry's liv
 TASKS = ("classification", "lm")
 RANKINGS = ("second_order_delta_loss", "estimated_delta_loss", "grad_importance_raw")
 UNVERIFIED = "not verified"  # a --fast head's effect cell
+SHOWN_CONTRADICTS = 20  # heads whose verdict depends on the method named on the terminal (all are in the JSON)
 
 
 @click.command()
@@ -59,7 +60,8 @@ UNVERIFIED = "not verified"  # a --fast head's effect cell
                    "alone but more beside another was its backup.")
 @click.option("--max-memory", default=None, metavar="SIZE",
               help="Cap on the estimated memory of one sweep step, e.g. 2GB or 512MB; the examples per pass "
-                   "and heads per forward are chosen to fit it and the free memory (default: the free memory).")
+                   "and heads per forward are chosen to fit it and the free memory (default: the free memory). "
+                   "Resample's donor table (examples x --draws) must fit it too, checked before the first forward.")
 @click.option("--direct/--no-direct", default=True, show_default=True,
               help="Also measure each head's direct effect (removed on its direct path to the output only, the "
                    "scale of every norm on that path frozen), self-repair = direct - total, and flag compensated "
@@ -99,15 +101,12 @@ def heads(model: str, factory: str | None, forward: str | None, trust_pickle: bo
     check_outputs({"--json": json_path, "--html": html_path}, inputs=[model, data])  # before the slow imports
     from diagnose.ablation.plan import parse_size
 
-    from diagnose.ablation.methods import check_compared_draws, check_draws, check_seed, get_method
+    from diagnose.ablation.methods import check_compared_draws, check_seed
 
     closed = [parse_heads(g) for g in groups]  # bad names fail before anything is loaded
     compared = parse_methods(methods) if methods is not None else None
-    check_seed(seed, "--seed")  # numbers too, before the model is loaded (ablate_methods says which draws apply)
-    if compared is None:
-        check_draws(get_method(method), draws)
-    else:
-        check_compared_draws(compared, draws, "--draws")
+    check_seed(seed, "--seed")  # numbers too, before the model is loaded
+    check_compared_draws(compared or [method], draws, "--draws")  # a --draws no method uses is said, not ignored
     options = dict(method=compared[0] if compared else method, draws=None if compared else draws, seed=seed,
                    batch_size=batch_size, fast=fast, top=top, correction=correction, min_effect=min_effect,
                    rank_by=rank_by, together=closed, max_memory=parse_size(max_memory, "--max-memory"),
@@ -300,8 +299,10 @@ def _print_agreement(out, agreement: dict) -> None:
 
     strong = [tuple(m) for m in agreement.get("contradicts", agreement["depends"])]
     weak = [tuple(m) for m in agreement["depends"] if tuple(m) not in strong]
-    if strong:
-        line += "; the verdict depends on the method for " + "; ".join(said(*m) for m in strong)
+    if strong:  # named up to SHOWN_CONTRADICTS; the JSON keeps every one
+        line += ("; the verdict depends on the method for " + "; ".join(said(*m) for m in strong[:SHOWN_CONTRADICTS])
+                 + (f"; and {len(strong) - SHOWN_CONTRADICTS:,} more (agreement.contradicts in the JSON)"
+                    if len(strong) > SHOWN_CONTRADICTS else ""))
     if weak:
         line += (f"; {len(weak)}{' more' if strong else ''} head(s) are firm under one method and undecided under "
                  f"another (the data cannot tell, rather than the method): " + "; ".join(said(*m) for m in weak[:6])
@@ -318,7 +319,7 @@ def parse_methods(text: str) -> list[str]:
     for name in names:
         get_method(name)
     if len(names) < 2:
-        raise ConfigError(f"--methods {text!r}: name at least two methods, comma-separated, e.g. zero,mean,resample")
+        raise ConfigError(f"--methods {text!r:.60}: name at least two methods, comma-separated, e.g. zero,mean,resample")
     return names
 
 
@@ -332,11 +333,11 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         m = re.fullmatch(r"[Ll]?(\d+)\.?[Hh]?(\d+)", part) if re.search(r"[.Hh]", part) else None
         if m is None:
-            raise ConfigError(f"--together {text!r}: {part!r} is not a head; write heads as L<layer>.H<head>, "
+            raise ConfigError(f"--together {text!r:.60}: {part!r:.40} is not a head; write heads as L<layer>.H<head>, "
                               "comma-separated, e.g. L0.H3,L0.H0")
         heads.append((int(m.group(1)), int(m.group(2))))
     if not heads:
-        raise ConfigError(f"--together {text!r} names no head; write e.g. L0.H3,L0.H0")
+        raise ConfigError(f"--together {text!r:.60} names no head; write e.g. L0.H3,L0.H0")
     return heads
 
 

@@ -28,7 +28,8 @@ from ._options import (
 @data_option(required=True)
 @max_length_option
 @method_option()
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap intervals.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the bootstrap intervals (0 to 2**63 - 1).")
 @min_effect_option("each checkpoint's baseline loss")
 @batch_size_option
 @click.option("--json", "json_path", type=click.Path(path_type=str), default=None,
@@ -51,6 +52,9 @@ def heads_over(checkpoints: tuple[str, ...], factory: str | None, forward: str |
     if len(checkpoints) < 2:
         raise ConfigError(f"{checkpoints[0]}: name at least two checkpoints of one run, in training order")
     check_outputs({"--json": json_path, "--html": html_path}, inputs=[*checkpoints, data])
+    from diagnose.ablation.methods import check_seed
+
+    check_seed(seed, "--seed")  # before the first checkpoint is loaded
     from diagnose.ablation import AblationConfig, ablate_heads, compare_checkpoints
 
     from ._progress import progress_bar

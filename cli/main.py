@@ -6,6 +6,7 @@ stderr and exit code 2 -- never a traceback.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import warnings
 from functools import partial
@@ -56,7 +57,7 @@ class _Group(click.Group):
         except Exception as exc:
             if _peer_gone(exc):  # the rank that failed says why; repeating it as a traceback helps no one
                 if os.environ.get("RANK", "0") == "0":  # rank 0 was left waiting for a peer that died outright
-                    first = (str(exc).strip().splitlines() or [""])[0][:200]
+                    first = _first_sentence(str(exc))
                     click.echo(f"error: another torchrun process exited while this one waited for it in a "
                                f"collective ({type(exc).__name__}: {plain(first)}); its own output says why", err=True)
                 ctx.exit(2)
@@ -81,6 +82,13 @@ def _show_note(notes: list[str], message, category, filename, lineno, file=None,
 
 _PEER_GONE = ("Connection closed", "Connection reset", "Broken pipe", "recvBytes", "sendBytes", "peer", "NCCL",
               "gloo")
+
+
+def _first_sentence(text: str) -> str:
+    """gloo's "[.../pair.cc:553] Connection closed by peer [127.0.0.1]:48327. This is typically ..." as
+    "Connection closed by peer [127.0.0.1]:48327": its first sentence, without the source location."""
+    line = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h|py):\d+\]\s*", "", (text.strip().splitlines() or [""])[0])
+    return re.split(r"(?<=\S)\. ", line, maxsplit=1)[0][:160]
 
 
 def _peer_gone(exc: Exception) -> bool:

@@ -88,7 +88,7 @@ class Registry(Generic[T]):
         """The entry called `name`; ConfigError naming the registered ones when there is none."""
         self._load()
         if name not in self._entries:
-            raise ConfigError(f"{self.what} {name!r} is not one of {self._listed()} (the registered ones)")
+            raise ConfigError(f"{self.what} {name!r:.60} is not one of {self._listed()} (the registered ones)")
         return self._entries[name]
 
     @contextmanager

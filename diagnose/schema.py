@@ -142,6 +142,10 @@ class Section:
         cols, rows = obj.get("columns"), obj.get("rows")
         if not isinstance(cols, list) or not isinstance(rows, list):
             raise InputFileError(f"{where}: section {obj['name']!r} needs lists 'columns' and 'rows'")
+        if len(cols) > MAX_SECTION_COLUMNS or len(rows) > MAX_SECTION_ROWS:  # a row per head at most
+            raise InputFileError(f"{where}: section {obj['name']!r:.40} has {len(rows):,} rows of {len(cols):,} "
+                                 f"columns, over the {MAX_SECTION_ROWS:,} x {MAX_SECTION_COLUMNS} a report shows; "
+                                 "rewrite it with the diagnose that made it")
         try:
             columns = tuple(_column(c) for c in cols)
             return cls(obj["name"], obj["title"], columns, [_row(r) for r in rows], str(obj.get("note") or ""))
@@ -150,8 +154,13 @@ class Section:
                                  "diagnose that made it") from None
 
 
+MAX_SECTION_ROWS = 1 << 16  # a section has a row per head at most (reports/_sources.py: MAX_HEADS)
+MAX_SECTION_COLUMNS = 64
+
+
 def _column(c: Any) -> Field:
-    if not isinstance(c, Mapping) or not all(isinstance(c.get(k, ""), str) for k in ("key", "label", "fmt", "unit")):
+    if not isinstance(c, Mapping) or not isinstance(c.get("key"), str) or \
+            not all(isinstance(c.get(k, ""), str) for k in ("label", "fmt", "unit")):
         raise ConfigError("each column is an object with string key, label, fmt and unit")
     return Field(c["key"], c.get("label") or c["key"], c.get("fmt") or ".3g", c.get("unit") or "")
 

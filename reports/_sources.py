@@ -164,6 +164,10 @@ def _check_heads(data: dict[str, Any], where: str) -> None:
                 isinstance(members, (list, tuple)) and all(_is_pair(m) for m in members))):
             raise InputFileError(f"{where}: flags[{i}] is not an object whose `heads` are [layer, head] pairs; "
                                  f"{_REGENERATE}")
+        for key, n in (("layer", n_layers), ("head", n_heads)):  # the page marks the flagged head on its grids
+            if f.get(key) is not None and not (_is_int(f[key]) and 0 <= f[key] < n):
+                raise InputFileError(f"{where}: flags[{i}].{key} {f[key]!r:.20} is not a {key} of the "
+                                     f"{n_layers}x{n_heads} model; {_REGENERATE}")
 
 
 def _is_pair(m: Any) -> bool:
@@ -224,8 +228,14 @@ def _check_lessons(data: dict[str, Any], where: str) -> None:
                                      "such as \".3f\" in `fmt`; regenerate it with `diagnose demo`")
 
 
-def _add_document(out: Sources, data: Any, name: str, where: str) -> None:
+def _schema(data: Any) -> str | None:
+    """The document's `schema` when it is a string (a list there is no schema, and no dict key either)."""
     schema = data.get("schema") if isinstance(data, dict) else None
+    return schema if isinstance(schema, str) else None
+
+
+def _add_document(out: Sources, data: Any, name: str, where: str) -> None:
+    schema = _schema(data)
     if schema in HEADS_SCHEMAS:
         _check_heads(data, where)
         out.heads.append(HeadsSource(name, data, read_sections(data, where)))
@@ -277,7 +287,7 @@ def _object_name(data: Any, i: int) -> str:
     what = str(model.get("family") or model.get("class") or "model")
     kind = {"diagnose.heads/1": "heads", HEADS_SCHEMA: "heads", CHECKS_SCHEMA: "checks", LESSONS_SCHEMA: "lessons",
             PRUNE_SCHEMA: "prune", CIRCUIT_SCHEMA: "circuit", CHECKPOINTS_SCHEMA: "checkpoints"}.get(
-                data.get("schema") if isinstance(data, dict) else "")
+                _schema(data))
     return f"{what} {kind or 'source'} (source {i + 1})"
 
 

@@ -75,11 +75,12 @@ def heads_verdict(v: HeadsView) -> Verdict:
         out.lines.append(("Shared layers", v.shared))
     top = ", ".join(_head_effect(h) for h in v.ranked[:3])
     out.lines.append(("What matters", _matters(v, top)))
-    firm = (f"{len(v.undecided)} head(s) are firm under one method and undecided under another (the data "
-            f"cannot tell, rather than the method): {_some(v.undecided)}") if v.undecided else ""
+    firm = (f"{v.n_undecided:,} head(s) are firm under one method and undecided under another (the data "
+            f"cannot tell, rather than the method): {_some(v.undecided, total=v.n_undecided)}") if v.undecided else ""
     if v.depends:
-        out.lines.append(("Depends on the method", f"the verdict depends on the method for {len(v.depends)} "
-                                                   f"head(s): {_some(v.depends)}" + (f" Also, {firm}" if firm else "")))
+        out.lines.append(("Depends on the method", f"the verdict depends on the method for {v.n_depends:,} "
+                                                   f"head(s): {_some(v.depends, total=v.n_depends)}"
+                          + (f" Also, {firm}" if firm else "")))
     elif firm:
         out.lines.append(("Depends on the method", f"no head matters under one method and is negligible under "
                                                    f"another; {firm}"))
@@ -214,6 +215,7 @@ def lessons_verdict(lessons: list[dict[str, Any]]) -> Verdict:
     return out
 
 
-def _some(labels: list[str], shown: int = 6) -> str:
-    """The first `shown` labels, and how many more."""
-    return "; ".join(labels[:shown]) + (f"; and {len(labels) - shown} more." if len(labels) > shown else ".")
+def _some(labels: list[str], shown: int = 6, total: int | None = None) -> str:
+    """The first `shown` labels, and how many more (of `total`, when the list itself stops short of it)."""
+    total = len(labels) if total is None else total
+    return "; ".join(labels[:shown]) + (f"; and {total - shown:,} more." if total > shown else ".")

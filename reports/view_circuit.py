@@ -91,6 +91,9 @@ def _edge(e: Any, where: str, heads: list[int], mlps: list[int]) -> dict[str, An
     return e
 
 
+MAX_METHODS = 10  # methods the circuit is checked under, each a row of the summary (the heads view names 10 too)
+
+
 def check_circuit(data: dict[str, Any], where: str) -> dict[str, Any]:
     """The document, its fields the section reads checked (InputFileError naming the field otherwise)."""
     model, circuit = data.get("model"), data.get("circuit")
@@ -106,6 +109,12 @@ def check_circuit(data: dict[str, Any], where: str) -> dict[str, Any]:
         raise InputFileError(f"{where}: a {CIRCUIT_SCHEMA} document needs `edges` and `circuit.edges` lists; {_FIX}")
     for e in data["edges"] + circuit["edges"]:
         _edge(e, where, heads, mlps)
+    for key, want, what in (("heads", list, "a list"), ("sections", list, "a list")):
+        if data.get(key) is not None and not isinstance(data[key], want):
+            raise InputFileError(f"{where}: `{key}` is {kind(data[key])}, not {what}; {_FIX}")
+    methods = circuit.get("methods")
+    if methods is not None and not (isinstance(methods, dict) and len(methods) <= MAX_METHODS):
+        raise InputFileError(f"{where}: `circuit.methods` is not an object of at most {MAX_METHODS} methods; {_FIX}")
     for h in data.get("heads") or []:
         if not (isinstance(h, dict) and isinstance(h.get("layer"), int) and isinstance(h.get("head"), int)
                 and (h.get("role") is None or isinstance(h["role"], str))):

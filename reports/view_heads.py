@@ -118,6 +118,8 @@ class HeadsView:
     depends: list[str] = field(default_factory=list)  # --methods: "L0.H1 (zero: matters, mean: negligible)"
     undecided: list[str] = field(default_factory=list)  # --methods: heads firm under one method, undecided under another
     compared: list[str] = field(default_factory=list)  # --methods: the methods compared
+    n_depends: int = 0  # how many heads `depends` stands for (it names MAX_LISTED, then counts the rest)
+    n_undecided: int = 0  # likewise for `undecided`
     direct: dict[str, Any] | None = None  # how direct effects were measured, or why not (None: a /1 document)
     compensated: list[dict[str, Any]] = field(default_factory=list)  # heads whose direct effect the rest restores
 
@@ -168,8 +170,10 @@ def _plot_float(value: Any) -> float:
     """A float; beyond +-1e300 (where matplotlib's axis arithmetic overflows) it is taken as infinite."""
     try:
         out = float(value)
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError):
         return math.nan
+    except OverflowError:  # an integer of 400 digits: as large as an infinity (as the `num` filter shows it)
+        return math.inf if value > 0 else -math.inf
     return math.copysign(math.inf, out) if abs(out) > 1e300 else out
 
 
@@ -214,8 +218,12 @@ def _correlations(raw: Any) -> list[Correlation]:
     out = []
     for stat in (*ATTENTION_STATS, "grad_importance"):
         c = raw.get(stat)
-        if isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) for k in ("rho", "p_value")):
-            out.append(Correlation(stat, raw["effect"], float(c["rho"]), float(c["p_value"]), int(c.get("n") or 0)))
+        if isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) and not isinstance(c.get(k), bool)
+                                       for k in ("rho", "p_value")):
+            n = c.get("n")  # a count: a whole number a page can print, else 0 (as a missing one)
+            n = n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2 ** 63 else 0
+            # a 400-digit rho from a dict source is as large as an infinity, never an OverflowError
+            out.append(Correlation(stat, raw["effect"], _plot_float(c["rho"]), _plot_float(c["p_value"]), n))
     return out
 
 
@@ -232,7 +240,7 @@ def _pack_examples(raw: Any, n_layers: int, n_heads: int, where: str,
         tokens = ex.get("tokens") if isinstance(ex, dict) else None
         try:
             att = np.asarray(ex.get("attention"), dtype=np.float32)  # [L, H, Tq, Tk]
-        except (TypeError, ValueError, AttributeError):
+        except (TypeError, ValueError, AttributeError, OverflowError):  # a 400-digit number: no map either
             att = np.zeros(0)
         if not isinstance(tokens, list) or att.ndim != 4 or att.shape[:2] != (n_layers, n_heads) \
                 or att.shape[3] != len(tokens) or att.shape[2] > att.shape[3]:
@@ -283,11 +291,13 @@ def _groups(raw: Any, heads: list[dict[str, Any]]) -> list[Group]:
 def shared_note(model: dict[str, Any]) -> str:
     """One sentence per module the model applies at several depths, naming the layers it became."""
     notes = []
-    for g in model.get("shared") or []:
+    shared = model.get("shared")
+    for g in (shared if isinstance(shared, list) else [])[:MAX_LISTED]:  # a list of objects, a few of them
         if isinstance(g, dict) and isinstance(g.get("layers"), list):
-            layers = ", ".join(f"L{i}" for i in g["layers"])
-            notes.append(f"{g.get('module')} is one set of weights applied {g.get('applications')} times per "
-                         f"forward; each application is its own layer here ({layers}), with its own map, "
+            more = ", ..." if len(g["layers"]) > MAX_LISTED else ""
+            layers = ", ".join(f"L{i}" for i in g["layers"][:MAX_LISTED]) + more
+            notes.append(f"{str(g.get('module'))[:80]} is one set of weights applied {g.get('applications')!s:.20} "
+                         f"times per forward; each application is its own layer here ({layers}), with its own map, "
                          "statistics and ablation (closing a head closes it at that depth only).")
     return " ".join(notes)
 
@@ -312,6 +322,7 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
     ranked = sorted(data["heads"], key=_harm_key)
     examples, texts, note = _pack_examples(data.get("examples"), n_layers, n_heads, name, budget)
     timing = data.get("timing") or {}
+    agreement = data.get("agreement")
     return HeadsView(
         name=name, family=str(model.get("family", "unknown")), n_layers=n_layers, n_heads=n_heads,
         shared=shared_note(model),
@@ -322,7 +333,8 @@ def heads_view(name: str, data: dict[str, Any], budget: int = MAP_BYTE_BUDGET) -
         correlations=_correlations(data.get("correlations")), examples=examples, example_texts=texts,
         examples_note=note, together=_groups(data.get("together"), data["heads"]),
         roles=roles if roles.astype(bool).any() else None, verdicts=verdicts,
-        depends=_depends(data.get("agreement"), True), undecided=_depends(data.get("agreement"), False), compared=_compared(data.get("agreement")),
+        depends=_depends(agreement, True), undecided=_depends(agreement, False), compared=_compared(agreement),
+        n_depends=len(_listed(agreement, True)), n_undecided=len(_listed(agreement, False)),
         direct=data.get("direct") if isinstance(data.get("direct"), dict) else None,
         compensated=sorted((h for h in data["heads"] if h.get("compensated") is True),
                            key=_repair_key))
@@ -346,6 +358,15 @@ def _compared(agreement: Any) -> list[str]:
 
 
 def _depends(agreement: Any, contradicting: bool) -> list[str]:
+    """_listed's heads as a page names them: the first MAX_LISTED, then one line counting the rest (the JSON
+    keeps every one)."""
+    out = _listed(agreement, contradicting)
+    if len(out) > MAX_LISTED:
+        out = out[:MAX_LISTED] + [f"{len(out) - MAX_LISTED} more heads (agreement in the JSON)"]
+    return out
+
+
+def _listed(agreement: Any, contradicting: bool) -> list[str]:
     """"L0.H1 (zero: matters, mean: negligible)" for each head whose verdict depends on the method:
     contradicting, those that matter under one method and are negligible under another (all of them in a
     document without `contradicts`); else the others, firm under one method and undecided under another."""
@@ -362,8 +383,6 @@ def _depends(agreement: Any, contradicting: bool) -> list[str]:
             continue
         said = ", ".join(f"{m}: {r['verdicts'].get(m)}" for m in methods if isinstance(r["verdicts"].get(m), str))
         out.append(f"{head_label(r['layer'], r['head'])} ({said})")
-    if len(out) > MAX_LISTED:  # a page names a few dozen; the JSON keeps every one
-        out = out[:MAX_LISTED] + [f"{len(out) - MAX_LISTED} more heads (agreement in the JSON)"]
     return out
 
 

@@ -8,13 +8,15 @@ fields it uses, TOGETHER and PRUNE below) and map their keywords onto it through
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
 
 from ..errors import ConfigError, UsageError
 from ..objectives import TASKS
 from . import significance
-from .methods import check_draws, check_seed, get_method
+from .methods import _whole, check_draws, check_seed, get_method
 
 DEFAULT_TOP = 5
 FAST_RANK = "second_order_delta_loss"  # the cheap estimate closest to exact ablation (bench/bench_estimators.py)
@@ -23,6 +25,10 @@ MIN_EFFECT = 0.05  # negligible: |delta loss| under 5 % of the baseline loss (co
 # the fields ablate_together and prune_heads read, which they also take as keywords
 TOGETHER = ("task", "method", "batch_size", "draws", "seed", "distributed")
 PRUNE = ("task", "method", "batch_size")
+MAX_BATCH = 2 ** 31 - 1  # examples per batch at most (torch's sizes); min(data, batch) is what runs
+MAX_BOOT = 100_000  # bootstrap resamples at most: the intervals keep [n_boot, heads] floats
+MAX_KEEP = 100  # examples whose attention maps are kept for the report at most ([layers, heads, T, T] each)
+SWITCHES = ("fast", "attention", "reuse", "direct")  # true or false
 
 
 @dataclass(frozen=True)
@@ -70,21 +76,33 @@ class AblationConfig:
     direct: bool = True
 
     def __post_init__(self) -> None:
+        from .plan import parse_size  # torch's import waits until a config is made
+
         checks = (("task", self.task, TASKS), ("method", self.method, None),
                   ("correction", self.correction, significance.CORRECTIONS), ("rank_by", self.rank_by, RANKINGS))
         for name, value, allowed in checks:
+            if not isinstance(value, str):
+                raise ConfigError(f"{name} must be a name (a string), got {type(value).__name__} {value!r:.40}")
             if allowed is None:
                 get_method(value)  # the registry names its own choices
             elif value not in allowed:
                 raise ConfigError(f"{name} {value!r} is not one of {', '.join(allowed)}")
         draws = check_draws(get_method(self.method), self.draws)
-        object.__setattr__(self, "draws", None if self.draws is None else draws)  # numpy's integers as ints
-        object.__setattr__(self, "seed", check_seed(self.seed))
-        if not (self.min_effect >= 0):
-            raise ConfigError(f"min_effect must be 0 or more (a fraction of the baseline loss), got {self.min_effect}")
-        if self.top is not None and int(self.top) < 0:
-            raise ConfigError(f"top must be 0 or more, got {self.top}")
-        object.__setattr__(self, "together", tuple(tuple(group) for group in self.together))
+        checked = {"draws": None if self.draws is None else draws,  # numpy's integers stored as ints
+                   "seed": check_seed(self.seed),
+                   "batch_size": whole_in("batch_size", self.batch_size, 1, MAX_BATCH, optional=True),
+                   "top": whole_in("top", self.top, 0, None, optional=True),
+                   "n_boot": whole_in("n_boot", self.n_boot, 1, MAX_BOOT),
+                   "keep": whole_in("keep", self.keep, 0, MAX_KEEP), "max_memory": parse_size(self.max_memory),
+                   "alpha": _real_in("alpha", self.alpha, 0, 1, "a level strictly between 0 and 1, e.g. 0.05"),
+                   "min_effect": _real_in("min_effect", self.min_effect, 0, None,
+                                          "a finite fraction of the baseline loss, 0 or more"),
+                   "together": _groups(self.together)}
+        for name in SWITCHES:
+            checked[name] = _switch(name, getattr(self, name))
+        checked["distributed"] = None if self.distributed is None else _switch("distributed", self.distributed)
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
     @classmethod
     def of(cls, config: "AblationConfig | None", keywords: dict[str, Any], *, caller: str = "ablate_heads",
@@ -105,3 +123,56 @@ class AblationConfig:
     def n_top(self, n_total: int) -> int:
         """How many heads are ablated exactly: all, or with fast the `top` (default DEFAULT_TOP)."""
         return n_total if not self.fast else min(n_total, DEFAULT_TOP if self.top is None else int(self.top))
+
+
+def whole_in(name: str, value: Any, low: int, high: int | None, *, optional: bool = False) -> int | None:
+    """value as an int from low to high (None: no upper bound), numpy's integers included; ConfigError for
+    anything else (a bool, a float, a string). optional: None stays None."""
+    if value is None and optional:
+        return None
+    n = _whole(value)
+    if n is None or n < low or (high is not None and n > high):
+        upto = f"from {low} to {high:,}" if high is not None else f"{low} or more"
+        raise ConfigError(f"{name} must be a whole number {upto}, got {type(value).__name__} {value!r:.40}")
+    return n
+
+
+def _real_in(name: str, value: Any, low: float, high: float | None, what: str) -> float:
+    """value as a finite float, above low (strictly when high bounds it too) and below high; ConfigError otherwise."""
+    x = None
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):  # numpy's numbers too
+        try:
+            x = float(value)
+        except OverflowError:  # an integer of 400 digits
+            x = None
+    inside = x is not None and math.isfinite(x) and (low < x < high if high is not None else x >= low)
+    if not inside:
+        raise ConfigError(f"{name} must be {what}, got {type(value).__name__} {value!r:.40}")
+    return x
+
+
+def _switch(name: str, value: Any) -> bool:
+    """True or False (numpy's bools too); ConfigError for a string such as 'no', which Python would call true."""
+    if isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")):
+        return bool(value)
+    raise ConfigError(f"{name} must be True or False, got {type(value).__name__} {value!r:.40}")
+
+
+def _groups(together: Any) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Groups of (layer, head) pairs of whole numbers, as tuples; ConfigError for anything else (a string)."""
+    fix = "give groups of (layer, head) pairs, e.g. [[(0, 3), (0, 0)]]"
+    if isinstance(together, (str, bytes)) or not isinstance(together, Sequence):
+        raise ConfigError(f"together must be a list of groups of heads; {fix}, got {together!r:.40}")
+    out = []
+    for group in together:
+        if isinstance(group, (str, bytes)) or not isinstance(group, Sequence):
+            raise ConfigError(f"together: {group!r:.40} is not a group of heads; {fix}")
+        pairs = []
+        for pair in group:
+            ok = not isinstance(pair, (str, bytes)) and isinstance(pair, Sequence) and len(pair) == 2
+            layer, head = (_whole(pair[0]), _whole(pair[1])) if ok else (None, None)
+            if layer is None or head is None or layer < 0 or head < 0:
+                raise ConfigError(f"together: {pair!r:.40} is not a (layer, head) pair of whole numbers; {fix}")
+            pairs.append((layer, head))
+        out.append(tuple(pairs))
+    return tuple(out)

@@ -24,8 +24,9 @@ import torch
 from .._distributed import Ranks, pick, ranks
 from ..adapters.base import AttentionSite
 from ..adapters.shared import shared_modules
-from ..errors import ConfigError, UsageError
+from ..errors import ConfigError
 from ..modes import eval_mode
+from ..objectives import batch_size_of
 from ..sites import find_heads
 from . import contrast, roles, significance, verdict
 from .analyses import AnalysisInput, run_analyses
@@ -35,9 +36,10 @@ from .batches import Batches, as_batches, for_last_position, wrong_labels
 from . import direct as _direct
 from .config import DEFAULT_TOP, FAST_RANK, MIN_EFFECT, RANKINGS, AblationConfig
 from .gate import gated
-from .methods import METHODS, DataPass, Prepared, check_compared_draws, get_method, prepare
+from .methods import METHODS, DataPass, Prepared, check_compared_draws, get_method, method_names, prepare
 from .plan import Plan, micro_batches, plan_sweep
 from .progress import Progress, ProgressCallback
+from .resample import DRAWS, check_donor_table, resample_outputs
 from .result import HeadEffect, HeadsResult
 from .scored import ScoredOnly, output_layer
 from .self_repair import add_direct
@@ -78,6 +80,7 @@ def _run(model: torch.nn.Module, data: Any, cfgs: list[AblationConfig], sites: S
     r = ranks(cfg.distributed)
     started = time.perf_counter()
     batches = as_batches(data, cfg.batch_size, next((p.device for p in model.parameters()), None))
+    _check_donors(batches, cfgs)  # before any forward: a donor table too large for memory is said now
     scored = for_last_position(model, batches, cfg.task)
     if scored is not batches:  # scored on the token after the last input: one position fewer
         known = tokens if tokens is not None else getattr(data, "tokens", None)
@@ -115,10 +118,7 @@ def ablate_methods(model: torch.nn.Module, data: Any, methods: Sequence[str], *,
     serves all methods: each batch's clean pass and prefixes are computed once (with --fast each method
     ranks from its own clean passes, as the gradient depends on the fill). The attention summary, the
     groups closed together and the direct effects are the first method's."""
-    if isinstance(methods, (str, bytes)) or not all(isinstance(m, str) for m in methods):
-        raise UsageError(f"methods must be a list of method names such as ['zero', 'mean'], got {methods!r:.60}"
-                         + (" (split the string: methods.split(','))" if isinstance(methods, str) else ""))
-    names = list(dict.fromkeys(methods))
+    names = method_names(methods)
     check_compared_draws(names, draws)
     if len(names) < 2:
         raise ConfigError(f"methods: name at least two different methods to compare, got {', '.join(names)}")
@@ -155,6 +155,14 @@ class _Measured:
     logits: dict  # whether the logits were made at the scored positions only (scored.py), or why not
 
 
+def _check_donors(batches: Batches, cfgs: list[AblationConfig]) -> None:
+    """Resample's donor table [examples, draws] checked against max_memory and the free memory."""
+    n = sum(batch_size_of(x) for x, _ in batches)
+    for c in cfgs:
+        if get_method(c.method).prepare is resample_outputs:
+            check_donor_table(n, c.draws or DRAWS, c.max_memory)
+
+
 def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batches: Batches,
            cfgs: list[AblationConfig], r: Ranks, bar: Progress, started: float, *,
            wrong: torch.Tensor | None = None) -> list[_Measured]:
@@ -165,6 +173,7 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
     scored = ScoredOnly(output_layer(model, sites))
     plan = plan_sweep(model, sites, batches, max_memory=cfg.max_memory, scored=scored, task=cfg.task)
     parts = micro_batches(mine, plan.micro_batch)  # this rank's shard, in the plan's pieces
+    probe = micro_batches(batches[:1], plan.micro_batch)[0]  # the data set's first piece: the same on every rank
     bar.note(plan.describe())
     sweep = Sweep(model, sites, gates, cfg.task, reuse=cfg.reuse, replication=plan.replication, scored=scored)
     sweep.wrong = wrong
@@ -198,22 +207,25 @@ def _sweep(model: torch.nn.Module, sites: list[AttentionSite], gates: list, batc
     direct = []
     for c, p, (_, chosen) in zip(cfgs, prepared, runs):
         p.use(sweep)
-        direct.append(_direct_effects(model, sweep, parts, first, r, chosen, c, bar) if c.direct else (None, None))
+        direct.append(_direct_effects(model, sweep, parts, probe, first, r, chosen, c, bar) if c.direct
+                      else (None, None))
     counts = r.gather((sweep.forwards, sweep.examples_forwarded, sweep.reuse))
     return [_Measured(acc, chosen, sweep.heads, plan, ranked_at[0] if ranked_at else None, ablation_seconds, counts,
                       direct_acc, direct_info, scored.to_json()) for (acc, chosen), (direct_acc, direct_info) in zip(runs, direct)]
 
 
-def _direct_effects(model: torch.nn.Module, sweep: Sweep, parts: list, first: int, r: Ranks, chosen: list[int],
-                    cfg: AblationConfig, bar: Progress) -> tuple[Accumulator | None, dict]:
-    """The direct effects of the chosen heads (direct.py), or None and the one-line reason they cannot be had."""
-    paths, reason = _direct.readiness(sweep.sites, model, parts[0][0] if parts else None)
+def _direct_effects(model: torch.nn.Module, sweep: Sweep, parts: list, probe: tuple, first: int, r: Ranks,
+                    chosen: list[int], cfg: AblationConfig, bar: Progress) -> tuple[Accumulator | None, dict]:
+    """The direct effects of the chosen heads (direct.py), or None and the one-line reason they cannot be had.
+    Whether they can is judged on `probe`, the data set's first piece, so every rank decides alike (a rank
+    with no batch of its own, when there are fewer batches than ranks, still joins the passes' collectives)."""
+    paths, reason = _direct.readiness(sweep.sites, model, probe[0])
     if paths is not None and not chosen:
         paths, reason = None, "no head was ablated exactly (--top 0), so there is no total effect to set beside one"
     if paths is None:
         return None, {"measured": False, "reason": reason}
     passes = _direct.passes(sweep, paths)
-    reason = passes.verify(*parts[0][:2])
+    reason = passes.verify(*probe[:2])
     if reason is not None:
         return None, {"measured": False, "reason": reason}
     swept = bar.forwards

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageError
 from ..registry import Registry
 from .resample import DRAWS, MAX_DRAWS, MAX_SEED, resample_fill, resample_outputs
 
@@ -148,22 +148,36 @@ class Prepared:
         sweep.draws = self.draws
 
 
-def check_draws(method: AblationMethod, draws: int | None) -> int:
+def check_draws(method: AblationMethod, draws: int | None, name: str = "draws") -> int:
     """The draws `method` runs with: `draws` (None: the method's own); ConfigError for a fill that is
-    not random (a foldable method has one draw), or a draws that is not a whole number from 1 to MAX_DRAWS."""
+    not random (a foldable method has one draw), or a draws that is not a whole number from 1 to MAX_DRAWS.
+    name: how the caller's user spelled the setting (`--draws`), for the message."""
     if draws is None:
         return method.draws
-    if _whole(draws) is None:
-        raise ConfigError(f"draws must be a whole number from 1 to {MAX_DRAWS}, got {type(draws).__name__} "
+    value = _whole(draws)
+    if value is None or value < 1:
+        raise ConfigError(f"{name} must be a whole number from 1 to {MAX_DRAWS}, got {type(draws).__name__} "
                           f"{draws!r:.40}")
-    draws = _whole(draws)
-    if draws < 1 or (method.foldable and draws != 1):
-        raise ConfigError(f"draws applies to a random fill such as resample and must be at least 1; method "
-                          f"{method.name!r} has one draw, got {draws}")
-    if draws > MAX_DRAWS:
-        raise ConfigError(f"draws {draws} is more than {MAX_DRAWS} (each draw is one more forward per closed head); "
-                          f"lower it")
-    return draws
+    if method.foldable and value != 1:
+        raise ConfigError(f"{name} applies to a random fill such as resample; method {method.name!r} has one draw, "
+                          f"so {name} {value} would be ignored: leave it out")
+    if value > MAX_DRAWS:
+        raise ConfigError(f"{name} {value} is more than {MAX_DRAWS} (each draw is one more forward per closed "
+                          f"head); lower it")
+    return value
+
+
+def method_names(methods: Any, name: str = "methods") -> list[str]:
+    """`methods` as a list of registered names, each once; UsageError for a string (which would be read
+    letter by letter) or anything that is not a sequence of strings, ConfigError for an unknown name."""
+    given = list(methods) if isinstance(methods, Iterable) and not isinstance(methods, (str, bytes, dict)) else None
+    if given is None or not all(isinstance(m, str) for m in given):
+        raise UsageError(f"{name} must be a list of method names such as ['zero', 'mean'], got {methods!r:.60}"
+                         + (" (split the string: methods.split(','))" if isinstance(methods, str) else ""))
+    names = list(dict.fromkeys(given))
+    for n in names:
+        get_method(n)
+    return names
 
 
 def check_compared_draws(names: Sequence[str], draws: int | None, name: str = "draws") -> None:
@@ -173,10 +187,11 @@ def check_compared_draws(names: Sequence[str], draws: int | None, name: str = "d
         return
     random = [m for m in (get_method(n) for n in names) if not m.foldable]
     if not random:
-        raise ConfigError(f"{name} applies to a random fill such as resample; none of {', '.join(names)} is one, "
-                          f"so {name} {draws!r:.20} would be ignored: leave it out or add resample")
+        which = f"method {names[0]!r} is not" if len(names) == 1 else f"none of {', '.join(names)} is"
+        raise ConfigError(f"{name} applies to a random fill such as resample; {which} one, "
+                          f"so {name} {draws!r:.20} would be ignored: leave it out or use resample")
     for m in random:
-        check_draws(m, draws)
+        check_draws(m, draws, name)
 
 
 def check_seed(seed: Any, name: str = "seed") -> int:

@@ -45,18 +45,28 @@ class Donors:
     pool: "torch.Tensor"  # [P] the data set's index of each pool member
 
 
-def choose_donors(n: int, draws: int, seed: int, pool_size: int = POOL) -> tuple["torch.Tensor", "torch.Tensor"]:
-    """(pool [P] data set indices, table [n, draws] pool indices): never an example's own output."""
+def check_donor_table(n: int, draws: int, max_memory: int | None = None) -> None:
+    """ConfigError, before anything is allocated, when the donor table (int64 [n, draws]) needs more than
+    max_memory (bytes; None: no cap) or the free memory; the sweep checks it before any work (engine.py)."""
     import torch
 
     from .plan import SAFETY, _mb, free_memory
 
+    table_bytes, free = n * draws * 8, free_memory(torch.device("cpu"))
+    for limit, what, fix in ((max_memory, "max_memory", "lower --draws or raise --max-memory"),
+                             (None if free is None else int(free * SAFETY), "the free memory", "lower --draws")):
+        if limit is not None and table_bytes > limit:
+            raise ConfigError(f"resample's donor table for {n:,} examples x {draws} draws needs {_mb(table_bytes)}, "
+                              f"more than {what} ({_mb(limit)}); {fix}")
+
+
+def choose_donors(n: int, draws: int, seed: int, pool_size: int = POOL) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """(pool [P] data set indices, table [n, draws] pool indices): never an example's own output."""
+    import torch
+
     if n < 2:
         raise ConfigError("resample ablation needs at least 2 examples (each takes its donor from another)")
-    table_bytes, free = n * draws * 8, free_memory(torch.device("cpu"))  # int64 [n, draws]
-    if free is not None and table_bytes > free * SAFETY:
-        raise ConfigError(f"resample's donor table for {n} examples x {draws} draws needs {_mb(table_bytes)}, more "
-                          f"than the free memory ({_mb(free)}); lower --draws")
+    check_donor_table(n, draws)
     g = torch.Generator().manual_seed(int(seed))
     pool = torch.randperm(n, generator=g)[:min(n, pool_size)]  # [P]
     P = pool.numel()

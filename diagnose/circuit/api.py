@@ -19,13 +19,15 @@ from ..ablation.batches import as_batches, for_last_position, wrong_labels
 from .._distributed import ranks
 from ..ablation.attention import summarise
 from ..ablation.gate import gated
-from ..ablation.methods import DataPass, Prepared, get_method, prepare
+from ..ablation.config import MAX_BOOT, AblationConfig, whole_in
+from ..ablation.methods import DataPass, Prepared, check_compared_draws, get_method, method_names, prepare
 from ..ablation.plan import micro_batches, plan_sweep
 from ..ablation.progress import Progress, ProgressCallback
 from ..ablation.sweep import Sweep
+from .._numbers import number
 from ..errors import ConfigError
 from ..modes import eval_mode
-from ..objectives import default_task
+from ..objectives import TASKS, default_task
 from ..sites import find_heads
 from .attribution import ESTIMATORS, attribute, spearman
 from .edges import Edge, all_edges
@@ -58,8 +60,10 @@ def find_circuit(model: torch.nn.Module, data: Any, *, method: str = "zero", met
     shards.py). progress: a callable receiving a ProgressEvent per step of each stage (the methods' data
     passes, the attribution, the exact patching, the minimal circuit, ...; each names its stage). The rest as in
     ablate_heads."""
-    names = list(dict.fromkeys(methods)) if methods else [method]
+    names = method_names(methods) if methods is not None else [method]
     _check(faithfulness, estimator, top, correction)
+    _check_numbers(names or [method], task, batch_size, draws, seed, alpha, n_boot, min_effect, resamples)
+    names = names or [method]
     bar = Progress(progress)
     started = time.perf_counter()
     batches = as_batches(data, batch_size, next((p.device for p in model.parameters()), None))
@@ -102,14 +106,24 @@ class Nodes:
 
 
 def _check(faithfulness: float, estimator: str, top: int | None, correction: str) -> None:
-    if not 0 < faithfulness <= 1:
-        raise ConfigError(f"faithfulness is a share of the metric in (0, 1], got {faithfulness}")
-    if estimator not in ESTIMATORS:
-        raise ConfigError(f"estimator {estimator!r} is not one of {', '.join(ESTIMATORS)}")
-    if top is not None and top < 1:
-        raise ConfigError(f"top: verify at least 1 edge, got {top}")
-    if correction not in significance.CORRECTIONS:
+    share = number(faithfulness)
+    if share is None or not 0 < share <= 1:
+        raise ConfigError(f"faithfulness is a share of the metric in (0, 1], got {faithfulness!r:.40}")
+    if not isinstance(estimator, str) or estimator not in ESTIMATORS:
+        raise ConfigError(f"estimator {estimator!r:.40} is not one of {', '.join(ESTIMATORS)}")
+    whole_in("top (edges verified exactly)", top, 1, None, optional=True)
+    if not isinstance(correction, str) or correction not in significance.CORRECTIONS:
         raise ConfigError(f"correction {correction!r} is not one of {', '.join(significance.CORRECTIONS)}")
+
+
+def _check_numbers(names: list[str], task: str | None, batch_size, draws, seed, alpha, n_boot, min_effect,
+                   resamples) -> None:
+    """The settings find_circuit shares with ablate_heads checked as AblationConfig checks them, before any work
+    (a seed of -1 crashed the bootstrap at the end; a draws no method uses was ignored)."""
+    check_compared_draws(names, draws)
+    AblationConfig(task=task or TASKS[0], method=names[0], batch_size=batch_size, seed=seed, alpha=alpha,
+                   n_boot=n_boot, min_effect=min_effect)
+    whole_in("resamples", resamples, 1, MAX_BOOT)
 
 
 def _prepare(sweep: Sweep, shard: Shard, device, name: str, draws: int | None, seed: int, bar: Progress) -> Prepared:

@@ -63,10 +63,12 @@ def recipe(v: Any) -> dict[str, Any]:
     return {"task": v.task, "model": v.model.to_dict(), "train": json.loads(json.dumps(asdict(v.train)))}
 
 
-def manifest(models_dir: Path = MODELS_DIR) -> dict[str, Any]:
-    """The manifest, read through the bounded regular-file reader and checked for its shape."""
+def manifest(models_dir: Path | None = None) -> dict[str, Any]:
+    """The manifest (of MODELS_DIR, read when called), read through the bounded regular-file reader and checked
+    for its shape."""
     from ..io import read_json
 
+    models_dir = MODELS_DIR if models_dir is None else models_dir
     path = models_dir / MANIFEST
     data = read_json(path, "demo models manifest", f"the demo's shipped models are missing or damaged: "
                      f"{_FIX}", limit=MAX_MANIFEST_BYTES)
@@ -111,8 +113,10 @@ def _entry(models_dir: Path, name: str) -> dict[str, Any]:
     return entry
 
 
-def load(v: Any, eval_data: TaskData, models_dir: Path = MODELS_DIR) -> tuple[Transformer, dict[str, Any]]:
-    """The shipped model of variant v, checked file by file against the manifest; (model, its entry)."""
+def load(v: Any, eval_data: TaskData, models_dir: Path | None = None) -> tuple[Transformer, dict[str, Any]]:
+    """The shipped model of variant v (in MODELS_DIR, read when called), checked file by file against the
+    manifest; (model, its entry)."""
+    models_dir = MODELS_DIR if models_dir is None else models_dir
     where = models_dir / MANIFEST
     entry = _entry(models_dir, v.name)
     if entry.get("recipe") != recipe(v):

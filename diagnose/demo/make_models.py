@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import os
+import stat
 import platform
 import sys
 import tempfile
@@ -33,12 +35,7 @@ def make(out: Path, only: list[str] | None = None) -> Path:
     """Train demo_variants() (or those named in `only`) into `out`; returns the manifest's path."""
     from safetensors.torch import save
 
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"{out}: is a file, not a folder; give --out a folder to write the models into")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"{out}: cannot be made ({exc.strerror}); give --out a folder you can write") from None
+    _folder(out)
     names = [v.name for v in demo_variants()]
     unknown = [n for n in only or [] if n not in names]
     if unknown:
@@ -70,10 +67,25 @@ def make(out: Path, only: list[str] | None = None) -> Path:
     finally:
         torch.set_num_threads(threads)
     models = {n: models[n] for n in names if n in models}  # the demo's order
-    top = _shipped.manifest(out)["made"] if only else made  # the whole set's; a remade entry has its own
+    top = _shipped.manifest(out).get("made", made) if only else made  # the whole set's; a remade entry has its own
     path = out / _shipped.MANIFEST
     return atomic_write(path, _json.dumps({"schema": _shipped.SCHEMA, "made": top, "models": models}, indent=1) + "\n",
                         what="demo manifest")
+
+
+def _folder(out: Path) -> None:
+    """Make `out` (and its parents), or one OutputError saying why not: a file or a dangling symlink in its place,
+    a parent that is a file, no permission."""
+    if out.is_symlink() and not out.exists():
+        raise OutputError(f"{out}: is a symlink to {os.readlink(out)!r}, which does not exist; remove the link or "
+                          f"give --out a folder to write the models into")
+    if out.exists() and not out.is_dir():
+        kind = "a named pipe (FIFO)" if stat.S_ISFIFO(os.stat(out).st_mode) else "a file"
+        raise OutputError(f"{out}: is {kind}, not a folder; give --out a folder to write the models into")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{out}: cannot be made ({exc.strerror}); give --out a folder you can write") from None
 
 
 def main(argv: list[str] | None = None) -> None:
