@@ -44,10 +44,10 @@ from ..objectives import call_model, logits_of, score
 from ..ablation.prefix import replay, repeat_batch, take_rows
 from ..ablation.sweep import Clean, Sweep
 from .edges import MLP, OUTPUT, Edge, senders
+from .mixing import SENDERS, summed, through
 from .wiring import Wiring
 
 PER_FORWARD = 8  # replicas (removed sets) per forward, unless the caller plans them (api.py: the sweep's plan)
-SENDERS = 8  # senders whose changes are summed at a time inside a hook
 MIX_ABOVE = 2  # more (replica, sender, block) triples per replica than this: _mixed, else one product each
 
 
@@ -66,6 +66,7 @@ class Patcher:
     `mlp_gates` (mlp.mlp_gated, one per wiring.mlps) the MLPs are nodes too."""
 
     tick = None  # called after each forward of removed sets (the progress; api.find_circuit sets it)
+    _sums: dict = {}  # reset per forward (_forward)
 
     def __init__(self, sweep: Sweep, wiring: Wiring, edges: Sequence[Edge], per_forward: int = PER_FORWARD,
                  mlp_gates: Sequence[Any] = ()):
@@ -180,6 +181,7 @@ class Patcher:
         mask = torch.cat([sets.float(), sets.new_zeros(K, 1).float()], dim=1)  # the last column: "no such edge"
         rows = None if clean.rows is None else clean.rows.repeat(K)
         writes: dict[int, torch.Tensor] = {}  # gate -> [K * B, T, H, D]: each head's (MLP's) output minus its fill
+        self._sums = {}  # this forward's sums of the senders' writes (mixing.prefix)
         moves = self._frozen(normed, mask, K, B) + self._moves(writes, normed, mask, K, B)
         with self._observing(writes, rows, draw) as observe, hooks(*moves), \
                 torch.no_grad(), replay(self.sweep.recorder, clean.recorded, blocks, K, B) if blocks else nullcontext():
@@ -265,8 +267,8 @@ class Patcher:
         norm's output) -> [K * B, T, J * D or d]. SENDERS at a time, so memory does not grow with the senders."""
         active = (m.any(2) if m.dim() == 3 else m).any(0).nonzero().flatten().tolist()
         form = None if norm is None else self.wiring.form_of(norm)
-        if w is not None and int(m.sum()) > MIX_ABOVE * K:  # many edges (a circuit): mix, then project once
-            return self._mixed(norm, form, m, writes, normed, K, w, D, active)
+        if int(m.sum()) > MIX_ABOVE * K:  # many edges (a circuit): mix, then the norm and projection once
+            return self._mixed(norm, form, m, writes, normed, K, w, D)
         total = None
         for i in range(0, len(active), SENDERS):
             g = active[i:i + SENDERS]
@@ -278,29 +280,26 @@ class Patcher:
             delta = delta.reshape(K, -1, *delta.shape[1:])  # [K, B, T, c, d]
             mk = m[:, g].to(delta.device, delta.dtype)
             part = (torch.einsum("kbtcd,kc->kbtd", delta, mk) if w is None
-                    else _through(delta, w.to(delta.device, delta.dtype), mk, D))
+                    else through(delta, w.to(delta.device, delta.dtype), mk, D))
             total = part if total is None else total + part
         return total.reshape(-1, *total.shape[2:])
 
-    def _mixed(self, norm, form, m: torch.Tensor, writes, normed, K: int, w: torch.Tensor, D: int,
-               active: list[int]) -> torch.Tensor:
+    def _mixed(self, norm, form, m: torch.Tensor, writes, normed, K: int, w: torch.Tensor | None, D: int
+               ) -> torch.Tensor:
         """_removed for many (replica, sender, block) triples: the frozen norm and the projection are linear, so
-        each replica's removed senders are summed per receiver block first ([K, B, T, J, d]), and the norm's
-        change and the projection applied once, not once per sender (on SmolLM2 a circuit's forward took
-        minutes that way).  # [K * B, T, J * D]"""
-        J = m.shape[2]
-        mixed = None
-        for i in range(0, len(active), SENDERS):
-            g = active[i:i + SENDERS]
-            delta = -torch.stack([self._write(writes, j) for j in g], dim=2)  # [K * B, T, c, d]
-            delta = delta.reshape(K, -1, *delta.shape[1:])  # [K, B, T, c, d]
-            part = torch.einsum("kbtcd,kcj->kbtjd", delta, m[:, g].to(delta.device, delta.dtype))
-            mixed = part if mixed is None else mixed + part
+        each replica's removed senders are summed per receiver block first (mixing.summed), and the norm's change and
+        the projection applied once, not once per sender (on SmolLM2 a circuit's forward took minutes that
+        way).  # [K * B, T, J * D or d]"""
+        delta = -summed(lambda c: self._write(writes, c), m, K, self._sums)  # [K, B, T, (J,) d]
         if form is not None:
-            x = normed[id(norm)]  # [B, T, d]: its clean scale, broadcast over the replicas and blocks
-            mixed = form.change(norm, x[None, :, :, None, :].to(mixed.device), mixed)
-        out = torch.einsum("kbtjd,djD->kbtjD", mixed, w.to(mixed.device, mixed.dtype).view(w.shape[0], J, D))
-        return out.reshape(-1, *out.shape[2:3], J * D)
+            x = normed[id(norm)]  # [B, T, d]: its clean scale, broadcast over the replicas (and blocks)
+            x = x[None, :, :, None, :] if m.dim() == 3 else x[None]
+            delta = form.change(norm, x.to(delta.device), delta)
+        if w is None:
+            return delta.reshape(-1, *delta.shape[2:])
+        J = m.shape[2]
+        out = torch.einsum("kbtjd,djD->kbtjD", delta, w.to(delta.device, delta.dtype).view(w.shape[0], J, D))
+        return out.reshape(-1, out.shape[2], J * D)
 
     def _write(self, writes, j: int) -> torch.Tensor:
         """Sender j's write minus its fill's in this forward: W_O[h] (out - fill) of a head, out - fill of an
@@ -329,26 +328,6 @@ class Patcher:
         def move(_module, _args, out):
             return out + self._removed(final, m, writes, normed, K, None).to(out.dtype)
         return lambda: final.register_forward_hook(move)
-
-
-def _through(delta: torch.Tensor, w: torch.Tensor, m: torch.Tensor, D: int) -> torch.Tensor:
-    """sum_c m[k, c, j] delta[k, :, :, c] @ w[:, block j] for every feature block j (D wide) -> [K, B, T, J * D].
-    Few (replica, sender, block) triples (one edge per replica): each is one small product on its replica's
-    rows; many (a circuit): one product per sender over every replica, masked per block. Never the
-    [K, B, T, c, J * D] a single einsum would hold."""
-    K, B, T, c, _ = delta.shape
-    J = m.shape[2]
-    out = delta.new_zeros(K, B, T, J, D)
-    triples = m.nonzero().tolist()
-    if len(triples) <= 2 * K:
-        blocks = w.view(w.shape[0], J, D)  # [d, J, D]
-        for k, ci, j in triples:
-            out[k, :, :, j] += m[k, ci, j] * (delta[k, :, :, ci] @ blocks[:, j])
-        return out.view(K, B, T, J * D)
-    for ci in range(c):
-        part = (delta[:, :, :, ci] @ w).view(K, B, T, J, D)  # [K, B, T, J, D]
-        out += part * m[:, ci][:, None, None, :, None]
-    return out.view(K, B, T, J * D)
 
 
 @dataclass

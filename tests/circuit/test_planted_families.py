@@ -64,13 +64,14 @@ def test_a_circuit_of_many_edges_moves_its_receivers_as_one_product_per_sender_w
     """The minimal circuit's sets move many edges at once; those are summed per receiver block before the
     frozen norm and the projection (patch._mixed, both linear), which must give what one product per
     sender gives (MIX_ABOVE raised: the per-sender path everywhere)."""
-    from diagnose.circuit import patch
+    from diagnose.circuit import mixing, patch
 
     model, data = getattr(planted_families, layout)("backup"), planted_data("backup", n=8)
-    calls, mix = [], patch.Patcher._mixed
-    monkeypatch.setattr(patch.Patcher, "_mixed", lambda self, *a: calls.append(1) or mix(self, *a))
+    calls, mix, prefix = [], patch.Patcher._mixed, mixing.prefix
+    monkeypatch.setattr(patch.Patcher, "_mixed", lambda self, *a: calls.append("mixed") or mix(self, *a))
+    monkeypatch.setattr(mixing, "prefix", lambda *a: calls.append("all") or prefix(*a))
     mixed = find_circuit(model, data, **FAST)
-    assert calls  # the search's sets took the mixed path
+    assert {"mixed", "all"} <= set(calls)  # the search's sets took the mixed path, most as all less the kept
     monkeypatch.setattr(patch, "MIX_ABOVE", 10 ** 9)
     apart = find_circuit(model, data, **FAST)
     assert [e.label for e in mixed.circuit.edges] == [e.label for e in apart.circuit.edges]
