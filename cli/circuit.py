@@ -106,8 +106,12 @@ def circuit(model: str, factory: str | None, forward: str | None, trust_pickle: 
                               correction=correction, min_effect=min_effect, sites=sites, mlps=mlps,
                               distributed=ranks.active, progress=bar)
     leave()  # on an error the group stays up until rank 0 has said it (cli.main, say_on_rank0)
-    if not ranks.main:  # under torchrun, rank 0 prints and writes
-        return
+    if ranks.main:  # under torchrun, rank 0 prints and writes
+        _outputs(result, json_path, html_path)
+
+
+def _outputs(result, json_path: str | None, html_path: str | None) -> None:
+    """The JSON (atomically), the table, and the report."""
     if json_path:
         result.save(json_path)
     _print(result)
