@@ -28,6 +28,8 @@ ALLOWED = {
         2, "copied into a pruned model folder and run by transformers without diagnose installed"),
     ("diagnose/monitor/hf.py", "ImportError"): (1, "an optional dependency is missing, as Python says it"),
     ("diagnose/monitor/lightning.py", "ImportError"): (1, "an optional dependency is missing, as Python says it"),
+    ("diagnose/monitor/_follow.py", "KeyboardInterrupt"): (
+        2, "the follower's own Ctrl-C handler re-raises the press Python would have raised"),
 }
 INTERNAL_EXCEPTIONS = {
     ("diagnose/checks/_finding.py", "SkipCheck"): "a check's signal to the runner, which records it as skipped",

@@ -4,14 +4,22 @@ A writer that was killed never marks its run closed. Each session in run.json re
 writer's pid and host; on the same host a pid that no longer exists ends the tail at once
 ("writer_gone"). Elsewhere (a shared filesystem) the pid cannot be checked, so after
 quiet_s without a new record the tail says so once and keeps waiting.
+
+Ctrl-C is taken by the loop itself (`_ctrl_c`): Python raises KeyboardInterrupt in whatever runs when
+the signal lands, and where that is a finaliser (`__del__`, a weakref callback) the exception is
+printed as "ignored" and lost, and the follower would follow on forever. The loop checks a flag the
+handler sets, at least every poll; a second Ctrl-C raises at once.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 import time
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from ..errors import RunFolderError
 from ._runfolder import RUN_JSON, RunTail, _load_info
@@ -56,6 +64,38 @@ def follow(run_dir: str | os.PathLike, on_step: Callable[[dict[str, Any]], None]
     if not (tail.dir / RUN_JSON).exists():
         raise RunFolderError(f"{run_dir} is not a diagnose run folder (no run.json after {wait_s:g} s): "
                              f"give the folder passed to TrainingMonitor")
+    with _ctrl_c() as pressed:
+        return _loop(tail, on_step, on_alert, note, poll_s, quiet_s, timeout_s, pressed)
+
+
+@contextmanager
+def _ctrl_c() -> Iterator[Callable[[], None]]:
+    """A check that raises KeyboardInterrupt once Ctrl-C was pressed (module docstring); where Python's own
+    handler is not the one in place (another thread, the caller's own handler) the check does nothing."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield lambda: None
+        return
+    pressed: list[bool] = []
+
+    def handler(signum, frame) -> None:
+        if pressed:  # the second Ctrl-C: at once, wherever it lands
+            raise KeyboardInterrupt
+        pressed.append(True)
+
+    def check() -> None:
+        if pressed:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield check
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _loop(tail: RunTail, on_step, on_alert, note, poll_s: float, quiet_s: float, timeout_s: float | None,
+          pressed: Callable[[], None]) -> str:
     end = None if timeout_s is None else time.monotonic() + timeout_s
     last_news, said_quiet = time.monotonic(), False
     said_skip: list[bool] = []  # the skipped-line note, said once
@@ -74,6 +114,7 @@ def follow(run_dir: str | os.PathLike, on_step: Callable[[dict[str, Any]], None]
         return bool(steps or alerts), closed
 
     while True:
+        pressed()
         news, closed = deliver()
         if closed:
             return CLOSED
@@ -94,4 +135,4 @@ def follow(run_dir: str | os.PathLike, on_step: Callable[[dict[str, Any]], None]
         if end is not None and now > end:
             return TIMEOUT
         if not tail.more:  # a poll that stopped at its byte budget reads on at once
-            time.sleep(poll_s)
+            time.sleep(poll_s)  # a Ctrl-C wakes it (the handler runs), then the check at the top

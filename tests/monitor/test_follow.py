@@ -49,3 +49,26 @@ def test_writer_on_another_host_or_without_pid_cannot_be_judged(tmp_path):
     assert writer_alive({"sessions": [{"started": "x"}]}) is None
     assert writer_alive({"sessions": "garbage"}) is None
     assert writer_alive({}) is None
+
+
+def test_a_ctrl_c_that_lands_where_it_is_lost_still_stops_the_follower(tmp_path):
+    """Python raises KeyboardInterrupt in whatever runs when SIGINT lands; in a finaliser it is printed as
+    'ignored' and lost (simulated: the callback swallows it). The loop checks the press itself."""
+    import signal
+
+    import pytest
+
+    w = RunWriter(tmp_path, {"settings": {}})  # this process: alive, the run never closes
+    _step(w, 0)
+
+    def lossy(_record):
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:  # where a finaliser would lose it
+            pass
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        follow(tmp_path, lossy, lambda a: None, poll_s=0.05, timeout_s=5.0)
+    assert signal.getsignal(signal.SIGINT) is before  # Python's own handler is back
+    w.close()
