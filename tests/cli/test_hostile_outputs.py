@@ -331,8 +331,11 @@ def test_ctrl_c_in_the_installed_command_is_interrupted_and_130(files):
 
     w = RunWriter(files / "live", {"settings": {}})  # open, and its writer (this process) alive
     w.write_step({"step": 0, "loss": 1.0, "lr": 0.1, "grad_norm": 1.0, "layers": {}})
+    # SIGINT as a terminal gives it: a suite started in the background (`&` in a script) passes SIGINT on
+    # ignored, and a process that ignores it has no Ctrl-C to answer
     proc = subprocess.Popen([sys.executable, "-m", "diagnose", "stats", "live", "--follow"], cwd=files,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline().startswith("step 0")  # following now, deep inside the command
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)

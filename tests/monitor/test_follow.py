@@ -67,8 +67,11 @@ def test_a_ctrl_c_that_lands_where_it_is_lost_still_stops_the_follower(tmp_path)
         except KeyboardInterrupt:  # where a finaliser would lose it
             pass
 
-    before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        follow(tmp_path, lossy, lambda a: None, poll_s=0.05, timeout_s=5.0)
-    assert signal.getsignal(signal.SIGINT) is before  # Python's own handler is back
-    w.close()
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (a job started
+    try:  # with & in a script inherits SIGINT ignored, and then there is no Ctrl-C to take)
+        with pytest.raises(KeyboardInterrupt):
+            follow(tmp_path, lossy, lambda a: None, poll_s=0.05, timeout_s=5.0)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's own handler is back
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+        w.close()
