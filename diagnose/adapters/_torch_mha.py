@@ -11,6 +11,7 @@ torch.backends.mha.set_fastpath_enabled(False) and restores it in `finally`.
 from __future__ import annotations
 
 import math
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -26,15 +27,33 @@ from .layout import ProjectionLayout
 from .readout import ResidualPath
 
 
+_FASTPATH_LOCK = threading.Lock()
+_fastpath_users = 0  # how many no_fastpath() blocks are open now
+_fastpath_before = True  # the switch as the first of them found it
+
+
 @contextmanager
 def no_fastpath() -> Iterator[None]:
-    """Force the Python path of MHA / TransformerEncoder for the duration."""
-    before = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
+    """Force the Python path of MHA / TransformerEncoder for the duration.
+
+    Counted, not saved per block: the monitor opens one block for its attention watch and another for
+    head importance, and leaves them in the order its steps end, not always the reverse of the order it
+    opened them. Saving per block, the first one left restored the switch and the second one then put
+    back its own "before", False, so a monitored nn.TransformerEncoder left the fast path off for the
+    rest of the process. The last block left restores what the first one found."""
+    global _fastpath_users, _fastpath_before
+    with _FASTPATH_LOCK:
+        if _fastpath_users == 0:
+            _fastpath_before = torch.backends.mha.get_fastpath_enabled()
+            torch.backends.mha.set_fastpath_enabled(False)
+        _fastpath_users += 1
     try:
         yield
     finally:
-        torch.backends.mha.set_fastpath_enabled(before)
+        with _FASTPATH_LOCK:
+            _fastpath_users -= 1
+            if _fastpath_users == 0:
+                torch.backends.mha.set_fastpath_enabled(_fastpath_before)
 
 
 def _float_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

@@ -161,3 +161,37 @@ def test_fast_path_restored_when_forward_raises():
     with pytest.raises(AssertionError, match="embedding dimension"):
         diagnose.capture(model, {"src": torch.randn(2, 5, 12)}, sites=diagnose.find_heads(model))  # wrong width
     assert hook_snapshot(model) == before and torch.backends.mha.get_fastpath_enabled()
+
+
+def test_fast_path_restored_when_blocks_are_left_out_of_order():
+    """The monitor opens one block for its attention watch and one for head importance, and leaves them in
+    the order its steps end: the switch comes back when the last block is left, whatever the order."""
+    from diagnose.adapters import no_fastpath
+
+    first, second = no_fastpath(), no_fastpath()
+    first.__enter__()
+    second.__enter__()
+    assert not torch.backends.mha.get_fastpath_enabled()
+    first.__exit__(None, None, None)
+    assert not torch.backends.mha.get_fastpath_enabled()  # the second block still needs the Python path
+    second.__exit__(None, None, None)
+    assert torch.backends.mha.get_fastpath_enabled()
+
+
+def test_a_monitored_encoder_leaves_the_fast_path_on(tmp_path):
+    """A training run of an nn.TransformerEncoder under TrainingMonitor, attention and head importance sampled
+    on the same steps, leaves torch's fast path as it found it (it was left off for the rest of the process)."""
+    from diagnose.monitor import TrainingMonitor
+
+    model = Encoder().train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with TrainingMonitor(model, tmp_path / "run", attention_every=1, every=1, echo=False) as monitor:
+        for _ in range(3):
+            loss = model(torch.randn(2, 5, 16)).pow(2).mean()  # [B, T, E] -> a scalar
+            loss.backward()
+            monitor.step(loss, optimizer=opt)
+            opt.step()
+            opt.zero_grad()
+    assert torch.backends.mha.get_fastpath_enabled()
+    with torch.no_grad():
+        assert torch.backends.mha.get_fastpath_enabled()
