@@ -166,6 +166,22 @@ def throughput(v: TrainingView) -> str | None:
         return to_data_uri(fig)
 
 
+def curve(v: TrainingView, label: str, series) -> str | None:
+    """One model-level field over the steps, where its declaration asks for a plot (TrainingView.curves)."""
+    if series is None or not np.isfinite(series[1]).any():
+        return None
+    with style():
+        fig = _figure(2.2)
+        ax = fig.subplots()
+        _line(ax, series, color="#6a1b9a")
+        _log_if_positive(ax, series)
+        ax.set_ylabel(label)
+        ax.set_xlabel("step")
+        ax.set_xlim(*v.xlim)
+        _alerts(ax, v, True)
+        return to_data_uri(fig)
+
+
 def eval_metrics(v: TrainingView) -> str | None:
     """Each evaluation metric other than the loss (the loss is on the loss panel)."""
     if v.evals is None or not v.evals.metrics:

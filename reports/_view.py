@@ -202,6 +202,7 @@ def _training(report: Report, views: list[TrainingView]) -> None:
         images += [(f"{label} through depth over time", plots_training.depth_map(v, label, m))
                    for label, m in v.depth_maps]
         images += [(f"{m.label} per head over time", plots_training.head_map(v, m)) for m in v.head_maps]
+        images += [(f"{label} over time", plots_training.curve(v, label, line)) for label, line in v.curves]
         if v.heads_over is not None:  # the monitor's per-head importance and head events
             images += [("Importance of every head over training (|dL/dgate|), one map per attention layer",
                         plots_heads_training.importance_maps(v, v.heads_over)),

@@ -110,6 +110,7 @@ class TrainingView:
     fields: list[Section] = field(default_factory=list)  # every record field the run holds (_run_fields)
     head_maps: list[HeadEntropy] = field(default_factory=list)  # the other per-head fields declared for plots
     depth_maps: list[tuple[str, tuple[np.ndarray, np.ndarray]]] = field(default_factory=list)  # (header, map)
+    curves: list[tuple[str, Series]] = field(default_factory=list)  # (header, line): the other model-level plots
     xlim: tuple[float, float] = (0.0, 1.0)  # the report's shared step axis
     heads_over: HeadsOverTraining | None = None  # every head's importance and the head events (the monitor's)
     prefix: str = ""  # "2." before alert numbers when the report holds several runs
@@ -209,6 +210,16 @@ def _depth_maps(run: Any, df: pd.DataFrame, steps: np.ndarray, names: list[str])
         if m is not None:
             out.append((f.header, m))
     return out
+
+
+_DRAWN_MODEL = ("loss", "grad_norm", "lr", "tokens_per_s", "step_time")  # model-level, in figures of their own
+
+
+def _curves(df: pd.DataFrame, steps: np.ndarray) -> list[tuple[str, Series]]:
+    """(header, line) for each other model-level field whose declaration asks for a plot, in column order."""
+    keys = [c for c in df.columns if "/" not in c and c != "step" and c not in _DRAWN_MODEL]
+    lines = [(field_of("model", k).header, _column(df, k)) for k in keys if "plot" in field_of("model", k).show]
+    return [(header, _series(steps, y)) for header, y in lines if np.isfinite(y).any()]
 
 
 def _head_maps(run: Any) -> list[HeadEntropy]:
@@ -314,4 +325,4 @@ def training_view(name: str, run: Any) -> TrainingView:
         tokens_per_s_median=float(np.median(tps[np.isfinite(tps)])) if np.isfinite(tps).any() else None,
         step_time=_series(steps, step_time) if np.isfinite(step_time).any() else None,
         clipping=clipping(run, _column(df, "clip_coef")), spikes=spikes(run), fields=field_tables(run),
-        head_maps=_head_maps(run), heads_over=heads_over_training(run), depth_maps=_depth_maps(run, df, steps, names), xlim=(lo, max(hi, lo + 1.0)))
+        head_maps=_head_maps(run), heads_over=heads_over_training(run), depth_maps=_depth_maps(run, df, steps, names), curves=_curves(df, steps), xlim=(lo, max(hi, lo + 1.0)))

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.numerics
 STEPS, EVERY = 4, 2  # attention (and the toy per-head signal) sampled on steps 0 and 2
 VOCAB, T = 11, 8
 HEAD = record_field("toy_q_norm", "toy query norm", ".5g", "w", per="head", plot=True)
-SCALAR = record_field("toy_sq_sum", "toy squared weights", ".6g")
+SCALAR = record_field("toy_sq_sum", "toy squared weights", ".6g", plot=True)
 LAYER = record_field("toy_block_norm", "toy block norm", ".5g", per="layer", plot=True)
 
 
@@ -204,7 +204,7 @@ def test_toy_fields_reach_the_report_and_the_live_sink(toy_run, tmp_path):
     for text in ("toy query norm [w]", "toy squared weights", "toy block norm", format(total, ".6g"),
                  format(norms[blocks[0]], ".5g"), format(heads[sites[1]][1], ".5g"),
                  "toy query norm [w] per head over time", "max logit per head over time",
-                 "toy block norm through depth over time"):
+                 "toy block norm through depth over time", "toy squared weights over time"):
         assert text in html
     assert sorted(seen) == list(range(STEPS))
     assert [seen[s]["diagnose/toy_sq_sum"] for s in range(STEPS)] == approx([total] * STEPS)
