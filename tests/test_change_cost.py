@@ -84,10 +84,15 @@ def test_every_recipe_still_applies_within_six_files(tmp_path):
 
 
 @pytest.mark.slow
-def test_one_recipe_runs_in_a_copy_and_passes():
+def test_two_recipes_run_in_a_copy_and_pass():
+    """One on the heads' side and one on the monitor's, whose test trains under the monitor's defaults and
+    renders the report: when the monitor's default `every` went from 1 to 10, the four monitor recipes' tests
+    failed (they read every step) and nothing here ran them."""
     # the policy scans already pass on this tree (the suite runs them), so the baseline run is skipped
-    out = subprocess.run([sys.executable, str(ROOT / "tools" / "change_cost.py"), "--only", "method", "--no-baseline"],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "change_cost.py"), "--only", "method", "--only",
+                          "monitor-alert", "--no-baseline"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
-    row = next(line for line in out.stdout.splitlines() if line.startswith("| a new ablation method"))
-    assert re.search(r"\| 3 \| pass \|", row) and "`tests/ablation/test_halve.py`" in row
+    rows = {line.split("|")[1].strip(): line for line in out.stdout.splitlines() if line.startswith("| a new ")}
+    assert re.search(r"\| 3 \| pass \|", rows["a new ablation method such as resample"])
+    assert "`tests/ablation/test_halve.py`" in rows["a new ablation method such as resample"]
+    assert re.search(r"\| 5 \| pass \|", rows["a new monitor alert on a new measurement"])

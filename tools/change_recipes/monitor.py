@@ -56,7 +56,7 @@ def run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("recipe") / "run"
     seen: dict[int, dict[str, float]] = {}
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    with TrainingMonitor(model, run_dir, echo=False, attention_every=EVERY,
+    with TrainingMonitor(model, run_dir, echo=False, every=1, attention_every=EVERY,
                          sinks=[lambda scalars, step: seen.setdefault(step, {}).update(scalars)]) as mon:
         for _ in range(STEPS):
             logits = model(IDS)[:, :-1]  # [B, T-1, V]

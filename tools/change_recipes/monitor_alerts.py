@@ -33,7 +33,7 @@ class MaxWeightProbe(_Quiet):
 
 
 MAX_ABS_WEIGHT = Measurement("max_abs_weight", ("max",), "model", ("max_abs_weight",), MaxWeightProbe,
-                             reduce={"max": "max"}, fields=(record_field("max_abs_weight", "largest |weight|", ".4g"),))
+                             reduce={"max": "max"}, fields=(record_field("max_abs_weight", "largest |weight|", ".4g", plot=True),))
 '''
 
 ALERT_DETECTOR = '''
@@ -56,8 +56,9 @@ class HugeWeight(Detector):
 
 ALERT_TEST = '''
 """The built-in `huge_weight` alert on the built-in `max_abs_weight` measurement: the value is the model's
-largest |w|; the alert fires with its own threshold and hint, reaches read_run, `stats --json` and a live
-sink, and stays quiet at its default."""
+largest |w|; the alert fires with its own threshold and hint, reaches read_run, `stats --json`, a live
+sink and the report (a curve of its own, the field being declared with plot=True), and stays quiet at its
+default."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def _train(run_dir, **kw):
     ids = torch.randint(1, 11, (4, 8), generator=torch.Generator().manual_seed(1))  # [B, T]
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     seen = []
-    with TrainingMonitor(model, run_dir, echo=False, sinks=[lambda s, step: seen.append(s)], **kw) as mon:
+    with TrainingMonitor(model, run_dir, echo=False, every=1, sinks=[lambda s, step: seen.append(s)], **kw) as mon:
         for _ in range(3):
             loss = F.cross_entropy(model(ids)[:, :-1].reshape(-1, 11), ids[:, 1:].reshape(-1))
             loss.backward()
@@ -103,6 +104,10 @@ def test_it_fires_with_its_threshold_and_hint_and_reaches_the_readers(tmp_path):
     assert out.exit_code == 0, out.output
     assert [a["kind"] for a in json.loads(out.output)["alerts"]].count("huge_weight") == 1
     assert any("diagnose/alerts/huge_weight" in s for s in seen)
+    out = CliRunner().invoke(cli, ["stats", str(tmp_path / "run"), "--html", str(tmp_path / "r.html")])
+    assert out.exit_code == 0, out.output
+    html = (tmp_path / "r.html").read_text()
+    assert "largest |weight| over time" in html and "huge_weight" in html
 
 
 def test_it_is_quiet_at_its_default(tmp_path):
@@ -120,7 +125,8 @@ ALERT = Recipe(
      insert("docs/monitor.md", "| `huge_weight` | a parameter's largest \\|w\\| > `max_abs_weight` (default 1e4; "
             "measured as `max_abs_weight`) | lower the lr, weight decay, init scale |", after="| `nonfinite` (error)")),
     "tests/monitor/test_huge_weight.py", guards=GUARDS,
-    note="7 with a figure of its own in the report (`reports/_view_training.py`, `reports/_plots_training.py`).")
+    note="its figure in the report (a curve over the steps, with the alerts marked) comes from `plot=True` on "
+         "its field: no file more.")
 
 # ---- a live sink -----------------------------------------------------------------------------------------
 
