@@ -173,7 +173,7 @@ def curve(v: TrainingView, label: str, series) -> str | None:
     with style():
         fig = _figure(2.2)
         ax = fig.subplots()
-        _line(ax, series, color="#6a1b9a")
+        _line(ax, series, color="#6a1b9a", marker="o" if len(series[0]) <= 100 else None, ms=2.5)
         _log_if_positive(ax, series)
         ax.set_ylabel(label)
         ax.set_xlabel("step")

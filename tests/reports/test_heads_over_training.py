@@ -95,3 +95,28 @@ def test_a_run_without_importance_has_no_heads_view(tmp_path):
 
     run = rf.write_run(tmp_path / "run", steps=20, n_layers=1, n_heads=2, attention_every=10)
     assert training_view("r", load_sources([run]).runs[0].run).heads_over is None
+
+
+def test_the_in_context_score_sampled_on_some_steps_is_drawn_through_them(tmp_path):
+    """icl_score is declared for a plot and logged on sampled steps only: its curve holds one point per
+    sampled step (a line through NaN gaps drew nothing), and the page shows it under its field's label."""
+    from diagnose.reports._sources import load_sources
+    from diagnose.reports._view_training import training_view
+
+    run = rf.write_run(tmp_path / "run", steps=40, n_layers=1, n_heads=2, attention_every=10)
+    lines = []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["step"] % 10 == 0:
+            rec["icl_score"] = -rec["step"] / 10
+        lines.append(json.dumps(rec))
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    view = training_view("r", load_sources([run]).runs[0].run)
+    ((label, (steps, values)),) = view.curves
+    assert label == "in-context score (late - early)"
+    assert list(steps) == [0, 10, 20, 30] and list(values) == [0.0, -1.0, -2.0, -3.0]
+    result = CliRunner().invoke(cli, ["report", str(run), "-o", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    page = _Page()
+    page.feed((tmp_path / "r.html").read_text())
+    assert "in-context score (late - early) over time" in page.captions
