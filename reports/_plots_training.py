@@ -166,10 +166,9 @@ def throughput(v: TrainingView) -> str | None:
         return to_data_uri(fig)
 
 
-def curve(v: TrainingView, label: str, series) -> str | None:
-    """One model-level field over the steps, where its declaration asks for a plot (TrainingView.curves)."""
-    if series is None or not np.isfinite(series[1]).any():
-        return None
+def curve(v: TrainingView, label: str, series) -> str:
+    """One model-level field over the steps, where its declaration asks for a plot (TrainingView.curves: only
+    the steps that hold a finite value, at least one)."""
     with style():
         fig = _figure(2.2)
         ax = fig.subplots()

@@ -218,9 +218,14 @@ _DRAWN_MODEL = ("loss", "grad_norm", "lr", "tokens_per_s", "step_time")  # model
 def _curves(df: pd.DataFrame, steps: np.ndarray) -> list[tuple[str, Series]]:
     """(header, line) for each other model-level field whose declaration asks for a plot, in column order; a
     field sampled on some steps only (icl_score) is drawn through the steps that hold it."""
-    keys = [c for c in df.columns if "/" not in c and c != "step" and c not in _DRAWN_MODEL]
-    lines = [(field_of("model", k).header, _column(df, k)) for k in keys if "plot" in field_of("model", k).show]
-    return [(header, _series(steps[np.isfinite(y)], y[np.isfinite(y)])) for header, y in lines if np.isfinite(y).any()]
+    out = []
+    for key in (c for c in df.columns if "/" not in c and c != "step" and c not in _DRAWN_MODEL):
+        f = field_of("model", key)
+        y = _column(df, key) if "plot" in f.show else np.zeros(0)
+        held = np.isfinite(y)
+        if held.any():
+            out.append((f.header, _series(steps[held], y[held])))
+    return out
 
 
 def _head_maps(run: Any) -> list[HeadEntropy]:
